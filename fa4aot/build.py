@@ -1,0 +1,262 @@
+"""The builder: spec variants -> cross-compiled, linked, checksummed artifacts in a store.
+
+`build()` returns data (one BuildResult per variant); the CLI decides printing and exit codes.
+Per artifact it follows FlashInfer's build_and_load shape: try_load -> lock -> try_load again
+-> compile -> publish, so concurrent builders of one store compile each artifact once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+import filelock
+
+from . import constraints as C
+from .errors import BuildError, CorruptArtifact
+from .specs import Spec
+from .store import RECORD, RECORD_FORMAT, Store, atomic_write, build_toolchain, sha256_file
+from .variants import Call, Need, Plan, Variant, enumerate_variants, merge
+
+LOCK_TIMEOUT_S = 600  # a compile takes seconds; a holder this slow is stuck, not working
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    id: str
+    description: str
+    status: str  # built | cached | failed | rebuilt (was corrupt)
+    seconds: float
+    error: str | None = None
+    size: int = 0
+
+
+def plan_for(specs: list[Spec], arch: str) -> Plan:
+    return merge([enumerate_variants(s, arch) for s in specs])
+
+
+def _link(obj: Path, so: Path, lib_dirs: list[str]) -> None:
+    cc = os.environ.get("CC", "gcc")
+    if shutil.which(cc) is None:
+        raise BuildError(f"no C compiler/linker ({cc}) on PATH: needed to link artifacts")
+    cmd = [cc, "-shared", "-o", str(so), str(obj)]
+    for d in lib_dirs:
+        cmd += [f"-L{d}"]
+    cmd += ["-lcute_dsl_runtime", "-ltvm_ffi"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode:
+        raise RuntimeError(f"link failed: {' '.join(cmd)}\n{r.stderr.strip()}")
+
+
+def _compile_real(call: Call, variant: Variant, workdir: Path) -> dict[str, Any]:
+    from . import compiler
+
+    out = compiler.compile_variant(call, variant, workdir)
+    lib_dirs = compiler.runtime_library_dirs()
+    for name, part in out["parts"].items():
+        so = workdir / f"{name}.so"
+        _link(Path(part.pop("object")), so, lib_dirs)
+        part["file"] = so.name
+    return out
+
+
+def _compile_stub(call: Call, variant: Variant, workdir: Path) -> dict[str, Any]:
+    """FA4AOT_STUB_COMPILER=1: a fake artifact, for tests of store concurrency and crash safety
+    (compiling real kernels in 8 racing processes would take minutes). Never loadable: the
+    runtime refuses records marked stub."""
+    delay = float(os.environ.get("FA4AOT_STUB_DELAY", "0.05"))
+    time.sleep(delay)
+    so = workdir / "fwd.so"
+    with open(so, "wb") as f:
+        for i in range(64):
+            f.write(f"stub {variant.id} {i}\n".encode() * 16)
+            f.flush()
+            time.sleep(delay / 64)
+    return {"parts": {"fwd": {"file": "fwd.so", "key": "stub"}}, "compile_seconds": delay,
+            "fa4_key": "stub", "stub": True}
+
+
+def _init_worker(arch: str, num_sms: int) -> None:
+    if os.environ.get("FA4AOT_STUB_COMPILER") != "1":
+        from . import compiler
+
+        compiler.configure(arch, num_sms)
+
+
+def publish(store: Store, vid: str, workdir: Path, record: dict[str, Any]) -> Path:
+    """Move parts into place, then write the record (the commit marker) atomically.
+
+    Parts first, record last: a reader that sees the record sees every part it names, and a
+    process killed before the record leaves only an ignored, unpublished directory.
+    """
+    final = store.artifact_dir(vid)
+    final.mkdir(parents=True, exist_ok=True)
+    for p in record["parts"].values():
+        src = workdir / p["file"]
+        with open(src, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(src, final / p["file"])
+    atomic_write(final / RECORD, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())
+    return final
+
+
+def quarantine(store: Store, vid: str) -> Path:
+    q = store.dir / "quarantine" / f"{vid}.{int(time.time())}.{os.getpid()}"
+    q.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(store.artifact_dir(vid), q)
+    return q
+
+
+def build_one(root: str, toolchain: dict, need: dict) -> dict:
+    """Worker entry: build one variant into the store unless present. -> BuildResult fields."""
+    store = Store(Path(root), toolchain)
+    variant = Variant.from_dict(need["variant"])
+    call = Call(**need["call"])
+    vid = variant.id
+    t0 = time.perf_counter()
+    status = "built"
+    try:
+        with filelock.FileLock(str(store.lock_path(vid)), timeout=LOCK_TIMEOUT_S):
+            try:
+                have = store.get(vid)
+            except CorruptArtifact:
+                quarantine(store, vid)
+                have, status = None, "rebuilt"
+            if have is not None:
+                return dict(id=vid, description=variant.describe(), status="cached",
+                            seconds=time.perf_counter() - t0, size=have.size)
+            stale = store.artifact_dir(vid)
+            if stale.exists():  # parts of a killed build, no record: never served, start over
+                shutil.rmtree(stale)
+            workdir = Path(tempfile.mkdtemp(prefix=f"{vid}.", dir=store.dir / "tmp"))
+            try:
+                stub = os.environ.get("FA4AOT_STUB_COMPILER") == "1"
+                out = (_compile_stub if stub else _compile_real)(call, variant, workdir)
+                record = make_record(variant, call, out, workdir, toolchain, need)
+                publish(store, vid, workdir, record)
+            finally:
+                shutil.rmtree(workdir, ignore_errors=True)
+            size = sum(p["size"] for p in record["parts"].values())
+            return dict(id=vid, description=variant.describe(), status=status,
+                        seconds=time.perf_counter() - t0, size=size)
+    except Exception as e:  # noqa: BLE001 - reported per variant; the others still land
+        msg = f"{type(e).__name__}: {e}".strip()
+        return dict(id=vid, description=variant.describe(), status="failed",
+                    seconds=time.perf_counter() - t0, error=msg)
+
+
+def make_record(variant: Variant, call: Call, out: dict, workdir: Path, toolchain: dict,
+                need: dict) -> dict[str, Any]:
+    tile = variant.tile
+    parts = {}
+    for name, p in out["parts"].items():
+        f = workdir / p["file"]
+        parts[name] = {**p, "sha256": sha256_file(f), "size": f.stat().st_size}
+    return {
+        "format": RECORD_FORMAT,
+        "id": variant.id,
+        "variant": variant.to_dict(),
+        "description": variant.describe(),
+        "contract": {
+            # what a call must satisfy, beyond matching the variant's features
+            "tile_m": tile.m, "tile_n": tile.n,
+            "pack_gqa": variant.qhead_per_kvhead > 1,
+            "page_size": ("== tile_n" if variant.paged_tma else "!= tile_n") if variant.paged else None,
+            "alignment_bytes": 16,
+            "last_dim_contiguous": True,
+            "num_sms": toolchain["num_sms"],
+            "devices": "all tensors on one CUDA device",
+            "int_tensors": "int32, contiguous",
+        },
+        "parts": parts,
+        "fa4_key": out["fa4_key"],
+        "stub": bool(out.get("stub")),
+        "compile_seconds": round(out["compile_seconds"], 3),
+        "representative_call": call.to_dict(),
+        "requested_by": {"spec": need["spec"], "layer": need["layer"]},
+        "toolchain": toolchain,
+        "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def write_spec_index(store: Store, spec: Spec, plan: Plan) -> None:
+    ids = sorted({n.variant.id for n in plan.needs if n.spec == spec.name})
+    doc = {
+        "spec": spec.to_dict(),
+        "variants": ids,
+        "unsupported": [{"layer": u.layer, "reason": u.reason} for u in plan.unsupported if u.spec == spec.name],
+    }
+    atomic_write(store.spec_index(spec.name), (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode())
+
+
+def build(
+    specs: list[Spec],
+    *,
+    arch: str,
+    root: Path,
+    num_sms: int | None = None,
+    python: str | None = None,
+    jobs: int = 1,
+    progress: Callable[[int, int, BuildResult], None] | None = None,
+    plan: Plan | None = None,
+) -> tuple[Store, Plan, list[BuildResult]]:
+    """Build every variant the specs need that the store lacks. Never raises for one variant's
+    failure (it is a `failed` result); raises BuildError when nothing can be built at all."""
+    C.arch_number(arch)
+    num_sms = num_sms or C.DEFAULT_NUM_SMS[arch]
+    toolchain = build_toolchain(arch, num_sms, python)
+    store = Store(Path(root), toolchain)
+    try:
+        store.ensure()
+    except OSError as e:
+        raise BuildError(f"cannot write the store at {root}: {e.strerror or e}") from None
+    plan = plan or plan_for(specs, arch)
+    todo = plan.variants()
+    results: list[BuildResult] = []
+    pending = []
+    for vid, need in todo.items():
+        try:
+            have = store.get(vid)
+        except CorruptArtifact:
+            have = None  # the worker quarantines and rebuilds it under the lock
+        if have is not None:
+            results.append(BuildResult(vid, need.variant.describe(), "cached", 0.0, size=have.size))
+        else:
+            pending.append(need)
+    total = len(todo)
+    for r in results:
+        if progress:
+            progress(len(results), total, r)
+    args = [(str(root), toolchain, {"variant": n.variant.to_dict(), "call": n.call.to_dict(),
+                                    "spec": n.spec, "layer": n.layer}) for n in pending]
+    if pending:
+        if jobs <= 1:
+            _init_worker(arch, num_sms)
+            for a in args:
+                r = BuildResult(**build_one(*a))
+                results.append(r)
+                if progress:
+                    progress(len(results), total, r)
+        else:
+            import multiprocessing as mp
+
+            with ProcessPoolExecutor(max_workers=min(jobs, len(args)), mp_context=mp.get_context("spawn"),
+                                     initializer=_init_worker, initargs=(arch, num_sms)) as ex:
+                futs = [ex.submit(build_one, *a) for a in args]
+                for f in as_completed(futs):
+                    r = BuildResult(**f.result())
+                    results.append(r)
+                    if progress:
+                        progress(len(results), total, r)
+    for s in specs:
+        write_spec_index(store, s, plan)
+    return store, plan, results

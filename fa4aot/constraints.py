@@ -1,0 +1,115 @@
+"""What FA4 (flash-attn-4 4.0.0b36) can run, per arch: pure functions, one rule each, stated once.
+
+Used by the enumerator (what to build, what to report unsupported), the builder and the
+runtime (what a call must satisfy). The numbers mirror `flash_attn/cute/interface.py` of the
+pinned FA4; `tests/test_constraints.py` checks them against FA4's own functions.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+ARCHS = {"sm90": 90, "sm100": 100}
+# SM count a build targets unless told otherwise: H100/H200 SXM, B200.
+DEFAULT_NUM_SMS = {"sm90": 132, "sm100": 148}
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
+# Runtime support: the runtime knows the sm90 kernel's argument order and selection logic.
+RUNTIME_ARCHS = ("sm90",)
+
+
+class Tile(NamedTuple):
+    m: int
+    n: int
+
+
+def arch_number(arch: str) -> int:
+    if arch not in ARCHS:
+        raise ValueError(f"unknown arch {arch!r}; known: {', '.join(ARCHS)}")
+    return ARCHS[arch]
+
+
+def unsupported_reason(
+    arch: str, dtype: str, head_dim: int, head_dim_v: int, *, qhead_per_kvhead: int = 1
+) -> str | None:
+    """Why FA4 cannot run this forward configuration on `arch`, or None if it can."""
+    if arch not in ARCHS:
+        return f"unknown arch {arch!r} (known: {', '.join(ARCHS)})"
+    if dtype not in DTYPE_BYTES:
+        return f"dtype {dtype} is not supported (bfloat16, float16; fp8 on sm100 only)"
+    if dtype.startswith("float8") and arch != "sm100":
+        return f"FP8 attention is sm100-only in upstream FA4; on {arch} use bfloat16/float16 KV"
+    align = 16 // DTYPE_BYTES[dtype]
+    if head_dim % align or head_dim_v % align:
+        return f"head dims must be multiples of {align} for {dtype} (got {head_dim}, {head_dim_v})"
+    if qhead_per_kvhead < 1:
+        return "num_q_heads must be a positive multiple of num_kv_heads"
+    if arch == "sm90":
+        if not (8 <= head_dim <= 256 and 8 <= head_dim_v <= 256):
+            return (
+                f"head_dim {head_dim}/{head_dim_v} is out of range on sm90: upstream FA4 supports "
+                "8..256 (hd512 / MLA kernels are sm100-only); serve it with another backend "
+                "(e.g. FlashInfer or cuDNN SDPA) or on sm100"
+            )
+    else:
+        standard = 8 <= head_dim <= 128 and 8 <= head_dim_v <= 128
+        special = (head_dim, head_dim_v) in ((192, 128), (256, 256)) or (
+            head_dim_v == 512 and head_dim in (64, 512)
+        )
+        if not (standard or special):
+            return (
+                f"head_dim {head_dim}/{head_dim_v} is not supported on sm100: 8..128, "
+                "(192, 128), (256, 256) or MLA (64|512, 512)"
+            )
+    return None
+
+
+def runtime_unsupported_reason(arch: str) -> str | None:
+    if arch not in RUNTIME_ARCHS:
+        return (
+            f"the fa4aot runtime serves {', '.join(RUNTIME_ARCHS)} only; {arch} artifacts can be "
+            "built but not yet called (their argument order differs)"
+        )
+    return None
+
+
+def fwd_tile(arch: str, head_dim: int, head_dim_v: int, causal: bool, local: bool) -> Tile:
+    """The forward kernel's (tile_m, tile_n): FA4's `_tile_size_fwd_sm90` (dense, no sparsity)."""
+    if arch != "sm90":
+        return Tile(128, 128)
+    if head_dim <= 64:
+        return Tile(192, 128)
+    if head_dim <= 96:
+        return Tile(192, 128 if (causal or local) else 144)
+    if head_dim <= 128:
+        return Tile(128, 128)
+    if head_dim <= 192:
+        return Tile(128, 96 if local else (128 if head_dim_v <= 128 else 112))
+    return Tile(128, 64 if local else 80)
+
+
+def paged_tma(arch: str, page_size: int, tile: Tile) -> bool:
+    """FA4 takes the TMA paged-KV path iff the page size equals the kernel's tile_n.
+
+    This is a correctness contract: a kernel compiled for the TMA path returns wrong numbers,
+    with no error, for any other page size (rel. error 0.74 at page 64 for a page-128 kernel).
+    """
+    return page_size == tile.n
+
+
+def resolve_window(
+    causal: bool, window_left: int | None, window_right: int | None
+) -> tuple[bool, bool, int | None, int | None]:
+    """FA4's `_resolve_causal_local_window`: -> (causal, local, window_left, window_right)."""
+    if window_left is not None and window_right is not None and window_left < 0 and window_right < 0:
+        window_left = window_right = None
+    if causal:
+        window_right = 0
+    if window_left is not None or window_right is not None:
+        if window_left is None and window_right == 0:
+            return True, False, None, None
+        return False, True, window_left, window_right
+    return causal, False, window_left, window_right
+
+
+# FA4 switches varlen scheduling to a precomputed per-batch tile cumsum above this batch size.
+BIN_BATCH_SEARCH_THRESH = 256

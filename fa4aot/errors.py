@@ -1,0 +1,37 @@
+"""Typed errors. Each one says what went wrong and, where there is one, what to do next."""
+
+
+class Fa4aotError(Exception):
+    """Base class of every error fa4aot raises on purpose."""
+
+
+class SpecError(Fa4aotError, ValueError):
+    """A spec file is not valid TOML or holds a value out of range. One line: file, field, rule."""
+
+
+class UnsupportedVariant(Fa4aotError):
+    """FA4 itself cannot run this configuration on this arch (e.g. hd512 on sm90)."""
+
+
+class ContractViolation(Fa4aotError, ValueError):
+    """A call breaks what the selected kernel requires (dtype, device, layout, alignment...)."""
+
+
+class ArtifactMissing(Fa4aotError, LookupError):
+    """No artifact in the store serves this call; the message names the build command."""
+
+
+class FingerprintMismatch(Fa4aotError):
+    """A store exists but was built by another toolchain or for another GPU."""
+
+
+class CorruptArtifact(Fa4aotError):
+    """An artifact or its record failed its integrity check; it is never loaded."""
+
+
+class RuntimeLibraryMissing(Fa4aotError):
+    """libcute_dsl_runtime.so could not be located (set FA4AOT_RUNTIME_LIB)."""
+
+
+class BuildError(Fa4aotError):
+    """The builder could not run at all (no compiler toolchain, no linker, read-only store)."""

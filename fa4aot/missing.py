@@ -1,0 +1,69 @@
+"""The miss log: each distinct variant the runtime could not serve, for the next build.
+
+FA4AOT_MISS_LOG names a JSON-lines file; each line is one variant's fields. Appends are one
+`write` of one line on an O_APPEND descriptor (atomic for lines this short on local
+filesystems), deduplicated per process and against the file, and the file is bounded
+(FA4AOT_MISS_LOG_MAX lines, default 1000): a server in a miss storm cannot fill a disk.
+`fa4aot build --from-misses FILE` reads it back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+from .variants import Variant
+
+_seen: set[str] = set()
+_lock = threading.Lock()
+
+
+def _max_lines() -> int:
+    try:
+        return int(os.environ.get("FA4AOT_MISS_LOG_MAX", "1000"))
+    except ValueError:
+        return 1000
+
+
+def record_miss(variant: Variant, path: str | None = None) -> bool:
+    """Append `variant` to the miss log if set and new. Never raises (a log must not fail a call)."""
+    path = path or os.environ.get("FA4AOT_MISS_LOG")
+    if not path:
+        return False
+    with _lock:
+        if variant.id in _seen:
+            return False
+        _seen.add(variant.id)
+        try:
+            existing = read_misses(path)
+            if variant.id in {v.id for v in existing} or len(existing) >= _max_lines():
+                return False
+            line = json.dumps({"id": variant.id, "variant": variant.to_dict()}, sort_keys=True) + "\n"
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, line.encode())
+            finally:
+                os.close(fd)
+            return True
+        except OSError:
+            return False
+
+
+def read_misses(path: str | Path) -> list[Variant]:
+    """Variants of a miss log; malformed lines (a torn write, an edit) are skipped."""
+    out, ids = [], set()
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        return []
+    for line in text.splitlines():
+        try:
+            v = Variant.from_dict(json.loads(line)["variant"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        if v.id not in ids:
+            ids.add(v.id)
+            out.append(v)
+    return out

@@ -1,0 +1,489 @@
+"""The compiler-free runtime: FA4's forward calling convention, served from the store.
+
+Never imports `cutlass` or `flash_attn` (unless FA4AOT_ON_MISS=jit and a call misses). Per
+call: derive the call's variant (`variants.features`, FA4's own selection logic), find its
+artifact in the store layers, check the call against the kernel's contract, allocate outputs,
+run helper kernels when the variant needs them, call the kernel through tvm-ffi.
+
+The per-call path is kept short (target: under 15 us of host time): everything that depends
+only on a call's static features is resolved once and cached in `_plans`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import constraints as C
+from .errors import (
+    ArtifactMissing,
+    ContractViolation,
+    CorruptArtifact,
+    Fa4aotError,
+    UnsupportedVariant,
+)
+from .store import Artifact, Store, default_roots, find_serving_store, runtime_expectation, unsafe_dir_reason
+from .variants import Variant, features
+
+log = logging.getLogger("fa4aot")
+
+_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+_SINK_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+ON_MISS = ("error", "warn", "jit")
+_NO_AUX = (None, None)  # FA4's AuxData(tensors=None, scalars=None): a compile-time value
+
+
+@dataclass
+class _Plan:
+    """Everything a call with these static features needs, resolved once."""
+
+    variant: Variant
+    fwd: Any
+    tile_cumsum: Any  # helper kernel (varlen batch > 256) or None
+    helper_cu: bool  # the helper was compiled to read cu_seqlens_q
+    helper_seqused: bool  # ... and/or seqused_q
+    artifact: Artifact
+    window_left: int | None = None  # FA4's resolved window, passed to the kernel
+    window_right: int | None = None
+
+
+def _arch_of(device: torch.device) -> tuple[str, int]:
+    major, minor = torch.cuda.get_device_capability(device)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return f"sm{major}{minor}", sms
+
+
+class Runtime:
+    """Serves calls from a layered store. Thread-safe; loads each artifact once per process."""
+
+    def __init__(self, roots: list[Path] | None = None, on_miss: str | None = None,
+                 allow_unsafe_dirs: bool | None = None):
+        self.roots = [Path(r) for r in roots] if roots else default_roots()
+        self.on_miss = on_miss or os.environ.get("FA4AOT_ON_MISS", "error")
+        if self.on_miss not in ON_MISS:
+            raise ValueError(f"on_miss must be one of {ON_MISS}, got {self.on_miss!r}")
+        if allow_unsafe_dirs is None:
+            allow_unsafe_dirs = os.environ.get("FA4AOT_ALLOW_UNSAFE_DIRS") == "1"
+        self.allow_unsafe_dirs = allow_unsafe_dirs
+        self._lock = threading.Lock()
+        self._stores: dict[tuple[str, int], list[Store]] = {}
+        self._modules: dict[str, tuple[Any, Any, Artifact]] = {}
+        self._plans: dict[tuple, _Plan] = {}
+
+    # -- store and artifact resolution (once per variant) -------------------------------------
+    def stores_for(self, arch: str, num_sms: int) -> list[Store]:
+        key = (arch, num_sms)
+        if key not in self._stores:
+            self._stores[key] = find_serving_store(self.roots, runtime_expectation(arch, num_sms))
+        return self._stores[key]
+
+    def find(self, variant: Variant, num_sms: int) -> Artifact | None:
+        for store in self.stores_for(variant.arch, num_sms):
+            art = store.get(variant.id, verify=False)
+            if art is not None:
+                return art
+        return None
+
+    def _load(self, art: Artifact) -> tuple[Any, Any]:
+        if art.record.get("stub"):
+            raise CorruptArtifact(f"{art.dir}: a test stub, not a kernel")
+        if not self.allow_unsafe_dirs:
+            for d in (art.dir, art.dir.parent, art.dir.parent.parent):
+                why = unsafe_dir_reason(d)
+                if why:
+                    raise CorruptArtifact(
+                        f"refusing to load native code: {why} (set FA4AOT_ALLOW_UNSAFE_DIRS=1 to override)")
+        art.verify()  # sha256 of every part, before anything is dlopen'ed
+        from . import runtime_lib
+
+        runtime_lib.load_runtime_lib()
+        import tvm_ffi
+
+        fwd = tvm_ffi.load_module(str(art.part_path("fwd")))["fa4aot_fwd"]
+        helper = None
+        if "tile_cumsum" in art.record["parts"]:
+            helper = tvm_ffi.load_module(str(art.part_path("tile_cumsum")))["fa4aot_tile_cumsum"]
+        return fwd, helper
+
+    def plan(self, variant: Variant, num_sms: int) -> _Plan | None:
+        """Load the artifact serving `variant` (or None if the store has none)."""
+        with self._lock:
+            art = self.find(variant, num_sms)
+            if art is None:
+                return None
+            if art.id not in self._modules:
+                fwd, helper = self._load(art)
+                self._modules[art.id] = (fwd, helper, art)
+            fwd, helper, art = self._modules[art.id]
+            hp = art.record["parts"].get("tile_cumsum", {})
+            return _Plan(variant, fwd, helper, bool(hp.get("cu_seqlens")), bool(hp.get("seqused")), art)
+
+    def miss(self, variant: Variant, reason: str = "") -> None:
+        from .missing import record_miss
+
+        record_miss(variant)
+        spec_hint = "a spec whose envelope covers it (fa4aot explain shows the variant)"
+        raise ArtifactMissing(
+            f"no artifact for {variant.describe()} (id {variant.id}){': ' + reason if reason else ''}. "
+            f"Add it with: fa4aot build --arch {variant.arch} --spec <{spec_hint}>, or "
+            f"fa4aot build --from-misses $FA4AOT_MISS_LOG"
+        )
+
+
+_DEFAULT: Runtime | None = None
+_DEFAULT_LOCK = threading.Lock()
+
+
+def default_runtime() -> Runtime:
+    global _DEFAULT
+    if _DEFAULT is None:
+        with _DEFAULT_LOCK:
+            if _DEFAULT is None:
+                _DEFAULT = Runtime()
+    return _DEFAULT
+
+
+def reset(roots: list[Path] | None = None, on_miss: str | None = None) -> Runtime:
+    """Replace the process-wide runtime (tests; a server reconfiguring its store)."""
+    global _DEFAULT
+    with _DEFAULT_LOCK:
+        _DEFAULT = Runtime(roots, on_miss)
+    return _DEFAULT
+
+
+# -- contract checks --------------------------------------------------------------------------
+
+
+def _fail(msg: str) -> ContractViolation:
+    return ContractViolation(msg)
+
+
+def _aligned(t: torch.Tensor) -> bool:
+    """FA4's kernels assume a 16-byte aligned base, unit last stride, 16-byte aligned strides."""
+    if t.data_ptr() % 16:
+        return False
+    if t.is_contiguous():  # head_dim is a multiple of 8 elements (checked at selection)
+        return True
+    st = t.stride()
+    if st[-1] != 1 and t.shape[-1] != 1:
+        return False
+    e = 16 // t.element_size()
+    for s, n in zip(st[:-1], t.shape[:-1]):
+        if s == 0 or (s % e and n != 1):
+            return False
+    return True
+
+
+def _prep(t: torch.Tensor, name: str, contiguous_ok: bool) -> torch.Tensor:
+    if _aligned(t):
+        return t
+    if contiguous_ok:
+        # FA4's maybe_contiguous does the same; the copy is the price of a strided input.
+        return t.clone(memory_format=torch.contiguous_format)
+    raise _fail(f"{name} must have a 16-byte aligned base, a contiguous last dim and 16-byte "
+                f"aligned strides (got strides {tuple(t.stride())}); pass .contiguous()")
+
+
+def _int_vec(t: Any, name: str, n: int | None, device: torch.device) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise _fail(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.int32:
+        raise _fail(f"{name} must be int32, got {t.dtype}")
+    if t.dim() != 1 or (n is not None and t.shape[0] != n):
+        raise _fail(f"{name} must have shape ({n},), got {tuple(t.shape)}")
+    if t.device != device:
+        raise _fail(f"{name} is on {t.device}, q is on {device}")
+    if t.stride(0) != 1 and t.shape[0] > 1:
+        raise _fail(f"{name} must be contiguous")
+    return t
+
+
+def _check_qkv(q, k, v) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise _fail(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    dq = q.get_device()
+    if dq < 0:
+        raise _fail(f"q must be a CUDA tensor, got device {q.device}")
+    if k.get_device() != dq or v.get_device() != dq:
+        raise _fail(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    dt = q.dtype
+    if dt not in _DTYPES:
+        raise _fail(f"q dtype must be bfloat16 or float16, got {dt}")
+    if k.dtype is not dt or v.dtype is not dt:
+        raise _fail(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.shape[-1] != k.shape[-1]:
+        raise _fail(f"q and k head_dim differ: {q.shape[-1]} vs {k.shape[-1]}")
+    hq, hk = q.shape[-2], k.shape[-2]
+    if v.shape[-2] != hk:
+        raise _fail(f"k and v must have the same number of heads, got {hk} and {v.shape[-2]}")
+    if hk == 0 or hq % hk:
+        raise _fail(f"num q heads ({hq}) must be a multiple of num kv heads ({hk})")
+
+
+def _window(window_size) -> tuple[int | None, int | None]:
+    try:
+        wl, wr = window_size
+    except (TypeError, ValueError):
+        raise _fail(f"window_size must be a pair (left, right), got {window_size!r}") from None
+    for w in (wl, wr):
+        if w is not None and (isinstance(w, bool) or not isinstance(w, int)):
+            raise _fail(f"window_size entries must be int or None, got {window_size!r}")
+    return wl, wr
+
+
+def _sink(learnable_sink, hq: int, device) -> str | None:
+    if learnable_sink is None:
+        return None
+    if not isinstance(learnable_sink, torch.Tensor) or learnable_sink.dtype not in _SINK_DTYPES:
+        raise _fail("learnable_sink must be a float32/bfloat16/float16 tensor")
+    if tuple(learnable_sink.shape) != (hq,) or learnable_sink.device != device:
+        raise _fail(f"learnable_sink must have shape ({hq},) on {device}, got "
+                    f"{tuple(learnable_sink.shape)} on {learnable_sink.device}")
+    return _SINK_DTYPES[learnable_sink.dtype]
+
+
+# -- entry points ------------------------------------------------------------------------------
+
+
+def _resolve(rt: Runtime, fkey: tuple, feat_kwargs: dict, device) -> _Plan:
+    plan = rt._plans.get(fkey)
+    if plan is not None:
+        return plan
+    arch, sms = _arch_of(device)
+    why = C.runtime_unsupported_reason(arch) or C.unsupported_reason(
+        arch, feat_kwargs["dtype"], feat_kwargs["head_dim"], feat_kwargs["head_dim_v"])
+    if why:
+        raise UnsupportedVariant(why)
+    variant = features(arch=arch, **feat_kwargs)
+    plan = rt.plan(variant, sms)
+    if plan is None:
+        return None  # caller decides (miss policy)
+    _, _, plan.window_left, plan.window_right = C.resolve_window(
+        feat_kwargs["causal"], feat_kwargs["window_left"], feat_kwargs["window_right"])
+    rt._plans[fkey] = plan
+    return plan
+
+
+def _on_miss(rt: Runtime, fkey, feat_kwargs, device, jit_fn, args, kwargs):
+    arch, _ = _arch_of(device)
+    variant = features(arch=arch, **feat_kwargs)
+    if rt.on_miss == "error":
+        rt.miss(variant)
+    from .missing import record_miss
+
+    record_miss(variant)
+    if rt.on_miss == "warn":
+        log.warning("fa4aot: no artifact for %s; compiling with FA4 (JIT)", variant.describe())
+    from . import compiler
+
+    return getattr(compiler, jit_fn)(*args, **kwargs)
+
+
+def flash_attn_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int | None, int | None] = (None, None),
+    learnable_sink: torch.Tensor | None = None,
+    return_lse: bool = False,
+    *,
+    contiguous_ok: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Dense forward with FA4's calling convention: q (b, sq, hq, d), k/v (b, sk, hk, d[v]).
+
+    Returns (out, lse): out (b, sq, hq, dv) in q's dtype, lse (b, hq, sq) float32 or None.
+    """
+    _check_qkv(q, k, v)
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise _fail(f"flash_attn_func takes 4-D q/k/v (batch, seqlen, heads, head_dim), got "
+                    f"{q.dim()}-D/{k.dim()}-D/{v.dim()}-D; use flash_attn_varlen_func for packed inputs")
+    b, sq, hq, d = q.shape
+    _, sk, hk, dv = v.shape
+    if k.shape[:3] != (b, sk, hk) or v.shape[0] != b:
+        raise _fail(f"k/v shapes {tuple(k.shape)}/{tuple(v.shape)} do not match q {tuple(q.shape)}")
+    wl, wr = _window(window_size)
+    sink_dt = _sink(learnable_sink, hq, q.device)
+    return_lse = bool(return_lse)
+    dev = q.device
+    fkey = ("dense", q.dtype, d, dv, hq // hk, bool(causal), wl, wr,
+            return_lse, sink_dt, min(sq, 193), dev)
+    rt = default_runtime()
+    plan = rt._plans.get(fkey)
+    if plan is None:
+        feat = dict(dtype=_DTYPES[q.dtype], head_dim=d, head_dim_v=dv, num_heads=hq, num_heads_kv=hk,
+                    causal=bool(causal), window_left=wl, window_right=wr, return_lse=return_lse,
+                    sink_dtype=sink_dt, batch=b, seqlen_q=sq, total_q=b * sq, max_seqlen_q=None)
+        plan = _resolve(rt, fkey, feat, dev)
+        if plan is None:
+            return _on_miss(rt, fkey, feat, dev, "jit_flash_attn_func", (q, k, v),
+                            dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                                 learnable_sink=learnable_sink, return_lse=return_lse))
+    q, k, v = _prep(q, "q", contiguous_ok), _prep(k, "k", contiguous_ok), _prep(v, "v", contiguous_ok)
+    out = torch.empty((b, sq, hq, dv), dtype=q.dtype, device=dev)
+    lse = torch.empty((b, hq, sq), dtype=torch.float32, device=dev) if return_lse else None
+    if sq == 0 or sk == 0 or b == 0:
+        return _empty(out, lse, learnable_sink, varlen=False)
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(d)
+    if learnable_sink is not None and learnable_sink.stride(0) != 1:
+        learnable_sink = learnable_sink.contiguous()
+    plan.fwd(q, k, v, out, lse, float(softmax_scale), None, None, None, None, None,
+             plan.window_left, plan.window_right, learnable_sink, None, _NO_AUX, None, None)
+    return out, lse
+
+
+def _empty(out, lse, sink, varlen):
+    out.zero_()
+    if lse is not None:
+        if sink is None:
+            lse.fill_(float("-inf"))
+        else:
+            lse.copy_(sink[:, None].expand_as(lse) if varlen else sink[None, :, None].expand_as(lse))
+    return out, lse
+
+
+def flash_attn_varlen_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    seqused_q: torch.Tensor | None = None,
+    seqused_k: torch.Tensor | None = None,
+    page_table: torch.Tensor | None = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int | None, int | None] = (None, None),
+    learnable_sink: torch.Tensor | None = None,
+    return_lse: bool = False,
+    *,
+    contiguous_ok: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Varlen / paged forward with FA4's calling convention.
+
+    q: (total_q, hq, d) with cu_seqlens_q (batch+1,) int32 [or (b, sq, hq, d) without it].
+    k/v: (total_k, hk, d) with cu_seqlens_k; or paged (num_pages, page_size, hk, d) with
+    page_table (batch, max_pages) int32 and seqused_k (batch,) int32.
+    Caller's contract (not checked: it would need a device sync): cu_seqlens are
+    non-decreasing and end at the packed length; page_table entries index the KV pool and
+    cover ceil(seqused_k / page_size) pages per sequence; seqused_k <= pages * page_size.
+    Returns (out, lse): out like q with head_dim_v; lse (hq, total_q) float32 or None.
+    """
+    _check_qkv(q, k, v)
+    dev = q.device
+    varlen_q = cu_seqlens_q is not None
+    if varlen_q:
+        if q.dim() != 3:
+            raise _fail(f"with cu_seqlens_q, q must be (total_q, heads, head_dim), got {tuple(q.shape)}")
+        if not isinstance(cu_seqlens_q, torch.Tensor):
+            raise _fail("cu_seqlens_q must be an int32 tensor")
+        batch = cu_seqlens_q.shape[0] - 1 if cu_seqlens_q.dim() == 1 else -1
+        if batch < 0:
+            raise _fail(f"cu_seqlens_q must have shape (batch+1,), got {tuple(cu_seqlens_q.shape)}")
+        _int_vec(cu_seqlens_q, "cu_seqlens_q", batch + 1, dev)
+        total_q, hq, d = q.shape
+        sq_dense = None
+    else:
+        if q.dim() != 4:
+            raise _fail(f"without cu_seqlens_q, q must be (batch, seqlen, heads, head_dim), got {tuple(q.shape)}")
+        batch, sq_dense, hq, d = q.shape
+        total_q = batch * sq_dense
+    if max_seqlen_q is not None and (isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, int) or max_seqlen_q < 0):
+        raise _fail(f"max_seqlen_q must be a non-negative host int or None, got {max_seqlen_q!r}")
+    if seqused_q is not None:
+        _int_vec(seqused_q, "seqused_q", batch, dev)
+    paged = page_table is not None
+    if paged:
+        if cu_seqlens_k is not None:
+            raise _fail("page_table and cu_seqlens_k cannot be combined: pass KV lengths as seqused_k")
+        if not isinstance(page_table, torch.Tensor) or page_table.dtype != torch.int32:
+            raise _fail(f"page_table must be an int32 tensor, got {getattr(page_table, 'dtype', type(page_table).__name__)}")
+        if page_table.dim() != 2 or page_table.shape[0] != batch:
+            raise _fail(f"page_table must have shape ({batch}, max_pages), got {tuple(page_table.shape)}")
+        if page_table.device != dev:
+            raise _fail(f"page_table is on {page_table.device}, q is on {dev}")
+        if page_table.stride(-1) != 1 and page_table.shape[-1] > 1:
+            raise _fail("page_table must be contiguous in its last dimension")
+        if page_table.data_ptr() % 4 or (page_table.shape[0] > 1 and page_table.stride(0) < page_table.shape[1]):
+            raise _fail("page_table rows must not overlap; pass page_table.contiguous()")
+        if k.dim() != 4 or v.dim() != 4:
+            raise _fail(f"paged k/v must be (num_pages, page_size, kv_heads, head_dim), got {tuple(k.shape)}")
+        num_pages, page_size, hk, _ = k.shape
+        if tuple(v.shape[:3]) != (num_pages, page_size, hk):
+            raise _fail(f"k {tuple(k.shape)} and v {tuple(v.shape)} page layouts differ")
+        if seqused_k is None:
+            raise _fail("paged KV needs seqused_k (batch,) int32: the KV length of each sequence")
+        seqlen_k = num_pages * page_size
+    else:
+        page_size = None
+        if cu_seqlens_k is not None:
+            if k.dim() != 3 or v.dim() != 3:
+                raise _fail(f"with cu_seqlens_k, k/v must be (total_k, kv_heads, head_dim), got {tuple(k.shape)}")
+            _int_vec(cu_seqlens_k, "cu_seqlens_k", batch + 1, dev)
+        elif k.dim() != 4 or v.dim() != 4 or k.shape[0] != batch:
+            raise _fail(f"without cu_seqlens_k or page_table, k/v must be (batch={batch}, seqlen, heads, dim), got {tuple(k.shape)}")
+        if k.shape[:-1] != v.shape[:-1]:
+            raise _fail(f"k {tuple(k.shape)} and v {tuple(v.shape)} differ")
+        hk = k.shape[-2]
+        seqlen_k = k.shape[-3]
+    if seqused_k is not None:
+        _int_vec(seqused_k, "seqused_k", batch, dev)
+    dv = v.shape[-1]
+    wl, wr = _window(window_size)
+    sink_dt = _sink(learnable_sink, hq, dev)
+    return_lse = bool(return_lse)
+    eff_q = (max_seqlen_q if max_seqlen_q is not None else (total_q if varlen_q else sq_dense))
+    fkey = ("varlen", q.dtype, d, dv, hq // hk, bool(causal), wl, wr, return_lse, sink_dt,
+            varlen_q, cu_seqlens_k is not None, seqused_q is not None, seqused_k is not None,
+            page_size, batch > C.BIN_BATCH_SEARCH_THRESH, max_seqlen_q is None, min(eff_q, 193), dev)
+    rt = default_runtime()
+    plan = rt._plans.get(fkey)
+    if plan is None:
+        feat = dict(dtype=_DTYPES[q.dtype], head_dim=d, head_dim_v=dv, num_heads=hq, num_heads_kv=hk,
+                    causal=bool(causal), window_left=wl, window_right=wr, return_lse=return_lse,
+                    sink_dtype=sink_dt, batch=batch, seqlen_q=sq_dense, total_q=total_q,
+                    max_seqlen_q=max_seqlen_q, cu_seqlens_q=varlen_q,
+                    cu_seqlens_k=cu_seqlens_k is not None, seqused_q=seqused_q is not None,
+                    seqused_k=seqused_k is not None, page_size=page_size)
+        plan = _resolve(rt, fkey, feat, dev)
+        if plan is None:
+            return _on_miss(rt, fkey, feat, dev, "jit_flash_attn_varlen_func", (q, k, v), dict(
+                cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                max_seqlen_k=max_seqlen_k, seqused_q=seqused_q, seqused_k=seqused_k,
+                page_table=page_table, softmax_scale=softmax_scale, causal=causal,
+                window_size=window_size, learnable_sink=learnable_sink, return_lse=return_lse))
+    q, k, v = _prep(q, "q", contiguous_ok), _prep(k, "k", contiguous_ok), _prep(v, "v", contiguous_ok)
+    out = torch.empty((*q.shape[:-1], dv), dtype=q.dtype, device=dev)
+    lse_shape = (hq, total_q) if varlen_q else (batch, hq, sq_dense)
+    lse = torch.empty(lse_shape, dtype=torch.float32, device=dev) if return_lse else None
+    if total_q == 0 or seqlen_k == 0:
+        return _empty(out, lse, learnable_sink, varlen=varlen_q)
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(d)
+    if learnable_sink is not None and learnable_sink.stride(0) != 1:
+        learnable_sink = learnable_sink.contiguous()
+    cu_total = None
+    if plan.tile_cumsum is not None:
+        cu_total = torch.empty(batch + 1, dtype=torch.int32, device=dev)
+        plan.tile_cumsum(cu_total, None, cu_seqlens_q if plan.helper_cu else None,
+                         seqused_q if plan.helper_seqused else None, None, None)
+    plan.fwd(q, k, v, out, lse, float(softmax_scale), cu_seqlens_q, cu_seqlens_k, seqused_q,
+             seqused_k, page_table, plan.window_left, plan.window_right, learnable_sink, None, _NO_AUX,
+             cu_total, None)
+    return out, lse
+
+
+__all__ = ["Runtime", "flash_attn_func", "flash_attn_varlen_func", "default_runtime", "reset",
+           "Fa4aotError"]

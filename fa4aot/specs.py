@@ -1,0 +1,225 @@
+"""Model attention specs: TOML files -> frozen dataclasses, validated with one-line errors.
+
+A spec names a model's attention layer types (heads, head dims, dtype, window, sinks) and the
+serving envelope an engine will call them in (layouts, phases, batch, context, KV page sizes,
+tensor-parallel degrees). Specs are plain data: what kernels they need is decided in
+`variants.py`, what FA4 can run in `constraints.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import asdict, dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from .errors import SpecError
+
+DTYPES = ("bfloat16", "float16")
+LAYOUTS = ("dense", "varlen", "paged")
+PHASES = ("decode", "prefill")
+LSE_CHOICES = (False, True, "both")
+
+
+@dataclass(frozen=True)
+class Attention:
+    """One attention layer type of a model (full, sliding, ...)."""
+
+    name: str
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    head_dim_v: int
+    dtype: str = "bfloat16"
+    causal: bool = True
+    window: int | None = None  # left window in tokens; None = unbounded
+    sinks: bool = False  # learnable per-head attention sinks (gpt-oss)
+
+
+@dataclass(frozen=True)
+class Serving:
+    """The envelope of calls an engine makes: it decides which regimes get built."""
+
+    tp: tuple[int, ...] = (1,)
+    layouts: tuple[str, ...] = LAYOUTS
+    phases: tuple[str, ...] = PHASES
+    max_batch: int = 256
+    max_context: int = 32768
+    page_sizes: tuple[int | str, ...] = (128,)  # ints, or "tile" for the kernel's tile_n
+    speculative: int = 1  # largest query length of a decode step (1 + draft tokens)
+    return_lse: bool | str = False  # False, True or "both"
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    model: str
+    attention: tuple[Attention, ...]
+    serving: Serving
+    source: str = ""  # file it was read from; not part of its identity
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("source")
+        return d
+
+    def identity(self) -> str:
+        """Canonical JSON of the spec's fields (never a pickle): equal specs, equal strings."""
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+
+def _fail(src: str, field: str, msg: str) -> SpecError:
+    return SpecError(f"{src}: {field}: {msg}")
+
+
+def _int(src, field, v, lo, hi=None) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise _fail(src, field, f"must be an integer, got {v!r}")
+    if v < lo or (hi is not None and v > hi):
+        rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise _fail(src, field, f"must be {rng}, got {v}")
+    return v
+
+
+def _bool(src, field, v) -> bool:
+    if not isinstance(v, bool):
+        raise _fail(src, field, f"must be true or false, got {v!r}")
+    return v
+
+
+def _choice(src, field, v, allowed) -> Any:
+    # type-exact: TOML's `1` must not pass for `true`
+    if not any(v == a and type(v) is type(a) for a in allowed):
+        raise _fail(src, field, f"must be one of {', '.join(map(repr, allowed))}; got {v!r}")
+    return v
+
+
+def _list(src, field, v, item) -> tuple:
+    if not isinstance(v, list) or not v:
+        raise _fail(src, field, f"must be a non-empty list, got {v!r}")
+    out = tuple(item(f"{field}[{i}]", x) for i, x in enumerate(v))
+    if len(set(out)) != len(out):
+        raise _fail(src, field, f"has duplicates: {v!r}")
+    return out
+
+
+def _check_keys(src, where, d, allowed):
+    for k in d:
+        if k not in allowed:
+            raise _fail(src, f"{where}{k}", f"unknown field; allowed: {', '.join(sorted(allowed))}")
+
+
+def _attention(src: str, i: int, d: Any) -> Attention:
+    where = f"attention[{i}]."
+    if not isinstance(d, dict):
+        raise _fail(src, f"attention[{i}]", "must be a table ([[attention]])")
+    _check_keys(src, where, d, set(Attention.__dataclass_fields__))
+    for req in ("num_q_heads", "num_kv_heads", "head_dim"):
+        if req not in d:
+            raise _fail(src, where + req, "is required")
+    name = d.get("name", f"layer{i}")
+    if not isinstance(name, str) or not name:
+        raise _fail(src, where + "name", "must be a non-empty string")
+    hq = _int(src, where + "num_q_heads", d["num_q_heads"], 1, 1024)
+    hk = _int(src, where + "num_kv_heads", d["num_kv_heads"], 1, 1024)
+    if hq % hk:
+        raise _fail(src, where + "num_kv_heads", f"must divide num_q_heads ({hq}), got {hk}")
+    hd = _int(src, where + "head_dim", d["head_dim"], 1, 1024)
+    hdv = _int(src, where + "head_dim_v", d.get("head_dim_v", hd), 1, 1024)
+    dtype = _choice(src, where + "dtype", d.get("dtype", "bfloat16"), DTYPES)
+    causal = _bool(src, where + "causal", d.get("causal", True))
+    window = d.get("window")
+    if window is not None:
+        window = _int(src, where + "window", window, 0)
+    sinks = _bool(src, where + "sinks", d.get("sinks", False))
+    return Attention(name, hq, hk, hd, hdv, dtype, causal, window, sinks)
+
+
+def _page_size(src, field, v):
+    if v == "tile":
+        return v
+    return _int(src, field, v, 1, 4096)
+
+
+def _serving(src: str, d: Any, attention: tuple[Attention, ...]) -> Serving:
+    if not isinstance(d, dict):
+        raise _fail(src, "serving", "must be a table ([serving])")
+    _check_keys(src, "serving.", d, set(Serving.__dataclass_fields__))
+    dflt = Serving()
+    tp = _list(src, "serving.tp", d.get("tp", list(dflt.tp)), lambda f, x: _int(src, f, x, 1, 64))
+    for t in tp:
+        for a in attention:
+            if a.num_q_heads % t:
+                raise _fail(src, "serving.tp", f"{t} does not divide {a.name}'s {a.num_q_heads} query heads")
+    layouts = _list(src, "serving.layouts", d.get("layouts", list(dflt.layouts)),
+                    lambda f, x: _choice(src, f, x, LAYOUTS))
+    phases = _list(src, "serving.phases", d.get("phases", list(dflt.phases)),
+                   lambda f, x: _choice(src, f, x, PHASES))
+    max_batch = _int(src, "serving.max_batch", d.get("max_batch", dflt.max_batch), 1, 1 << 20)
+    max_context = _int(src, "serving.max_context", d.get("max_context", dflt.max_context), 1, 1 << 24)
+    pages = _list(src, "serving.page_sizes", d.get("page_sizes", list(dflt.page_sizes)),
+                  lambda f, x: _page_size(src, f, x))
+    spec_len = _int(src, "serving.speculative", d.get("speculative", dflt.speculative), 1, 64)
+    lse = _choice(src, "serving.return_lse", d.get("return_lse", dflt.return_lse), LSE_CHOICES)
+    return Serving(tp, layouts, phases, max_batch, max_context, pages, spec_len, lse)
+
+
+def parse_spec(text: str, src: str = "<string>") -> Spec:
+    """Parse and validate one spec. Raises SpecError naming the file, the field and the rule."""
+    try:
+        d = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise SpecError(f"{src}: invalid TOML: {e}") from None
+    _check_keys(src, "", d, {"name", "model", "attention", "serving"})
+    name = d.get("name")
+    if not isinstance(name, str) or not name or not all(c.isalnum() or c in "-_." for c in name):
+        raise _fail(src, "name", f"is required: letters, digits, '-', '_', '.'; got {name!r}")
+    model = d.get("model", name)
+    if not isinstance(model, str):
+        raise _fail(src, "model", f"must be a string, got {model!r}")
+    att = d.get("attention")
+    if not isinstance(att, list) or not att:
+        raise _fail(src, "attention", "at least one [[attention]] table is required")
+    attention = tuple(_attention(src, i, a) for i, a in enumerate(att))
+    names = [a.name for a in attention]
+    if len(set(names)) != len(names):
+        raise _fail(src, "attention", f"layer names must be distinct, got {names}")
+    serving = _serving(src, d.get("serving", {}), attention)
+    return Spec(name, model, attention, serving, src)
+
+
+def load_spec(path: str | Path) -> Spec:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise SpecError(f"{p}: cannot read spec: {e.strerror or e}") from None
+    return parse_spec(text, str(p))
+
+
+def default_spec_names() -> list[str]:
+    return sorted(
+        f.name[: -len(".toml")]
+        for f in resources.files("fa4aot").joinpath("specs").iterdir()
+        if f.name.endswith(".toml")
+    )
+
+
+def load_default(name: str) -> Spec:
+    f = resources.files("fa4aot").joinpath("specs").joinpath(f"{name}.toml")
+    if not f.is_file():
+        raise SpecError(f"{name}: no such spec file or default spec; defaults: {', '.join(default_spec_names())}")
+    return parse_spec(f.read_text(), f"fa4aot/specs/{name}.toml")
+
+
+def resolve_specs(names: list[str] | tuple[str, ...] | None) -> list[Spec]:
+    """`--spec` values (names of default specs, or paths) -> specs; none given: all defaults."""
+    if not names:
+        return [load_default(n) for n in default_spec_names()]
+    out = []
+    for n in names:
+        p = Path(n)
+        out.append(load_spec(p) if (p.suffix == ".toml" or p.exists()) else load_default(n))
+    return out

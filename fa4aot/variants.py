@@ -1,0 +1,332 @@
+"""Kernel variants: what distinguishes one compiled FA4 forward kernel from another.
+
+A `Variant` holds exactly the static features of a call that change which kernel FA4 (the
+pinned release) compiles on sm90: dtype, head dims, head ratio, causal/local, LSE, sink dtype,
+which of the varlen / paged tensors are present, the TMA paged path, the varlen batch > 256
+scheduler aid, and the decode/prefill scheduler choice. `features()` derives them from a
+call's shapes the way `flash_attn.cute.interface._flash_attn_fwd` does, so the runtime picks
+the same kernel FA4 would have compiled; the builder checks, for every variant it builds, that
+FA4's own compile key agrees (`compiler.trace`).
+
+`enumerate_variants(spec, arch)` walks a spec's serving envelope and returns the distinct
+variants it needs, each with one representative call the builder uses to compile it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, replace
+
+from . import constraints as C
+from .specs import Attention, Spec
+
+SCHEMA = 1  # bump when the meaning of a field changes: it is part of every variant id
+
+
+@dataclass(frozen=True)
+class Variant:
+    arch: str
+    dtype: str
+    head_dim: int
+    head_dim_v: int
+    qhead_per_kvhead: int
+    causal: bool
+    local: bool
+    has_window_left: bool
+    has_window_right: bool
+    return_lse: bool
+    sink_dtype: str | None
+    cu_seqlens_q: bool
+    cu_seqlens_k: bool
+    seqused_q: bool
+    seqused_k: bool
+    paged: bool
+    paged_tma: bool | None  # None when not paged
+    cu_hint: bool  # varlen q with batch > 256: per-batch tile cumsum computed by a helper kernel
+    static_persistent: bool  # FA4's persistent scheduler: dense non-causal, or one m-block
+
+    @property
+    def id(self) -> str:
+        """Stable id: sha256 of canonical JSON of the fields (and the schema), not of a pickle."""
+        blob = json.dumps({"schema": SCHEMA, **asdict(self)}, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    @property
+    def tile(self) -> C.Tile:
+        return C.fwd_tile(self.arch, self.head_dim, self.head_dim_v, self.causal, self.local)
+
+    @property
+    def layout(self) -> str:
+        if self.paged:
+            return "paged"
+        if self.cu_seqlens_q or self.cu_seqlens_k or self.seqused_q or self.seqused_k:
+            return "varlen"
+        return "dense"
+
+    @property
+    def phase(self) -> str:
+        """decode: one query tile per (batch, kv head); prefill: more; any: same kernel for both."""
+        if not self.causal and not self.local and self.layout == "dense":
+            return "any"
+        return "decode" if self.static_persistent else "prefill"
+
+    @property
+    def mask(self) -> str:
+        if self.local:
+            return "window"
+        return "causal" if self.causal else "full"
+
+    def describe(self) -> str:
+        parts = [
+            self.arch, self.dtype, f"hd{self.head_dim}" + (f"/{self.head_dim_v}" if self.head_dim_v != self.head_dim else ""),
+            f"ratio{self.qhead_per_kvhead}", self.mask, self.layout, self.phase,
+        ]
+        if self.paged:
+            parts.append("page=tile_n(TMA)" if self.paged_tma else "page!=tile_n")
+        if self.cu_hint:
+            parts.append(f"batch>{C.BIN_BATCH_SEARCH_THRESH}")
+        if self.return_lse:
+            parts.append("lse")
+        if self.sink_dtype:
+            parts.append(f"sink:{self.sink_dtype}")
+        return " ".join(parts)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Variant":
+        names = set(cls.__dataclass_fields__)
+        if set(d) != names:
+            raise ValueError(f"variant fields differ: missing {sorted(names - set(d))}, extra {sorted(set(d) - names)}")
+        return cls(**d)
+
+
+def features(
+    *,
+    arch: str,
+    dtype: str,
+    head_dim: int,
+    head_dim_v: int,
+    num_heads: int,
+    num_heads_kv: int,
+    causal: bool,
+    window_left: int | None,
+    window_right: int | None,
+    return_lse: bool,
+    sink_dtype: str | None,
+    batch: int,
+    seqlen_q: int | None,
+    total_q: int,
+    max_seqlen_q: int | None,
+    cu_seqlens_q: bool = False,
+    cu_seqlens_k: bool = False,
+    seqused_q: bool = False,
+    seqused_k: bool = False,
+    page_size: int | None = None,
+) -> Variant:
+    """A call's static features -> the Variant FA4 would compile for it (sm90 logic, FA4 b36).
+
+    seqlen_q: the dense query length (None for varlen q); max_seqlen_q: the caller's host hint
+    for varlen q (None if not given: FA4 then bounds it by total_q and cannot use the decode
+    scheduler).
+    """
+    causal, local, wl, wr = C.resolve_window(causal, window_left, window_right)
+    ratio = num_heads // num_heads_kv
+    tile = C.fwd_tile(arch, head_dim, head_dim_v, causal, local)
+    pack_gqa = ratio > 1
+    varlen_q = cu_seqlens_q or seqused_q
+    if not cu_seqlens_q:
+        eff_max_q = seqlen_q if max_seqlen_q is None else max_seqlen_q
+    else:
+        eff_max_q = total_q if max_seqlen_q is None else max_seqlen_q
+    one_m_block = eff_max_q * (ratio if pack_gqa else 1) <= tile.m
+    static_persistent = (not causal and not local and not cu_seqlens_q and not seqused_q) or (
+        one_m_block and (not cu_seqlens_q or max_seqlen_q is not None)
+    )
+    return Variant(
+        arch=arch, dtype=dtype, head_dim=head_dim, head_dim_v=head_dim_v, qhead_per_kvhead=ratio,
+        causal=causal, local=local, has_window_left=wl is not None, has_window_right=wr is not None,
+        return_lse=return_lse, sink_dtype=sink_dtype,
+        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_q=seqused_q, seqused_k=seqused_k,
+        paged=page_size is not None,
+        paged_tma=None if page_size is None else C.paged_tma(arch, page_size, tile),
+        cu_hint=varlen_q and batch > C.BIN_BATCH_SEARCH_THRESH,
+        static_persistent=static_persistent,
+    )
+
+
+@dataclass(frozen=True)
+class Call:
+    """One representative call: concrete shapes that make FA4 compile exactly one variant."""
+
+    layout: str  # dense | varlen | paged
+    batch: int
+    seqlen_q: int  # per sequence
+    seqlen_k: int
+    num_heads: int
+    num_heads_kv: int
+    head_dim: int
+    head_dim_v: int
+    dtype: str
+    causal: bool
+    window_left: int | None
+    window_right: int | None
+    return_lse: bool
+    sink_dtype: str | None
+    page_size: int | None = None
+
+    def variant(self, arch: str) -> Variant:
+        varlen = self.layout in ("varlen", "paged")
+        return features(
+            arch=arch, dtype=self.dtype, head_dim=self.head_dim, head_dim_v=self.head_dim_v,
+            num_heads=self.num_heads, num_heads_kv=self.num_heads_kv, causal=self.causal,
+            window_left=self.window_left, window_right=self.window_right,
+            return_lse=self.return_lse, sink_dtype=self.sink_dtype,
+            batch=self.batch, seqlen_q=None if varlen else self.seqlen_q,
+            total_q=self.batch * self.seqlen_q, max_seqlen_q=self.seqlen_q if varlen else None,
+            cu_seqlens_q=varlen, cu_seqlens_k=self.layout == "varlen",
+            seqused_k=self.layout == "paged", page_size=self.page_size,
+        )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Need:
+    """A variant a spec needs, with the call that compiles it and who asked for it."""
+
+    variant: Variant
+    call: Call
+    spec: str
+    layer: str
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    spec: str
+    layer: str
+    reason: str
+
+
+@dataclass
+class Plan:
+    needs: list[Need] = field(default_factory=list)
+    unsupported: list[Unsupported] = field(default_factory=list)
+
+    def variants(self) -> dict[str, Need]:
+        """Distinct variants by id (first asker wins)."""
+        out: dict[str, Need] = {}
+        for n in self.needs:
+            out.setdefault(n.variant.id, n)
+        return out
+
+
+def page_sizes_for(spec: Spec, att: Attention, arch: str) -> list[int]:
+    _, local, _, _ = C.resolve_window(att.causal, att.window, 0 if att.causal else None)
+    causal_r = att.causal and not local
+    tile = C.fwd_tile(arch, att.head_dim, att.head_dim_v, causal_r, local)
+    out = []
+    for p in spec.serving.page_sizes:
+        p = tile.n if p == "tile" else p
+        if p not in out:
+            out.append(p)
+    return out
+
+
+def _probe_calls(spec: Spec, att: Attention, arch: str) -> list[Call]:
+    """Shapes on both sides of every regime boundary inside the serving envelope."""
+    sv = spec.serving
+    lses = {False: [False], True: [True], "both": [False, True]}[sv.return_lse]
+    # Head counts are dynamic in the kernel; only the ratio is static. TP keeps it unless the
+    # TP degree exceeds the KV heads (KV heads are then replicated: 1 per rank).
+    ratios = sorted({(att.num_q_heads // t) // max(1, att.num_kv_heads // t) for t in sv.tp})
+    window = (att.window, 0) if att.window is not None else (None, None)
+    long_q = min(sv.max_context, 4096)
+    phases_q = {"decode": sorted({1, sv.speculative}), "prefill": [max(2, sv.speculative + 1), long_q]}
+    batches = sorted({1, sv.max_batch} | ({C.BIN_BATCH_SEARCH_THRESH + 1} if sv.max_batch > C.BIN_BATCH_SEARCH_THRESH else set()))
+    calls = []
+    for r in ratios:
+        hk = 1
+        hq = r * hk
+        for layout in sv.layouts:
+            pages = page_sizes_for(spec, att, arch) if layout == "paged" else [None]
+            for phase in sv.phases:
+                for sq in phases_q[phase]:
+                    for b in batches if layout != "dense" else [1]:
+                        for p in pages:
+                            for lse in lses:
+                                calls.append(Call(
+                                    layout=layout, batch=b, seqlen_q=sq, seqlen_k=max(sq, 256),
+                                    num_heads=hq, num_heads_kv=hk, head_dim=att.head_dim,
+                                    head_dim_v=att.head_dim_v, dtype=att.dtype, causal=att.causal,
+                                    window_left=window[0], window_right=window[1], return_lse=lse,
+                                    sink_dtype="float32" if att.sinks else None, page_size=p,
+                                ))
+    return calls
+
+
+def enumerate_variants(spec: Spec, arch: str) -> Plan:
+    """spec x arch -> the distinct variants it needs (pure; no FA4 import, milliseconds)."""
+    plan = Plan()
+    for att in spec.attention:
+        reason = C.unsupported_reason(
+            arch, att.dtype, att.head_dim, att.head_dim_v,
+            qhead_per_kvhead=att.num_q_heads // att.num_kv_heads,
+        )
+        if reason:
+            plan.unsupported.append(Unsupported(spec.name, att.name, reason))
+            continue
+        seen = set()
+        for call in _probe_calls(spec, att, arch):
+            v = call.variant(arch)
+            if v.id in seen:
+                continue
+            seen.add(v.id)
+            # compile from the smallest call with the same features: it only has to cross the
+            # same boundaries, and the builder traces it
+            try:
+                call = representative_call(v)
+            except ValueError:
+                pass
+            plan.needs.append(Need(v, call, spec.name, att.name))
+    return plan
+
+
+def merge(plans: list[Plan]) -> Plan:
+    out = Plan()
+    for p in plans:
+        out.needs.extend(p.needs)
+        out.unsupported.extend(p.unsupported)
+    return out
+
+
+def representative_call(v: Variant) -> Call:
+    """A call that compiles exactly `v` (for variants met at run time: the miss log).
+
+    Raises ValueError for feature combinations no public FA4 call layout produces here.
+    """
+    tile = v.tile
+    r = v.qhead_per_kvhead
+    if v.phase == "prefill":
+        sq = tile.m // r + 1
+    else:
+        sq = 1
+    if v.local:
+        causal, wl, wr = False, 128 if v.has_window_left else None, 0 if v.has_window_right else None
+    else:
+        causal, wl, wr = v.causal, None, None
+    layout = v.layout
+    page = None
+    if v.paged:
+        page = tile.n if v.paged_tma else (16 if tile.n != 16 else 32)
+    call = Call(layout=layout, batch=C.BIN_BATCH_SEARCH_THRESH + 1 if v.cu_hint else 1, seqlen_q=sq,
+                seqlen_k=max(sq, 256), num_heads=r, num_heads_kv=1, head_dim=v.head_dim,
+                head_dim_v=v.head_dim_v, dtype=v.dtype, causal=causal, window_left=wl,
+                window_right=wr, return_lse=v.return_lse, sink_dtype=v.sink_dtype, page_size=page)
+    if call.variant(v.arch) != v:
+        raise ValueError(f"no representative call for {v.describe()}: the public varlen layouts "
+                         "(cu_seqlens_q + cu_seqlens_k, or cu_seqlens_q + page_table + seqused_k) do not produce it")
+    return call

@@ -1,0 +1,58 @@
+"""fp32 attention reference for GPU tests: padded batch, bottom-right causal, window, sinks."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def attention_ref(q, k, v, lq, lk, *, causal, window_left=None, sink=None, scale=None):
+    """q (b, Sq, hq, d), k/v (b, Sk, hk, d[v]) zero-padded; lq/lk lengths (b,) long.
+
+    Returns out (b, Sq, hq, dv) fp32 and lse (b, hq, Sq) fp32 (natural log, sink included).
+    Rows with no visible key give out 0 and lse -inf (or the sink).
+    """
+    b, Sq, hq, d = q.shape
+    hk = k.shape[2]
+    scale = scale if scale is not None else 1.0 / math.sqrt(d)
+    kf = k.float().repeat_interleave(hq // hk, 2)
+    vf = v.float().repeat_interleave(hq // hk, 2)
+    s = torch.einsum("bqhd,bkhd->bhqk", q.float(), kf) * scale
+    i = torch.arange(Sq, device=q.device)[None, :, None] + (lk - lq)[:, None, None]  # (b, Sq, 1)
+    j = torch.arange(k.shape[1], device=q.device)[None, None, :]
+    mask = (j >= lk[:, None, None]) | (torch.arange(Sq, device=q.device)[None, :, None] >= lq[:, None, None])
+    if causal:
+        mask = mask | (j > i)
+    if window_left is not None:
+        mask = mask | (j < i - window_left)
+    s = s.masked_fill(mask[:, None], float("-inf"))
+    if sink is not None:
+        s = torch.cat([s, sink.float()[None, :, None, None].expand(b, hq, Sq, 1)], dim=-1)
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
+    if sink is not None:
+        p = p[..., :-1]
+    out = torch.einsum("bhqk,bkhd->bqhd", p, vf)
+    return out, lse
+
+
+def rel_err(out, ref) -> float:
+    ref = ref.float()
+    return ((out.float() - ref).norm() / ref.norm().clamp_min(1e-6)).item()
+
+
+def pad_ragged(x, cu, lengths, max_len):
+    """(total, h, d) packed by cu -> (b, max_len, h, d) zero-padded."""
+    b = len(lengths)
+    out = x.new_zeros(b, max(max_len, 1), *x.shape[1:])
+    for i in range(b):
+        n = lengths[i]
+        if n:
+            out[i, :n] = x[cu[i]:cu[i] + n]
+    return out
+
+
+def unpad(x, cu, lengths):
+    """(b, max_len, ...) -> (total, ...)."""
+    return torch.cat([x[i, :n] for i, n in enumerate(lengths)], 0) if lengths else x[:0, 0]
