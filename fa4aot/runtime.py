@@ -191,27 +191,27 @@ def _prep(t: torch.Tensor, name: str, contiguous_ok: bool) -> torch.Tensor:
                 f"aligned strides (got strides {tuple(t.stride())}); pass .contiguous()")
 
 
-def _int_vec(t: Any, name: str, n: int | None, device: torch.device) -> torch.Tensor:
+def _int_vec(t: Any, name: str, n: int | None, device: int) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise _fail(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype != torch.int32:
         raise _fail(f"{name} must be int32, got {t.dtype}")
     if t.dim() != 1 or (n is not None and t.shape[0] != n):
         raise _fail(f"{name} must have shape ({n},), got {tuple(t.shape)}")
-    if t.device != device:
-        raise _fail(f"{name} is on {t.device}, q is on {device}")
+    if t.get_device() != device:
+        raise _fail(f"{name} is on {t.device}, q is on device {device}")
     if t.stride(0) != 1 and t.shape[0] > 1:
         raise _fail(f"{name} must be contiguous")
     return t
 
 
-def _check_qkv(q, k, v) -> None:
+def _check_qkv(q, k, v) -> int:
+    """Checks shared by both entry points; -> q's device index (-1: not CUDA, refused later,
+    after every other check, so that input checks are testable on a CPU)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise _fail(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     dq = q.get_device()
-    if dq < 0:
-        raise _fail(f"q must be a CUDA tensor, got device {q.device}")
     if k.get_device() != dq or v.get_device() != dq:
         raise _fail(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     dt = q.dtype
@@ -226,6 +226,12 @@ def _check_qkv(q, k, v) -> None:
         raise _fail(f"k and v must have the same number of heads, got {hk} and {v.shape[-2]}")
     if hk == 0 or hq % hk:
         raise _fail(f"num q heads ({hq}) must be a multiple of num kv heads ({hk})")
+    return dq
+
+
+def _require_cuda(dq: int, q) -> None:
+    if dq < 0:
+        raise _fail(f"q, k, v must be CUDA tensors, got device {q.device}")
 
 
 def _window(window_size) -> tuple[int | None, int | None]:
@@ -239,13 +245,13 @@ def _window(window_size) -> tuple[int | None, int | None]:
     return wl, wr
 
 
-def _sink(learnable_sink, hq: int, device) -> str | None:
+def _sink(learnable_sink, hq: int, device: int) -> str | None:
     if learnable_sink is None:
         return None
     if not isinstance(learnable_sink, torch.Tensor) or learnable_sink.dtype not in _SINK_DTYPES:
         raise _fail("learnable_sink must be a float32/bfloat16/float16 tensor")
-    if tuple(learnable_sink.shape) != (hq,) or learnable_sink.device != device:
-        raise _fail(f"learnable_sink must have shape ({hq},) on {device}, got "
+    if tuple(learnable_sink.shape) != (hq,) or learnable_sink.get_device() != device:
+        raise _fail(f"learnable_sink must have shape ({hq},) on device {device}, got "
                     f"{tuple(learnable_sink.shape)} on {learnable_sink.device}")
     return _SINK_DTYPES[learnable_sink.dtype]
 
@@ -303,7 +309,7 @@ def flash_attn_func(
 
     Returns (out, lse): out (b, sq, hq, dv) in q's dtype, lse (b, hq, sq) float32 or None.
     """
-    _check_qkv(q, k, v)
+    dq = _check_qkv(q, k, v)
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise _fail(f"flash_attn_func takes 4-D q/k/v (batch, seqlen, heads, head_dim), got "
                     f"{q.dim()}-D/{k.dim()}-D/{v.dim()}-D; use flash_attn_varlen_func for packed inputs")
@@ -312,14 +318,16 @@ def flash_attn_func(
     if k.shape[:3] != (b, sk, hk) or v.shape[0] != b:
         raise _fail(f"k/v shapes {tuple(k.shape)}/{tuple(v.shape)} do not match q {tuple(q.shape)}")
     wl, wr = _window(window_size)
-    sink_dt = _sink(learnable_sink, hq, q.device)
+    sink_dt = _sink(learnable_sink, hq, dq)
     return_lse = bool(return_lse)
-    dev = q.device
+    q, k, v = _prep(q, "q", contiguous_ok), _prep(k, "k", contiguous_ok), _prep(v, "v", contiguous_ok)
     fkey = ("dense", q.dtype, d, dv, hq // hk, bool(causal), wl, wr,
-            return_lse, sink_dt, min(sq, 193), dev)
+            return_lse, sink_dt, min(sq, 193), dq)
     rt = default_runtime()
     plan = rt._plans.get(fkey)
     if plan is None:
+        _require_cuda(dq, q)
+        dev = q.device
         feat = dict(dtype=_DTYPES[q.dtype], head_dim=d, head_dim_v=dv, num_heads=hq, num_heads_kv=hk,
                     causal=bool(causal), window_left=wl, window_right=wr, return_lse=return_lse,
                     sink_dtype=sink_dt, batch=b, seqlen_q=sq, total_q=b * sq, max_seqlen_q=None)
@@ -328,9 +336,8 @@ def flash_attn_func(
             return _on_miss(rt, fkey, feat, dev, "jit_flash_attn_func", (q, k, v),
                             dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
                                  learnable_sink=learnable_sink, return_lse=return_lse))
-    q, k, v = _prep(q, "q", contiguous_ok), _prep(k, "k", contiguous_ok), _prep(v, "v", contiguous_ok)
-    out = torch.empty((b, sq, hq, dv), dtype=q.dtype, device=dev)
-    lse = torch.empty((b, hq, sq), dtype=torch.float32, device=dev) if return_lse else None
+    out = q.new_empty((b, sq, hq, dv))
+    lse = q.new_empty((b, hq, sq), dtype=torch.float32) if return_lse else None
     if sq == 0 or sk == 0 or b == 0:
         return _empty(out, lse, learnable_sink, varlen=False)
     if softmax_scale is None:
@@ -381,8 +388,7 @@ def flash_attn_varlen_func(
     cover ceil(seqused_k / page_size) pages per sequence; seqused_k <= pages * page_size.
     Returns (out, lse): out like q with head_dim_v; lse (hq, total_q) float32 or None.
     """
-    _check_qkv(q, k, v)
-    dev = q.device
+    dev = _check_qkv(q, k, v)
     varlen_q = cu_seqlens_q is not None
     if varlen_q:
         if q.dim() != 3:
@@ -412,8 +418,8 @@ def flash_attn_varlen_func(
             raise _fail(f"page_table must be an int32 tensor, got {getattr(page_table, 'dtype', type(page_table).__name__)}")
         if page_table.dim() != 2 or page_table.shape[0] != batch:
             raise _fail(f"page_table must have shape ({batch}, max_pages), got {tuple(page_table.shape)}")
-        if page_table.device != dev:
-            raise _fail(f"page_table is on {page_table.device}, q is on {dev}")
+        if page_table.get_device() != dev:
+            raise _fail(f"page_table is on {page_table.device}, q is on device {dev}")
         if page_table.stride(-1) != 1 and page_table.shape[-1] > 1:
             raise _fail("page_table must be contiguous in its last dimension")
         if page_table.data_ptr() % 4 or (page_table.shape[0] > 1 and page_table.stride(0) < page_table.shape[1]):
@@ -448,9 +454,12 @@ def flash_attn_varlen_func(
     fkey = ("varlen", q.dtype, d, dv, hq // hk, bool(causal), wl, wr, return_lse, sink_dt,
             varlen_q, cu_seqlens_k is not None, seqused_q is not None, seqused_k is not None,
             page_size, batch > C.BIN_BATCH_SEARCH_THRESH, max_seqlen_q is None, min(eff_q, 193), dev)
+    q, k, v = _prep(q, "q", contiguous_ok), _prep(k, "k", contiguous_ok), _prep(v, "v", contiguous_ok)
     rt = default_runtime()
     plan = rt._plans.get(fkey)
     if plan is None:
+        _require_cuda(dev, q)
+        dev = q.device
         feat = dict(dtype=_DTYPES[q.dtype], head_dim=d, head_dim_v=dv, num_heads=hq, num_heads_kv=hk,
                     causal=bool(causal), window_left=wl, window_right=wr, return_lse=return_lse,
                     sink_dtype=sink_dt, batch=batch, seqlen_q=sq_dense, total_q=total_q,
@@ -464,10 +473,8 @@ def flash_attn_varlen_func(
                 max_seqlen_k=max_seqlen_k, seqused_q=seqused_q, seqused_k=seqused_k,
                 page_table=page_table, softmax_scale=softmax_scale, causal=causal,
                 window_size=window_size, learnable_sink=learnable_sink, return_lse=return_lse))
-    q, k, v = _prep(q, "q", contiguous_ok), _prep(k, "k", contiguous_ok), _prep(v, "v", contiguous_ok)
-    out = torch.empty((*q.shape[:-1], dv), dtype=q.dtype, device=dev)
-    lse_shape = (hq, total_q) if varlen_q else (batch, hq, sq_dense)
-    lse = torch.empty(lse_shape, dtype=torch.float32, device=dev) if return_lse else None
+    out = q.new_empty((*q.shape[:-1], dv))
+    lse = q.new_empty((hq, total_q) if varlen_q else (batch, hq, sq_dense), dtype=torch.float32) if return_lse else None
     if total_q == 0 or seqlen_k == 0:
         return _empty(out, lse, learnable_sink, varlen=varlen_q)
     if softmax_scale is None:
@@ -476,7 +483,7 @@ def flash_attn_varlen_func(
         learnable_sink = learnable_sink.contiguous()
     cu_total = None
     if plan.tile_cumsum is not None:
-        cu_total = torch.empty(batch + 1, dtype=torch.int32, device=dev)
+        cu_total = cu_seqlens_q.new_empty(batch + 1) if varlen_q else seqused_q.new_empty(batch + 1)
         plan.tile_cumsum(cu_total, None, cu_seqlens_q if plan.helper_cu else None,
                          seqused_q if plan.helper_seqused else None, None, None)
     plan.fwd(q, k, v, out, lse, float(softmax_scale), cu_seqlens_q, cu_seqlens_k, seqused_q,

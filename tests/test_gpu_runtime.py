@@ -166,6 +166,7 @@ def _cases(layer):
                 out.append(("varlen", (lq, lk), lse, None))
         for b in (1, 3, 257):
             lq, lk = _ragged(b, 300 if b < 10 else 40, 200, rng)
+            lq[-1], lk[-1] = tm + 9, tm + 50  # one sequence past the decode boundary: prefill
             out.append(("varlen", (lq, lk), lse, None))
         out.append(("varlen", ([700, 0, 1, 300], [long_k, 5, 1, 900]), lse, None))
         out.append(("varlen-nohint", ([5, 1, 3], [7, 9, 3]), lse, None))
@@ -176,6 +177,7 @@ def _cases(layer):
                     out.append(("paged", ([sq] * b, lk), lse, page))
             for b in (3, 257):
                 lq, lk = _ragged(b, 200 if b < 10 else 30, 300, rng)
+                lq[-1], lk[-1] = tm + 9, tm + 70  # prefill regime
                 out.append(("paged", (lq, lk), lse, page))
             out.append(("paged", ([300, 1], [long_k, 77]), lse, page))
     return out
