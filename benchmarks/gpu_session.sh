@@ -2,17 +2,20 @@
 # Every H200 check and benchmark, in one device call, outputs under $1 (default /tmp/fa4aot-gpu).
 # On the GPU host, from the project root, with a store built here and carried:
 #   source .device/setup.sh && FA4AOT_CACHE_DIR=$PWD/.gpu-store bash benchmarks/gpu_session.sh $OUT [what...]
-# what: any of tests conformance host startup (default: all).
+# what: any of tests padding dropin conformance host startup (default: all).
 set -u
 out=${1:-/tmp/fa4aot-gpu}; shift || true
-what=${*:-tests conformance host startup}
+what=${*:-tests padding dropin conformance host startup}
 mkdir -p "$out"
 stamp() { echo "# $(date -u +%Y-%m-%dT%H:%M:%SZ) $(hostname) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"; echo "# command: $*"; }
 for w in $what; do
   case $w in
-    tests) { stamp python3 -m pytest -m gpu tests/ -q -p no:cacheprovider; python3 -m pytest -m gpu tests/ -q -p no:cacheprovider -rf 2>&1; } > "$out/gpu-tests.txt"; tail -3 "$out/gpu-tests.txt";;
+    tests) { stamp python3 -m pytest -m gpu tests/test_gpu_runtime.py; python3 -m pytest -m gpu tests/test_gpu_runtime.py -q -p no:cacheprovider -rf 2>&1; } > "$out/gpu-tests.txt"; tail -3 "$out/gpu-tests.txt";;
     conformance) { stamp python3 .device/checks/gpu_conformance.py; python3 .device/checks/gpu_conformance.py 2>&1; } > "$out/conformance.txt"; tail -1 "$out/conformance.txt";;
     host) { stamp python3 benchmarks/host_overhead.py; python3 benchmarks/host_overhead.py --out "$out/host.json" 2>&1 | grep -v -e Warning -e exe_args; } > "$out/host.txt"; cat "$out/host.txt";;
+    padding) { stamp python3 -m pytest -m gpu tests/test_gpu_padding.py; python3 -m pytest -m gpu tests/test_gpu_padding.py -q -p no:cacheprovider -rf 2>&1; } > "$out/gpu-padding-tests.txt"; tail -3 "$out/gpu-padding-tests.txt"
+      { stamp python3 benchmarks/padding.py; python3 benchmarks/padding.py --exact-store .gpu-store-bench --pad-store .gpu-store --out "$out/padding.json" 2>&1; } > "$out/padding.txt"; cat "$out/padding.txt";;
+    dropin) { stamp python3 -m pytest -m gpu tests/test_gpu_dropin.py; python3 -m pytest -m gpu tests/test_gpu_dropin.py -q -s -p no:cacheprovider -rf 2>&1 | grep -v -e Warning -e exe_args; } > "$out/gpu-dropin-tests.txt"; tail -3 "$out/gpu-dropin-tests.txt";;
     startup) { stamp python3 benchmarks/startup.py; python3 benchmarks/startup.py --out "$out/startup.json" 2>&1 | grep -v -e Warning -e exe_args; } > "$out/startup.txt"; tail -25 "$out/startup.txt";;
   esac
 done

@@ -28,6 +28,8 @@ _LAZY = {
     "reset": "runtime",
     "supported_block_sizes": "blocks",
     "preferred_block_size": "blocks",
+    "install": "dropin",
+    "uninstall": "dropin",
 }
 
 

@@ -63,7 +63,7 @@ def _progress_enabled(as_json: bool) -> bool:
 @main.command()
 @click.option("--arch", default="sm90", show_default=True, type=click.Choice(sorted(C.ARCHS)))
 @click.option("--spec", "specs", multiple=True, help="Default spec name or TOML path (repeatable). Default: all shipped specs.")
-@click.option("--cache", help="Store root (default: $FA4AOT_CACHE_DIR's first layer, else the user cache dir).")
+@click.option("--cache", help="Store root (default: the first writable $FA4AOT_CACHE_DIR layer, else the user cache dir).")
 @click.option("--jobs", "-j", default=max(1, (os.cpu_count() or 1)), show_default=True, type=click.IntRange(1, 256))
 @click.option("--num-sms", type=click.IntRange(1, 1024), help="SM count of the target GPU (default: 132 for sm90, 148 for sm100).")
 @click.option("--python", "python", help="Python minor of the serving runtime, e.g. 3.12 (default: this one).")
@@ -81,12 +81,17 @@ def build(arch, specs, cache, jobs, num_sms, python, misses, dry_run, as_json):
     plan = plan_for(spec_list, arch)
     if misses:
         from .missing import read_misses
-        from .variants import Need, representative_call
+        from .variants import Need, Unsupported, representative_call
 
         for v in read_misses(misses):
             if v.arch == arch:
-                plan.needs.append(Need(v, representative_call(v), "miss-log", Path(misses).name))
-    root = _root(cache)
+                try:
+                    call = representative_call(v)
+                except ValueError as e:  # the runtime meets input forms the builder cannot drive
+                    plan.unsupported.append(Unsupported("miss-log", Path(misses).name, f"{v.id}: {e}"))
+                    continue
+                plan.needs.append(Need(v, call, "miss-log", Path(misses).name))
+    root = Path(cache) if cache else None  # None: the first writable FA4AOT_CACHE_DIR layer
     if dry_run:
         rows = [{"id": vid, "variant": n.variant.describe(), "spec": f"{n.spec}/{n.layer}"}
                 for vid, n in plan.variants().items()]
@@ -108,7 +113,8 @@ def build(arch, specs, cache, jobs, num_sms, python, misses, dry_run, as_json):
     counts = {s: sum(r.status == s for r in results) for s in ("built", "rebuilt", "cached", "failed")}
     rows = [{"id": r.id, "status": r.status, "variant": r.description, "seconds": round(r.seconds, 2),
              "size": r.size, **({"error": r.error} if r.error else {})} for r in results]
-    unsup = [{"spec": u.spec, "layer": u.layer, "reason": u.reason} for u in plan.unsupported]
+    unsup = [{"spec": u.spec, "layer": u.layer, "reason": u.reason, "served_by": u.served_by}
+             for u in plan.unsupported]
     if as_json:
         _emit(rows, True, [], {"store": str(store.dir), "counts": counts, "unsupported": unsup,
                                "wall_seconds": round(wall, 2)})
@@ -117,7 +123,8 @@ def build(arch, specs, cache, jobs, num_sms, python, misses, dry_run, as_json):
             if r.status == "failed":
                 click.echo(f"FAILED {r.id} {r.description}: {r.error}")
         for u in unsup:
-            click.echo(f"unsupported: {u['spec']}/{u['layer']} on {arch}: {u['reason']}")
+            via = f"; served by {u['served_by']}" if u["served_by"] else ""
+            click.echo(f"unsupported: {u['spec']}/{u['layer']} on {arch}: {u['reason']}{via}")
         if counts["built"] + counts["rebuilt"] + counts["failed"] == 0:
             click.echo(f"nothing to build: all {counts['cached']} variants are in {store.dir}")
         else:
@@ -200,25 +207,19 @@ def inspect(artifact_id, cache):
 
 
 @main.command()
-@click.option("--cache", help="Store root.")
+@click.option("--cache", help="Store root (default: every $FA4AOT_CACHE_DIR layer, else the user cache dir).")
 @click.option("--json", "as_json", is_flag=True)
 def verify(cache, as_json):
-    """Check every artifact's record and checksums; exit 1 on any problem."""
-    from .errors import CorruptArtifact
+    """Check every artifact's record and checksums; exit 1 on any problem. Reads only."""
+    from .store import default_roots, verify_root
 
     rows = []
-    for s, vid, a, _ in _all_artifacts(_root(cache)):
-        if not isinstance(a, CorruptArtifact):
-            try:
-                a.verify()
-            except CorruptArtifact as e:
-                a = e
-        rows.append({"id": vid, "store": s.dir.name, "status": "ok" if not isinstance(a, Exception) else "corrupt",
-                     **({"error": str(a)} if isinstance(a, Exception) else {})})
+    for root in [Path(cache)] if cache else default_roots():
+        rows += [{**r, "layer": str(root)} for r in verify_root(root)]
     bad = sum(r["status"] != "ok" for r in rows)
     _emit(rows, as_json, ["id", "store", "status", "error"], {"ok": len(rows) - bad, "corrupt": bad})
     if not as_json:
-        click.echo(f"{len(rows) - bad} ok, {bad} corrupt")
+        click.echo(f"{len(rows) - bad} ok, {bad} with problems")
     if bad:
         sys.exit(1)
 
@@ -238,8 +239,237 @@ def specs_cmd(arch, specs, as_json):
         for vid, n in plan.variants().items():
             rows.append({"spec": s.name, "layer": n.layer, "id": vid, "variant": n.variant.describe(), "status": "needed"})
         for u in plan.unsupported:
-            rows.append({"spec": s.name, "layer": u.layer, "id": "", "variant": "", "status": f"unsupported: {u.reason}"})
+            via = f"; served by {u.served_by}" if u.served_by else ""
+            rows.append({"spec": s.name, "layer": u.layer, "id": "", "variant": "",
+                         "status": f"unsupported: {u.reason}{via}"})
     _emit(rows, as_json, ["spec", "layer", "id", "variant", "status"])
+
+
+@main.command()
+@click.option("--arch", default="sm90", show_default=True, type=click.Choice(sorted(C.ARCHS)))
+@click.option("--num-sms", type=click.IntRange(1, 1024), help="SM count of the GPU (default: the arch's).")
+@click.option("--dtype", default="bfloat16", show_default=True, type=click.Choice(["bfloat16", "float16"]))
+@click.option("--heads", required=True, help="Query heads : KV heads, e.g. 20:1 or 32:8.")
+@click.option("--head-dim", type=click.IntRange(1, 1024), required=True)
+@click.option("--head-dim-v", type=click.IntRange(1, 1024))
+@click.option("--layout", default="dense", show_default=True, type=click.Choice(["dense", "varlen", "paged"]))
+@click.option("--batch", default=1, show_default=True, type=click.IntRange(1))
+@click.option("--seqlen-q", default=1, show_default=True, type=click.IntRange(1))
+@click.option("--page-size", type=click.IntRange(1), help="KV page size (paged layout).")
+@click.option("--causal/--no-causal", default=True, show_default=True)
+@click.option("--window", type=click.IntRange(0), help="Left sliding window (tokens).")
+@click.option("--lse", is_flag=True, help="The call returns the LSE.")
+@click.option("--sink", is_flag=True, help="The call passes float32 learnable sinks.")
+@click.option("--no-padding", is_flag=True, help="As with FA4AOT_PADDING=deny.")
+@click.option("--cache", help="Store root(s), ':'-separated (default: FA4AOT_CACHE_DIR / user cache).")
+@click.option("--json", "as_json", is_flag=True)
+def explain(arch, num_sms, dtype, heads, head_dim, head_dim_v, layout, batch, seqlen_q, page_size, causal,
+            window, lse, sink, no_padding, cache, as_json):
+    """How the runtime would serve a call: its variant, then an exact hit, a padding plan
+    (with its cost) or the refusal. Exit 1 when nothing can serve it."""
+    from .select import choose, nearest
+    from .store import default_roots, find_serving_store, runtime_expectation
+    from .variants import Variant, features
+
+    try:
+        hq, hk = (int(x) for x in heads.split(":"))
+        assert hq > 0 and hk > 0 and hq % hk == 0
+    except (ValueError, AssertionError):
+        raise click.BadParameter(f"expected Q:KV with KV dividing Q, e.g. 32:8; got {heads!r}", param_hint="--heads")
+    if (layout == "paged") != (page_size is not None):
+        raise click.BadParameter("--page-size goes with --layout paged (and only with it)", param_hint="--page-size")
+    num_sms = num_sms or C.DEFAULT_NUM_SMS[arch]
+    varlen = layout != "dense"
+    feat = dict(dtype=dtype, head_dim=head_dim, head_dim_v=head_dim_v or head_dim, num_heads=hq, num_heads_kv=hk,
+                causal=causal, window_left=window, window_right=0 if (window is not None and causal) else None,
+                return_lse=lse, sink_dtype="float32" if sink else None, batch=batch,
+                seqlen_q=None if varlen else seqlen_q, total_q=batch * seqlen_q,
+                max_seqlen_q=seqlen_q if varlen else None, cu_seqlens_q=varlen, cu_seqlens_k=layout == "varlen",
+                seqused_k=layout == "paged", page_size=page_size)
+    want = features(arch=arch, **feat)
+    roots = [Path(p) for p in cache.split(os.pathsep)] if cache else default_roots()
+    avail = []
+    for s in find_serving_store(roots, {"arch": arch, "num_sms": num_sms,
+                                        **{k: v for k, v in runtime_expectation(arch, num_sms).items()
+                                           if k not in ("python",)}}):
+        avail += [Variant.from_dict(a.record["variant"]) for _, a in s.iter_artifacts()
+                  if not isinstance(a, Exception)]
+    why = C.unsupported_reason(arch, dtype, head_dim, head_dim_v or head_dim, qhead_per_kvhead=hq // hk)
+    choices = choose(arch, feat, avail, allow_padding=not no_padding)
+    doc = {"variant": want.to_dict(), "id": want.id, "description": want.describe(),
+           "fa4_unsupported": why,
+           "choices": [{"id": c.variant.id, "exact": c.exact, "ratio": c.ratio, "head_dim": c.head_dim,
+                        "head_dim_v": c.head_dim_v, "cost": round(c.cost, 3), "plan": c.describe(want)}
+                       for c in choices],
+           "nearest": [] if choices else [{"id": v.id, "description": v.describe()} for v in nearest(want, avail)]}
+    if as_json:
+        click.echo(json.dumps(doc, indent=2, sort_keys=True))
+    else:
+        click.echo(f"call variant: {want.describe()} (id {want.id})")
+        if why:
+            click.echo(f"FA4 cannot run it exactly: {why}")
+        if choices:
+            click.echo(f"served by   : {choices[0].describe(want)}")
+            for c in choices[1:4]:
+                click.echo(f"alternative : {c.describe(want)}")
+        else:
+            click.echo("served by   : nothing cached (the runtime raises ArtifactMissing)")
+            for v in nearest(want, avail):
+                click.echo(f"nearest     : {v.describe()} ({v.id})")
+    if not choices:
+        sys.exit(1)
+
+
+@main.command()
+@click.option("--spec", "specs", multiple=True, help="Default spec name or TOML path (repeatable). Default: all.")
+@click.option("--arch", default="sm90", show_default=True, type=click.Choice(sorted(C.ARCHS)))
+@click.option("--num-sms", type=click.IntRange(1, 1024), help="SM count of the target GPU (default: the arch's).")
+@click.option("--python", "python", help="Python minor of the serving runtime (default: any).")
+@click.option("--cache", help="Store root(s), ':'-separated (default: FA4AOT_CACHE_DIR / user cache).")
+@click.option("--trace/--no-trace", default=True, show_default=True,
+              help="Also trace FA4's real entry points under fake tensors (no GPU, nothing compiled) "
+                   "and check the store holds FA4's exact compile keys (what fa4aot.install serves).")
+@click.option("--json", "as_json", is_flag=True)
+def coverage(specs, arch, num_sms, python, cache, trace, as_json):
+    """Does the store cover the specs' serving envelopes? Each variant: hit, servable by padding
+    (with its cost), or missing. Exit 1 if anything is missing: run it before shipping an image."""
+    from .build import plan_for
+    from .select import choose
+    from .specs import resolve_specs
+    from .store import build_toolchain, default_roots, stores_at
+    from .variants import Variant
+
+    num_sms = num_sms or C.DEFAULT_NUM_SMS[arch]
+    roots = [Path(p) for p in cache.split(os.pathsep)] if cache else default_roots()
+    want_tc = build_toolchain(arch, num_sms, python)
+    check = [k for k in ("fa4", "cutlass_dsl", "cutlass_libs", "tvm_ffi", "arch", "num_sms") if want_tc.get(k)]
+    if python:
+        check.append("python")
+    arts = []
+    for root in roots:
+        for s in stores_at(root):
+            if all(s.toolchain.get(k) == want_tc[k] for k in check):
+                arts += [a for _, a in s.iter_artifacts() if not isinstance(a, Exception) and not a.record.get("stub")]
+    avail = [Variant.from_dict(a.record["variant"]) for a in arts]
+    keys = {(part, p["key"]) for a in arts for part, p in a.record["parts"].items()}
+    spec_list = resolve_specs(list(specs))
+    rows, missing = [], 0
+    for spec in spec_list:
+        plan = plan_for([spec], arch)
+        needs = list(plan.variants().values())
+        traced = None
+        if trace and needs:
+            from . import compiler
+
+            compiler.configure(arch, num_sms)
+            traced = compiler.trace_keys([n.call for n in needs])
+        for i, n in enumerate(needs):
+            feat = _call_feat(n.call, arch)
+            ch = choose(arch, feat, avail)
+            row = {"spec": spec.name, "layer": n.layer, "id": n.variant.id, "variant": n.variant.describe()}
+            if ch and ch[0].exact:
+                row["status"] = "hit"
+                if traced is not None:
+                    absent = [f"{name}" for name, ks in traced[i].items() for k in ks if (name, k) not in keys]
+                    if absent:
+                        row["status"] = "missing"
+                        row["detail"] = f"FA4 compile key(s) of {', '.join(absent)} not in the store"
+            elif ch:
+                row["status"] = "padding"
+                row["detail"] = ch[0].describe(n.variant)
+                row["cost"] = round(ch[0].cost, 3)
+            else:
+                row["status"] = "missing"
+            missing += row["status"] == "missing"
+            rows.append(row)
+        for u in plan.unsupported:
+            rows.append({"spec": spec.name, "layer": u.layer, "id": "", "variant": "",
+                         "status": "unsupported", "detail": u.reason + (f"; served by {u.served_by}" if u.served_by else "")})
+    counts = {k: sum(r["status"] == k for r in rows) for k in ("hit", "padding", "missing", "unsupported")}
+    _emit(rows, as_json, ["spec", "layer", "id", "status", "variant", "detail"], {"counts": counts})
+    if not as_json:
+        click.echo(f"{counts['hit']} hit, {counts['padding']} by padding, {counts['missing']} missing, "
+                   f"{counts['unsupported']} unsupported by FA4")
+    if missing:
+        sys.exit(1)
+
+
+def _call_feat(call, arch):
+    varlen = call.layout != "dense"
+    return dict(dtype=call.dtype, head_dim=call.head_dim, head_dim_v=call.head_dim_v, num_heads=call.num_heads,
+                num_heads_kv=call.num_heads_kv, causal=call.causal, window_left=call.window_left,
+                window_right=call.window_right, return_lse=call.return_lse, sink_dtype=call.sink_dtype,
+                batch=call.batch, seqlen_q=None if varlen else call.seqlen_q, total_q=call.batch * call.seqlen_q,
+                max_seqlen_q=call.seqlen_q if varlen else None, cu_seqlens_q=varlen,
+                cu_seqlens_k=call.layout == "varlen", seqused_k=call.layout == "paged", page_size=call.page_size)
+
+
+@main.command()
+@click.option("--enable", "action", flag_value="enable", help="Write the .pth hook into site-packages.")
+@click.option("--disable", "action", flag_value="disable", help="Remove it.")
+@click.option("--status", "action", flag_value="status", default=True, help="Show where it is (default).")
+def hook(action):
+    """Manage the site-packages hook that runs fa4aot.install() when FA4AOT_INSTALL is set."""
+    import sysconfig
+
+    from ._autoinstall import PTH_LINE, PTH_NAME
+
+    path = Path(sysconfig.get_paths()["purelib"]) / PTH_NAME
+    if action == "enable":
+        from .store import atomic_write
+
+        atomic_write(path, PTH_LINE.encode())
+        click.echo(f"enabled: {path} (set FA4AOT_INSTALL=error|warn|jit in the server's environment)")
+    elif action == "disable":
+        existed = path.exists()
+        path.unlink(missing_ok=True)
+        click.echo(f"{'removed' if existed else 'not present'}: {path}")
+    else:
+        click.echo(f"{'enabled' if path.exists() else 'disabled'}: {path}")
+
+
+@main.command()
+@click.argument("output", type=click.Path(dir_okay=False))
+@click.option("--cache", help="Store root (default: the $FA4AOT_CACHE_DIR layers, in order).")
+@click.option("--store", "store_name", help="Fingerprint directory (or a prefix) when there are several.")
+@click.option("--json", "as_json", is_flag=True)
+def pack(output, cache, store_name, as_json):
+    """Write one store to a tar archive (.tar, .tar.gz, .tar.xz) for `fa4aot unpack` elsewhere.
+    Only artifacts that pass their checks go in; exit 1 if any was left out."""
+    from .archive import pack as run_pack
+    from .store import default_roots
+
+    res = run_pack([Path(cache)] if cache else default_roots(), Path(output), store_name)
+    rows = [{"id": i, "status": "packed"} for i in res.artifacts] + \
+        [{"id": r["id"], "status": "skipped", "error": r["error"]} for r in res.skipped]
+    if as_json:
+        _emit(rows, True, [], {"archive": str(res.path), "store": res.store})
+    else:
+        for r in res.skipped:
+            click.echo(f"skipped {r['id']}: {r['error']}")
+        click.echo(f"packed {len(res.artifacts)} artifacts of {res.store} -> {res.path}")
+    if res.skipped:
+        sys.exit(1)
+
+
+@main.command()
+@click.argument("archive", type=click.Path(exists=True, dir_okay=False))
+@click.option("--cache", help="Store root to import into (default: the first writable $FA4AOT_CACHE_DIR layer).")
+@click.option("--json", "as_json", is_flag=True)
+def unpack(archive, cache, as_json):
+    """Import an archive from `fa4aot pack`. Every member and checksum is checked first: an
+    archive with anything else (links, devices, '..', absolute paths, bad checksums) imports
+    nothing and exits 1."""
+    from .archive import unpack as run_unpack
+    from .store import default_roots
+
+    res = run_unpack(Path(archive), [Path(cache)] if cache else default_roots())
+    counts = {s: sum(r["status"] == s for r in res.rows) for s in ("added", "replaced", "present")}
+    if as_json:
+        _emit(res.rows, True, [], {"store": str(res.store), "counts": counts})
+    else:
+        click.echo(f"added {counts['added']}, replaced {counts['replaced']} (corrupt), "
+                   f"already present {counts['present']} -> {res.store}")
 
 
 if __name__ == "__main__":

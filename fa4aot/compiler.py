@@ -110,9 +110,10 @@ def trace(call: Call) -> dict[str, list[tuple[Any, Any]]]:
     return {n: list(c.cache.items()) for n, c in caches.items()}
 
 
-# Helper kernels the sm90 forward consumes. blocks_to_batch is compiled by FA4 for batch > 256
-# too, but its output is not an argument of the sm90 forward kernel, so it is not shipped.
-SHIPPED_HELPERS = ("tile_cumsum",)
+# Helper kernels FA4 compiles beside the forward for varlen batch > 256. The runtime calls
+# tile_cumsum; blocks_to_batch's output is not an argument of the sm90 forward kernel, so only
+# FA4's own code path (fa4aot.install) runs it: shipped for that.
+SHIPPED_HELPERS = ("tile_cumsum", "blocks_to_batch")
 
 
 def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any]:
@@ -129,8 +130,9 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
     if len(fwd) != 1:
         raise RuntimeError(f"expected one forward kernel for {variant.describe()}, FA4 compiled {len(fwd)}")
     helpers = {n: got[n] for n in SHIPPED_HELPERS}
-    if variant.cu_hint != bool(helpers["tile_cumsum"]):
-        raise RuntimeError(f"tile_cumsum helper presence disagrees with cu_hint for {variant.describe()}")
+    for name, entries in helpers.items():
+        if variant.cu_hint != bool(entries):
+            raise RuntimeError(f"{name} helper presence disagrees with cu_hint for {variant.describe()}")
     parts: dict[str, Any] = {}
     for name, entries in [("fwd", fwd), *helpers.items()]:
         for key, fn in entries:
@@ -162,3 +164,241 @@ def jit_flash_attn_func(*args, **kwargs):
 def jit_flash_attn_varlen_func(*args, **kwargs):
     fa, _ = _fa4()
     return fa.flash_attn_varlen_func(*args, **kwargs)
+
+
+# -- drop-in for flash_attn.cute users -----------------------------------------------------------
+
+
+class CompileAttempt(RuntimeError):
+    """Raised by the compile monitor when FA4 tries to compile after install(on_miss="error")."""
+
+
+class _Counters:
+    def __init__(self):
+        self.hits = 0
+        self.compiles = 0
+        self.misses: list[str] = []
+
+
+class _StoreCache:
+    """Stands in for one of FA4's JITCache objects: a key FA4 asks for is looked up (by its
+    rendering, `key_repr`) among the store's records and loaded with tvm-ffi; FA4 then calls
+    the loaded function with exactly the arguments it would pass its own compiled one."""
+
+    def __init__(self, name, original, index, state):
+        self.name, self.original, self.index, self.state = name, original, index, state
+        self.cache: dict = {}
+
+    def __contains__(self, key) -> bool:
+        if key in self.cache:
+            return True
+        hit = self.index.get((self.name, key_repr(key)))
+        if hit is not None:
+            self.cache[key] = self.state.load(hit)
+            self.state.counters.hits += 1
+            return True
+        self.state.miss(self.name, key)
+        return False
+
+    def __getitem__(self, key):
+        return self.cache[key]
+
+    def __setitem__(self, key, fn) -> None:  # FA4 compiled it (on_miss warn/jit)
+        self.cache[key] = fn
+
+    def clear(self) -> None:
+        self.cache.clear()
+
+
+_CACHE_OWNERS = {  # FA4 function whose .compile_cache fa4aot serves -> record part name
+    "_flash_attn_fwd": "fwd",
+    "_compute_tile_cumsum": "tile_cumsum",
+    "_compute_blocks_to_batch": "blocks_to_batch",
+}
+
+
+_CUTE_DTYPES = {"BFloat16": "bfloat16", "Float16": "float16", "Float32": "float32"}
+
+
+def variant_from_fa4_key(key, arch: str) -> Variant | None:
+    """FA4 (4.0.0b36) sm90 forward compile key -> our Variant, for the miss log of install().
+
+    Positions follow `_flash_attn_fwd`'s compile_key tuple; `tests/test_dropin.py` checks the
+    mapping against every default variant's traced key. None for keys outside what fa4aot
+    models (MLA, score/mask mods, block sparsity, split-KV, FP8 descales)."""
+    try:
+        if key[0] or key[1] or key[9] or key[10] or key[11] or key[34] or any(key[25:28]):
+            return None
+        causal = bool(key[8])
+        has_wl, has_wr = bool(key[22]), bool(key[23])
+        sink = key[24]
+        paged = bool(key[21])
+        return Variant(
+            arch=arch, dtype=_CUTE_DTYPES[key[3].__name__], head_dim=int(key[4]), head_dim_v=int(key[5]),
+            qhead_per_kvhead=int(key[6]), causal=causal, local=not causal and (has_wl or has_wr),
+            has_window_left=has_wl, has_window_right=has_wr, return_lse=not key[16],
+            sink_dtype=None if sink is None else _CUTE_DTYPES[sink.__name__],
+            cu_seqlens_q=not key[17], cu_seqlens_k=not key[18], seqused_q=not key[19],
+            seqused_k=not key[20], paged=paged, paged_tma=bool(key[37]) if paged else None,
+            cu_hint=bool(key[51]), static_persistent=bool(key[55]),
+        )
+    except (IndexError, KeyError, AttributeError, TypeError):
+        return None
+
+
+class _Installed:
+    def __init__(self, roots, on_miss, counters, arch=None, num_sms=None):
+        self.on_miss = on_miss
+        self.counters = counters
+        self.index: dict = {}
+        self.loaded: dict = {}
+        from .store import find_serving_store, runtime_expectation
+
+        if arch is None:
+            arch, num_sms = _device_arch()
+        self.arch = arch
+        sms = num_sms
+        for store in find_serving_store(roots, runtime_expectation(arch, sms)):
+            for _, art in store.iter_artifacts():
+                if isinstance(art, Exception) or art.record.get("stub"):
+                    continue
+                for part, p in art.record["parts"].items():
+                    self.index.setdefault((part, p["key"]), (art, part))
+
+    def load(self, hit):
+        art, part = hit
+        k = (art.id, part)
+        if k not in self.loaded:
+            import tvm_ffi
+
+            from . import runtime_lib
+
+            art.verify()
+            runtime_lib.load_runtime_lib()
+            self.loaded[k] = tvm_ffi.load_module(str(art.part_path(part)))[f"fa4aot_{part}"]
+        return self.loaded[k]
+
+    def miss(self, name, key):
+        from .errors import ArtifactMissing
+
+        rendered = key_repr(key)
+        self.counters.misses.append(f"{name}: {rendered}")
+        if name == "fwd":
+            from .missing import record_miss
+
+            v = variant_from_fa4_key(key, self.arch)
+            if v is not None:
+                record_miss(v)
+        if self.on_miss == "error":
+            raise ArtifactMissing(
+                f"fa4aot.install(on_miss='error'): FA4 needs a {name} kernel the store does not hold "
+                f"(FA4 compile key {rendered}); nothing was compiled. Check coverage with: fa4aot "
+                f"coverage --spec <your spec>; record misses with FA4AOT_MISS_LOG and rebuild")
+        if self.on_miss == "warn":
+            import logging
+
+            logging.getLogger("fa4aot").warning("fa4aot: %s miss, FA4 compiles it: %s", name, rendered)
+
+
+def _device_arch() -> tuple[str, int]:
+    import torch
+
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm{major}{minor}", torch.cuda.get_device_properties(0).multi_processor_count
+
+
+class _CompileMonitor:
+    """Wraps cute.compile: counts every compile FA4 starts after install, and with
+    on_miss="error" refuses it, whatever code path asked (combine, scheduler metadata, bwd...)."""
+
+    def __init__(self, inner, state):
+        self.inner, self.state = inner, state
+
+    def _check(self):
+        self.state.counters.compiles += 1
+        if self.state.on_miss == "error":
+            raise CompileAttempt(
+                "fa4aot.install(on_miss='error'): flash_attn.cute tried to compile a kernel; "
+                "a serving process must not compile. Build it ahead of time (fa4aot build).")
+
+    def __call__(self, *args, **kwargs):
+        self._check()
+        return self.inner(*args, **kwargs)
+
+    def __getitem__(self, opts):
+        inner = self.inner[opts]
+        mon = self
+
+        class _Opt:
+            def __call__(self, *args, **kwargs):
+                mon._check()
+                return inner(*args, **kwargs)
+
+        return _Opt()
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+_INSTALL: dict | None = None
+
+
+def install(roots, on_miss: str, arch: str | None = None, num_sms: int | None = None) -> _Counters:
+    """Serve flash_attn.cute's compile caches from the store and monitor compiles.
+
+    arch/num_sms: the GPU to serve (default: device 0). Given explicitly (with
+    `configure(arch, num_sms)` first) install works with no GPU, e.g. under FakeTensorMode."""
+    global _INSTALL
+    if _INSTALL is not None:
+        uninstall()
+    import cutlass.cute as cute
+    from flash_attn.cute import interface as I
+
+    counters = _Counters()
+    state = _Installed(roots, on_miss, counters, arch, num_sms)
+    saved = {"compile": cute.compile, "caches": {}}
+    for fn_name, part in _CACHE_OWNERS.items():
+        fn = getattr(I, fn_name)
+        saved["caches"][fn_name] = fn.compile_cache
+        fn.compile_cache = _StoreCache(part, fn.compile_cache, state.index, state)
+    cute.compile = _CompileMonitor(saved["compile"], state)
+    _INSTALL = {"saved": saved, "state": state}
+    return counters
+
+
+def uninstall() -> bool:
+    global _INSTALL
+    if _INSTALL is None:
+        return False
+    import cutlass.cute as cute
+    from flash_attn.cute import interface as I
+
+    saved = _INSTALL["saved"]
+    cute.compile = saved["compile"]
+    for fn_name, cache in saved["caches"].items():
+        getattr(I, fn_name).compile_cache = cache
+    _INSTALL = None
+    return True
+
+
+def trace_keys(calls: list[Call]) -> list[dict[str, list[str]]]:
+    """FA4's compile keys (rendered) for each call, traced under FakeTensorMode with
+    cute.compile stubbed: nothing is compiled (about 10 ms a call). For coverage checks."""
+    import cutlass.cute as cute
+
+    class _Stub:
+        def __call__(self, *a, **k):
+            return None
+
+    real = cute.compile
+    cute.compile = lambda *a, **k: _Stub()
+    try:
+        out = []
+        for c in calls:
+            got = trace(c)
+            out.append({n: [key_repr(k) for k, _ in entries] for n, entries in got.items()})
+        return out
+    finally:
+        cute.compile = real
+        for c in _caches().values():
+            c.clear()

@@ -37,7 +37,7 @@ def unsupported_reason(
     if dtype not in DTYPE_BYTES:
         return f"dtype {dtype} is not supported (bfloat16, float16; fp8 on sm100 only)"
     if dtype.startswith("float8") and arch != "sm100":
-        return f"FP8 attention is sm100-only in upstream FA4; on {arch} use bfloat16/float16 KV"
+        return feature_unsupported_reason(arch, "fp8")
     align = 16 // DTYPE_BYTES[dtype]
     if head_dim % align or head_dim_v % align:
         return f"head dims must be multiples of {align} for {dtype} (got {head_dim}, {head_dim_v})"
@@ -47,8 +47,8 @@ def unsupported_reason(
         if not (8 <= head_dim <= 256 and 8 <= head_dim_v <= 256):
             return (
                 f"head_dim {head_dim}/{head_dim_v} is out of range on sm90: upstream FA4 supports "
-                "8..256 (hd512 / MLA kernels are sm100-only); serve it with another backend "
-                "(e.g. FlashInfer or cuDNN SDPA) or on sm100"
+                "8..256 (hd512 and MLA kernels are sm100-only); serve these layers with another "
+                "backend on sm90 (FlashInfer, cuDNN SDPA) or on sm100"
             )
     else:
         standard = 8 <= head_dim <= 128 and 8 <= head_dim_v <= 128
@@ -60,6 +60,21 @@ def unsupported_reason(
                 f"head_dim {head_dim}/{head_dim_v} is not supported on sm100: 8..128, "
                 "(192, 128), (256, 256) or MLA (64|512, 512)"
             )
+    return None
+
+
+# Forward features upstream FA4 (4.0.0b36) implements only on sm100: the alternative to name.
+SM100_ONLY_FEATURES = {
+    "fp8": "FP8 (e4m3/e5m2) Q/K/V; on sm90 keep the KV cache in bfloat16/float16, or use FA3's "
+           "FP8 kernels (flash_attn_interface) or FlashInfer",
+    "mla": "MLA absorbed attention (head_dim_v 512, qv); on sm90 use FlashMLA or FlashInfer's MLA",
+    "split_kv": "split-KV (num_splits > 1); on sm90 FA4 runs num_splits=1 and fa4aot builds that",
+}
+
+
+def feature_unsupported_reason(arch: str, feature: str) -> str | None:
+    if feature in SM100_ONLY_FEATURES and arch != "sm100":
+        return f"{feature} is sm100-only in upstream FA4: {SM100_ONLY_FEATURES[feature]}"
     return None
 
 

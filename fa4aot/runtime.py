@@ -15,7 +15,7 @@ import logging
 import math
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ from .errors import (
     Fa4aotError,
     UnsupportedVariant,
 )
-from .store import Artifact, Store, default_roots, find_serving_store, runtime_expectation, unsafe_dir_reason
+from .store import Artifact, Store, default_roots, find_serving_store, runtime_expectation
 from .variants import Variant, features
 
 log = logging.getLogger("fa4aot")
@@ -52,6 +52,7 @@ class _Plan:
     artifact: Artifact
     window_left: int | None = None  # FA4's resolved window, passed to the kernel
     window_right: int | None = None
+    pad: Any = None  # select.Choice when the call is served by padding to another variant
 
 
 def _arch_of(device: torch.device) -> tuple[str, int]:
@@ -72,6 +73,10 @@ class Runtime:
         if allow_unsafe_dirs is None:
             allow_unsafe_dirs = os.environ.get("FA4AOT_ALLOW_UNSAFE_DIRS") == "1"
         self.allow_unsafe_dirs = allow_unsafe_dirs
+        pad = os.environ.get("FA4AOT_PADDING", "allow")
+        if pad not in ("allow", "deny"):
+            raise ValueError(f"FA4AOT_PADDING must be allow or deny, got {pad!r}")
+        self.padding = pad == "allow"
         self._lock = threading.Lock()
         self._stores: dict[tuple[str, int], list[Store]] = {}
         self._modules: dict[str, tuple[Any, Any, Artifact]] = {}
@@ -91,15 +96,26 @@ class Runtime:
                 return art
         return None
 
+    def available(self, arch: str, num_sms: int) -> list[Variant]:
+        """Every variant the serving stores hold (read on misses only: one JSON per artifact)."""
+        out = []
+        for store in self.stores_for(arch, num_sms):
+            for _, a in store.iter_artifacts():
+                if isinstance(a, Exception) or a.record.get("stub"):
+                    continue
+                try:
+                    out.append(Variant.from_dict(a.record["variant"]))
+                except (ValueError, TypeError):
+                    continue
+        return out
+
     def _load(self, art: Artifact) -> tuple[Any, Any]:
         if art.record.get("stub"):
             raise CorruptArtifact(f"{art.dir}: a test stub, not a kernel")
-        if not self.allow_unsafe_dirs:
-            for d in (art.dir, art.dir.parent, art.dir.parent.parent):
-                why = unsafe_dir_reason(d)
-                if why:
-                    raise CorruptArtifact(
-                        f"refusing to load native code: {why} (set FA4AOT_ALLOW_UNSAFE_DIRS=1 to override)")
+        why = None if self.allow_unsafe_dirs else art.unsafe_reason()  # parts and every dir above
+        if why:
+            raise CorruptArtifact(
+                f"refusing to load native code: {why} (set FA4AOT_ALLOW_UNSAFE_DIRS=1 to override)")
         art.verify()  # sha256 of every part, before anything is dlopen'ed
         from . import runtime_lib
 
@@ -125,15 +141,19 @@ class Runtime:
             hp = art.record["parts"].get("tile_cumsum", {})
             return _Plan(variant, fwd, helper, bool(hp.get("cu_seqlens")), bool(hp.get("seqused")), art)
 
-    def miss(self, variant: Variant, reason: str = "") -> None:
+    def miss(self, variant: Variant, num_sms: int, allow_padding: bool) -> None:
         from .missing import record_miss
+        from .select import nearest
 
         record_miss(variant)
-        spec_hint = "a spec whose envelope covers it (fa4aot explain shows the variant)"
+        near = nearest(variant, self.available(variant.arch, num_sms))
+        near_s = "; ".join(f"{v.describe()} ({v.id})" for v in near) or "none (empty store?)"
+        pad = "" if allow_padding else " (padding is denied: FA4AOT_PADDING=deny or padding=False)"
         raise ArtifactMissing(
-            f"no artifact for {variant.describe()} (id {variant.id}){': ' + reason if reason else ''}. "
-            f"Add it with: fa4aot build --arch {variant.arch} --spec <{spec_hint}>, or "
-            f"fa4aot build --from-misses $FA4AOT_MISS_LOG"
+            f"no artifact serves {variant.describe()} (variant id {variant.id}){pad}, not even by "
+            f"padding. Nearest cached: {near_s}. Add it with: fa4aot build --arch {variant.arch} "
+            f"--spec <a spec whose envelope covers this call>, or record misses with "
+            f"FA4AOT_MISS_LOG=FILE and run fa4aot build --from-misses FILE"
         )
 
 
@@ -216,9 +236,13 @@ def _check_qkv(q, k, v) -> int:
         raise _fail(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     dt = q.dtype
     if dt not in _DTYPES:
-        raise _fail(f"q dtype must be bfloat16 or float16, got {dt}")
+        fp8 = " (FP8 is sm100-only in upstream FA4)" if "float8" in str(dt) else ""
+        raise _fail(f"q dtype must be bfloat16 or float16, got {dt}{fp8}")
     if k.dtype is not dt or v.dtype is not dt:
         raise _fail(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.dim() < 3 or k.dim() < 3 or v.dim() < 3:  # found by fuzzing: 0-d/1-d inputs hit IndexError
+        raise _fail(f"q, k, v must be (..., heads, head_dim), got shapes {tuple(q.shape)}, "
+                    f"{tuple(k.shape)}, {tuple(v.shape)}")
     if q.shape[-1] != k.shape[-1]:
         raise _fail(f"q and k head_dim differ: {q.shape[-1]} vs {k.shape[-1]}")
     hq, hk = q.shape[-2], k.shape[-2]
@@ -259,17 +283,28 @@ def _sink(learnable_sink, hq: int, device: int) -> str | None:
 # -- entry points ------------------------------------------------------------------------------
 
 
-def _resolve(rt: Runtime, fkey: tuple, feat_kwargs: dict, device) -> _Plan:
+def _resolve(rt: Runtime, fkey: tuple, feat_kwargs: dict, device, allow_padding: bool) -> _Plan:
     plan = rt._plans.get(fkey)
     if plan is not None:
         return plan
     arch, sms = _arch_of(device)
-    why = C.runtime_unsupported_reason(arch) or C.unsupported_reason(
-        arch, feat_kwargs["dtype"], feat_kwargs["head_dim"], feat_kwargs["head_dim_v"])
+    why = C.runtime_unsupported_reason(arch)
     if why:
         raise UnsupportedVariant(why)
     variant = features(arch=arch, **feat_kwargs)
-    plan = rt.plan(variant, sms)
+    why = C.unsupported_reason(arch, feat_kwargs["dtype"], feat_kwargs["head_dim"], feat_kwargs["head_dim_v"])
+    plan = None if why else rt.plan(variant, sms)
+    if plan is None and allow_padding:
+        from .select import choose
+
+        choices = choose(arch, feat_kwargs, rt.available(arch, sms))
+        if choices:
+            inner = rt.plan(choices[0].variant, sms)
+            if inner is not None:
+                plan = replace(inner, pad=choices[0])
+                log.debug("fa4aot: %s served by %s", variant.describe(), choices[0].describe(variant))
+    if plan is None and why:
+        raise UnsupportedVariant(f"{variant.describe()}: {why}")
     if plan is None:
         return None  # caller decides (miss policy)
     _, _, plan.window_left, plan.window_right = C.resolve_window(
@@ -278,11 +313,11 @@ def _resolve(rt: Runtime, fkey: tuple, feat_kwargs: dict, device) -> _Plan:
     return plan
 
 
-def _on_miss(rt: Runtime, fkey, feat_kwargs, device, jit_fn, args, kwargs):
-    arch, _ = _arch_of(device)
+def _on_miss(rt: Runtime, fkey, feat_kwargs, device, jit_fn, args, kwargs, allow_padding):
+    arch, sms = _arch_of(device)
     variant = features(arch=arch, **feat_kwargs)
     if rt.on_miss == "error":
-        rt.miss(variant)
+        rt.miss(variant, sms, allow_padding)
     from .missing import record_miss
 
     record_miss(variant)
@@ -303,11 +338,13 @@ def flash_attn_func(
     learnable_sink: torch.Tensor | None = None,
     return_lse: bool = False,
     *,
-    contiguous_ok: bool = True,
+    padding: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Dense forward with FA4's calling convention: q (b, sq, hq, d), k/v (b, sk, hk, d[v]).
 
     Returns (out, lse): out (b, sq, hq, dv) in q's dtype, lse (b, hq, sq) float32 or None.
+    padding: allow serving the call from a padded variant (and copying inputs whose layout the
+    kernel cannot take); None: FA4AOT_PADDING (default allow).
     """
     dq = _check_qkv(q, k, v)
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
@@ -320,10 +357,11 @@ def flash_attn_func(
     wl, wr = _window(window_size)
     sink_dt = _sink(learnable_sink, hq, dq)
     return_lse = bool(return_lse)
-    q, k, v = _prep(q, "q", contiguous_ok), _prep(k, "k", contiguous_ok), _prep(v, "v", contiguous_ok)
-    fkey = ("dense", q.dtype, d, dv, hq // hk, bool(causal), wl, wr,
-            return_lse, sink_dt, min(sq, 193), dq)
     rt = default_runtime()
+    pad_ok = rt.padding if padding is None else bool(padding)
+    q, k, v = _prep(q, "q", pad_ok), _prep(k, "k", pad_ok), _prep(v, "v", pad_ok)
+    fkey = ("dense", q.dtype, d, dv, hq // hk, bool(causal), wl, wr,
+            return_lse, sink_dt, min(sq, 193), dq, pad_ok)
     plan = rt._plans.get(fkey)
     if plan is None:
         _require_cuda(dq, q)
@@ -331,11 +369,14 @@ def flash_attn_func(
         feat = dict(dtype=_DTYPES[q.dtype], head_dim=d, head_dim_v=dv, num_heads=hq, num_heads_kv=hk,
                     causal=bool(causal), window_left=wl, window_right=wr, return_lse=return_lse,
                     sink_dtype=sink_dt, batch=b, seqlen_q=sq, total_q=b * sq, max_seqlen_q=None)
-        plan = _resolve(rt, fkey, feat, dev)
+        plan = _resolve(rt, fkey, feat, dev, pad_ok)
         if plan is None:
             return _on_miss(rt, fkey, feat, dev, "jit_flash_attn_func", (q, k, v),
                             dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
-                                 learnable_sink=learnable_sink, return_lse=return_lse))
+                                 learnable_sink=learnable_sink, return_lse=return_lse), pad_ok)
+    if plan.pad is not None:
+        return _padded(flash_attn_func, plan.pad, q, k, v, hk, learnable_sink, softmax_scale,
+                       dict(causal=causal, window_size=window_size, return_lse=return_lse), varlen=False)
     out = q.new_empty((b, sq, hq, dv))
     lse = q.new_empty((b, hq, sq), dtype=torch.float32) if return_lse else None
     if sq == 0 or sk == 0 or b == 0:
@@ -346,6 +387,41 @@ def flash_attn_func(
         learnable_sink = learnable_sink.contiguous()
     plan.fwd(q, k, v, out, lse, float(softmax_scale), None, None, None, None, None,
              plan.window_left, plan.window_right, learnable_sink, None, _NO_AUX, None, None)
+    return out, lse
+
+
+def _pad_last2(x: torch.Tensor, hk: int, r: int, r2: int, d2: int) -> torch.Tensor:
+    """(..., hk*r, d) -> (..., hk*r2, d2): zero query heads appended to each KV group, zero
+    columns appended to the head dim. One copy; the groups stay contiguous per KV head."""
+    d = x.shape[-1]
+    if r2 == r and d2 == d:
+        return x
+    lead = x.shape[:-2]
+    y = torch.nn.functional.pad(x.reshape(*lead, hk, r, d), (0, d2 - d, 0, r2 - r))
+    return y.reshape(*lead, hk * r2, d2)
+
+
+def _padded(entry, choice, q, k, v, hk, sink, softmax_scale, kw, varlen):
+    """Run `entry` on padded inputs with the exact padded variant, crop O and LSE back."""
+    hq, d, dv = q.shape[-2], q.shape[-1], v.shape[-1]
+    r, r2 = hq // hk, choice.ratio
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(d)  # the caller's head_dim, not the padded one
+    qp = _pad_last2(q, hk, r, r2, choice.head_dim)
+    kp = _pad_last2(k, hk, 1, 1, choice.head_dim)
+    vp = _pad_last2(v, hk, 1, 1, choice.head_dim_v)
+    sinkp = None
+    if sink is not None:
+        # padded heads' sinks: any finite value (their rows are cropped); 0 keeps them tame
+        sinkp = torch.nn.functional.pad(sink.reshape(hk, r), (0, r2 - r)).reshape(hk * r2)
+    out, lse = entry(qp, kp, vp, softmax_scale=softmax_scale, learnable_sink=sinkp, padding=False, **kw)
+    lead = out.shape[:-2]
+    out = out.reshape(*lead, hk, r2, choice.head_dim_v)[..., :r, :dv].reshape(*lead, hq, dv)
+    if lse is not None:
+        if varlen:  # (hq2, total_q)
+            lse = lse.reshape(hk, r2, -1)[:, :r].reshape(hq, -1)
+        else:  # (b, hq2, sq)
+            lse = lse.reshape(lse.shape[0], hk, r2, -1)[:, :, :r].reshape(lse.shape[0], hq, -1)
     return out, lse
 
 
@@ -376,7 +452,7 @@ def flash_attn_varlen_func(
     learnable_sink: torch.Tensor | None = None,
     return_lse: bool = False,
     *,
-    contiguous_ok: bool = True,
+    padding: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Varlen / paged forward with FA4's calling convention.
 
@@ -451,11 +527,12 @@ def flash_attn_varlen_func(
     sink_dt = _sink(learnable_sink, hq, dev)
     return_lse = bool(return_lse)
     eff_q = (max_seqlen_q if max_seqlen_q is not None else (total_q if varlen_q else sq_dense))
+    rt = default_runtime()
+    pad_ok = rt.padding if padding is None else bool(padding)
     fkey = ("varlen", q.dtype, d, dv, hq // hk, bool(causal), wl, wr, return_lse, sink_dt,
             varlen_q, cu_seqlens_k is not None, seqused_q is not None, seqused_k is not None,
-            page_size, batch > C.BIN_BATCH_SEARCH_THRESH, max_seqlen_q is None, min(eff_q, 193), dev)
-    q, k, v = _prep(q, "q", contiguous_ok), _prep(k, "k", contiguous_ok), _prep(v, "v", contiguous_ok)
-    rt = default_runtime()
+            page_size, batch > C.BIN_BATCH_SEARCH_THRESH, max_seqlen_q is None, min(eff_q, 193), dev, pad_ok)
+    q, k, v = _prep(q, "q", pad_ok), _prep(k, "k", pad_ok), _prep(v, "v", pad_ok)
     plan = rt._plans.get(fkey)
     if plan is None:
         _require_cuda(dev, q)
@@ -466,13 +543,19 @@ def flash_attn_varlen_func(
                     max_seqlen_q=max_seqlen_q, cu_seqlens_q=varlen_q,
                     cu_seqlens_k=cu_seqlens_k is not None, seqused_q=seqused_q is not None,
                     seqused_k=seqused_k is not None, page_size=page_size)
-        plan = _resolve(rt, fkey, feat, dev)
+        plan = _resolve(rt, fkey, feat, dev, pad_ok)
         if plan is None:
             return _on_miss(rt, fkey, feat, dev, "jit_flash_attn_varlen_func", (q, k, v), dict(
                 cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                 max_seqlen_k=max_seqlen_k, seqused_q=seqused_q, seqused_k=seqused_k,
                 page_table=page_table, softmax_scale=softmax_scale, causal=causal,
-                window_size=window_size, learnable_sink=learnable_sink, return_lse=return_lse))
+                window_size=window_size, learnable_sink=learnable_sink, return_lse=return_lse), pad_ok)
+    if plan.pad is not None:
+        return _padded(flash_attn_varlen_func, plan.pad, q, k, v, hk, learnable_sink, softmax_scale,
+                       dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                            max_seqlen_k=max_seqlen_k, seqused_q=seqused_q, seqused_k=seqused_k,
+                            page_table=page_table, causal=causal, window_size=window_size,
+                            return_lse=return_lse), varlen=varlen_q)
     out = q.new_empty((*q.shape[:-1], dv))
     lse = q.new_empty((hq, total_q) if varlen_q else (batch, hq, sq_dense), dtype=torch.float32) if return_lse else None
     if total_q == 0 or seqlen_k == 0:

@@ -17,7 +17,7 @@ from typing import Any
 
 from .errors import SpecError
 
-DTYPES = ("bfloat16", "float16")
+DTYPES = ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")  # fp8: sm100 only (constraints)
 LAYOUTS = ("dense", "varlen", "paged")
 PHASES = ("decode", "prefill")
 LSE_CHOICES = (False, True, "both")
@@ -153,6 +153,11 @@ def _serving(src: str, d: Any, attention: tuple[Attention, ...]) -> Serving:
         for a in attention:
             if a.num_q_heads % t:
                 raise _fail(src, "serving.tp", f"{t} does not divide {a.name}'s {a.num_q_heads} query heads")
+            # engines shard KV heads evenly, or replicate them when TP exceeds them (vLLM)
+            hk = a.num_kv_heads
+            if (hk % t) if hk >= t else (t % hk):
+                raise _fail(src, "serving.tp", f"{t} neither divides nor is a multiple of {a.name}'s "
+                                               f"{hk} KV heads")
     layouts = _list(src, "serving.layouts", d.get("layouts", list(dflt.layouts)),
                     lambda f, x: _choice(src, f, x, LAYOUTS))
     phases = _list(src, "serving.phases", d.get("phases", list(dflt.phases)),

@@ -209,6 +209,7 @@ class Unsupported:
     spec: str
     layer: str
     reason: str
+    served_by: str | None = None  # the padded variant that serves it instead, if any
 
 
 @dataclass
@@ -277,8 +278,17 @@ def enumerate_variants(spec: Spec, arch: str) -> Plan:
             qhead_per_kvhead=att.num_q_heads // att.num_kv_heads,
         )
         if reason:
-            plan.unsupported.append(Unsupported(spec.name, att.name, reason))
-            continue
+            from .select import padded_target_for_unsupported
+
+            target = padded_target_for_unsupported(arch, att.dtype, att.head_dim, att.head_dim_v)
+            if target is None or att.dtype not in ("bfloat16", "float16"):
+                plan.unsupported.append(Unsupported(spec.name, att.name, reason))
+                continue
+            d2, dv2, cost = target
+            plan.unsupported.append(Unsupported(
+                spec.name, att.name, reason,
+                f"padding head dims {att.head_dim}/{att.head_dim_v} -> {d2}/{dv2} ({cost:.2f}x the work)"))
+            att = replace(att, head_dim=d2, head_dim_v=dv2)
         seen = set()
         for call in _probe_calls(spec, att, arch):
             v = call.variant(arch)

@@ -1,0 +1,56 @@
+"""Timing helpers shared by the benchmarks (CUDA events; see the device notes in docs/)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+
+def graph_us(fn, calls: int = 20, replays: int = 30) -> float:
+    """Device time per call: `calls` calls captured in one CUDA graph, median of `replays`
+    replays timed with CUDA events. Host overhead is excluded by construction."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    times = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / calls)
+    return statistics.median(times)
+
+
+def eager_us(fn) -> float:
+    """Eager time per call (triton's do_bench, median): includes host time when host-bound."""
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=30, rep=200, return_mode="median") * 1e3
+
+
+def host_us(fn, n: int = 200, repeats: int = 9) -> tuple[float, list[float]]:
+    """Host time per call: the GPU is first given ~100 ms of spinning (torch.cuda._sleep), so
+    the calls' launches only queue behind it and the loop measures the host path alone."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    per = []
+    for _ in range(repeats):
+        torch.cuda._sleep(200_000_000)
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        per.append((time.perf_counter() - t) / n * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(per), per

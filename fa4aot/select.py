@@ -1,0 +1,107 @@
+"""Selection with padding: serve a call from the cheapest cached variant it can reach.
+
+Pure functions of (the call's features, the variants a store holds). A call is served by
+  1. its exact variant, else
+  2. the cheapest padded call whose variant is cached, where padding means
+     - query heads per KV head r -> r' > r (each KV group padded with zero query heads, as
+       SGLang's `_pad_mla_q_heads` does; output and LSE rows cropped back per group),
+     - head_dim d -> d' > d and head_dim_v dv -> dv' >= dv (zero columns: q.k and p.v are
+       unchanged; the softmax scale stays 1/sqrt(d) of the caller's head_dim; O cropped),
+  ranked by extra work: (r'/r) * (d' + dv') / (d + dv) (rows x columns computed).
+The padded call's variant is recomputed with `variants.features` (padding can move a call
+across the decode/prefill boundary or change the tile), never guessed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+from . import constraints as C
+from .variants import Variant, features
+
+
+@dataclass(frozen=True)
+class Choice:
+    variant: Variant  # the variant that runs
+    ratio: int  # query heads per KV head it runs with
+    head_dim: int
+    head_dim_v: int
+    cost: float  # extra work vs the exact call (1.0 = exact)
+    exact: bool
+
+    def describe(self, want: Variant) -> str:
+        if self.exact:
+            return f"exact: {self.variant.describe()} (id {self.variant.id})"
+        parts = []
+        if self.ratio != want.qhead_per_kvhead:
+            parts.append(f"q heads per KV head {want.qhead_per_kvhead} -> {self.ratio}")
+        if self.head_dim != want.head_dim:
+            parts.append(f"head_dim {want.head_dim} -> {self.head_dim}")
+        if self.head_dim_v != want.head_dim_v:
+            parts.append(f"head_dim_v {want.head_dim_v} -> {self.head_dim_v}")
+        return (f"padded ({', '.join(parts)}; {self.cost:.2f}x the work): "
+                f"{self.variant.describe()} (id {self.variant.id})")
+
+
+def _call_features(feat: dict, ratio: int, head_dim: int, head_dim_v: int) -> dict:
+    f = dict(feat)
+    hk = f["num_heads_kv"]
+    f.update(num_heads=hk * ratio, head_dim=head_dim, head_dim_v=head_dim_v)
+    return f
+
+
+def choose(arch: str, feat: dict, available: Iterable[Variant], *, allow_padding: bool = True
+           ) -> list[Choice]:
+    """Every way to serve the call `feat` (kwargs of variants.features, minus arch) from
+    `available`, cheapest first. Empty: nothing cached can serve it."""
+    avail = {v.id: v for v in available}
+    want = features(arch=arch, **feat)
+    if want.id in avail:
+        return [Choice(want, want.qhead_per_kvhead, want.head_dim, want.head_dim_v, 1.0, True)]
+    if not allow_padding:
+        return []
+    r, d, dv = want.qhead_per_kvhead, want.head_dim, want.head_dim_v
+    shapes = {(v.qhead_per_kvhead, v.head_dim, v.head_dim_v) for v in avail.values()
+              if v.arch == arch and v.dtype == want.dtype}
+    out = []
+    for r2, d2, dv2 in shapes:
+        if r2 < r or d2 < d or dv2 < dv or (r2, d2, dv2) == (r, d, dv):
+            continue
+        if C.unsupported_reason(arch, want.dtype, d2, dv2):
+            continue
+        v = features(arch=arch, **_call_features(feat, r2, d2, dv2))
+        if v.id in avail:
+            cost = (r2 / r) * (d2 + dv2) / (d + dv)
+            out.append(Choice(v, r2, d2, dv2, cost, False))
+    out.sort(key=lambda c: (c.cost, c.ratio, c.head_dim, c.head_dim_v))
+    return out
+
+
+def nearest(want: Variant, available: Iterable[Variant], n: int = 3) -> list[Variant]:
+    """Cached variants closest to `want` (for refusals): same arch and dtype, fewest differing
+    fields first."""
+    cands = [v for v in available if v.arch == want.arch and v.dtype == want.dtype]
+    wd = want.to_dict()
+
+    def dist(v):
+        return sum(wd[k] != x for k, x in v.to_dict().items())
+
+    return sorted(cands, key=lambda v: (dist(v), v.id))[:n]
+
+
+def padded_target_for_unsupported(arch: str, dtype: str, head_dim: int, head_dim_v: int
+                                  ) -> tuple[int, int, float] | None:
+    """For a head dim FA4 cannot run on `arch`, the nearest larger supported one, with its cost."""
+    best = None
+    for d2 in range(head_dim, 513, 8):
+        for dv2 in range(head_dim_v, 513, 8):
+            if C.unsupported_reason(arch, dtype, d2, dv2) is None:
+                cost = (d2 + dv2) / (head_dim + head_dim_v)
+                if best is None or cost < best[2]:
+                    best = (d2, dv2, cost)
+                break
+    return best
+
+
+__all__ = ["Choice", "choose", "nearest", "padded_target_for_unsupported"]

@@ -1,0 +1,193 @@
+"""CPU tests of the drop-in path (fa4aot.install), coverage and the autoinstall hook.
+
+A tiny store is really cross-compiled (2 variants); FA4's entry points are then driven under
+FakeTensorMode, so install's store-backed caches are exercised without a GPU (the kernels are
+loaded with tvm-ffi, never launched)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from click.testing import CliRunner
+
+pytestmark = pytest.mark.slow
+
+TINY = textwrap.dedent("""
+    name = "tiny"
+    [[attention]]
+    name = "full"
+    num_q_heads = 4
+    num_kv_heads = 2
+    head_dim = 64
+    causal = true
+    [serving]
+    tp = [1]
+    layouts = ["dense"]
+    phases = ["decode"]
+    max_batch = 4
+    return_lse = "both"
+""")
+
+
+@pytest.fixture(scope="module")
+def tiny_store(tmp_path_factory):
+    from fa4aot.build import build
+    from fa4aot.specs import parse_spec
+
+    d = tmp_path_factory.mktemp("dropin")
+    spec_file = d / "tiny.toml"
+    spec_file.write_text(TINY)
+    spec = parse_spec(TINY, str(spec_file))
+    store, plan, results = build([spec], arch="sm90", root=d / "store", jobs=1)
+    assert [r.status for r in results] == ["built", "built"], results
+    return d / "store", spec_file
+
+
+def _fake_dense(sq, lse=False):
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    import flash_attn.cute as fa
+
+    with FakeTensorMode():
+        q = torch.empty(2, sq, 4, 64, dtype=torch.bfloat16, device="cuda")
+        k = torch.empty(2, 256, 2, 64, dtype=torch.bfloat16, device="cuda")
+        fa.flash_attn_func(q, k, k.clone(), causal=True, return_lse=lse)
+
+
+def test_variant_from_fa4_key_matches_every_default_variant():
+    """The FA4-key -> Variant mapping (used to log install() misses) agrees with the enumerator
+    for every default sm90 variant, by tracing FA4 itself (compile stubbed)."""
+    from fa4aot import compiler
+    from fa4aot.build import plan_for
+    from fa4aot.specs import resolve_specs
+
+    compiler.configure("sm90", 132)
+    import cutlass.cute as cute
+
+    real = cute.compile
+    cute.compile = lambda *a, **k: (lambda *x, **y: None)
+    try:
+        for n in plan_for(resolve_specs(None), "sm90").variants().values():
+            got = compiler.trace(n.call)
+            assert len(got["fwd"]) == 1
+            assert compiler.variant_from_fa4_key(got["fwd"][0][0], "sm90") == n.variant, n.variant.describe()
+    finally:
+        cute.compile = real
+        for c in compiler._caches().values():
+            c.clear()
+
+
+def test_install_serves_from_store_and_refuses_misses(tiny_store, monkeypatch, tmp_path):
+    import fa4aot
+    from fa4aot import compiler
+
+    root, _ = tiny_store
+    compiler.configure("sm90", 132)
+    from flash_attn.cute import interface as I
+
+    original = I._flash_attn_fwd.compile_cache
+    monkeypatch.setenv("FA4AOT_MISS_LOG", str(tmp_path / "misses.jsonl"))
+    counters = fa4aot.install(cache=root, on_miss="error", arch="sm90", num_sms=132)
+    try:
+        _fake_dense(1)
+        _fake_dense(1, lse=True)
+        assert counters.hits == 2 and counters.compiles == 0 and not counters.misses
+        with pytest.raises(fa4aot.ArtifactMissing, match="nothing was compiled"):
+            _fake_dense(300)  # prefill: not in the store
+        assert counters.compiles == 0
+    finally:
+        assert fa4aot.uninstall()
+    assert I._flash_attn_fwd.compile_cache is original
+    import cutlass.cute as cute
+
+    assert type(cute.compile).__name__ != "_CompileMonitor"
+    # the miss was logged as a variant the next build can consume
+    from fa4aot.missing import read_misses
+
+    logged = read_misses(tmp_path / "misses.jsonl")
+    assert len(logged) == 1 and logged[0].phase == "prefill" and logged[0].head_dim == 64
+    assert not fa4aot.uninstall()
+
+
+def test_compile_monitor_blocks_any_compile_when_error(tiny_store):
+    import fa4aot
+    from fa4aot import compiler
+
+    compiler.configure("sm90", 132)
+    import cutlass.cute as cute
+
+    root, _ = tiny_store
+    counters = fa4aot.install(cache=root, on_miss="error", arch="sm90", num_sms=132)
+    try:
+        with pytest.raises(compiler.CompileAttempt):
+            cute.compile(object())
+        with pytest.raises(compiler.CompileAttempt):
+            cute.compile[()](object())
+        assert counters.compiles == 2
+    finally:
+        fa4aot.uninstall()
+
+
+def test_coverage_hit_then_missing(tiny_store, tmp_path):
+    from fa4aot.cli import main
+
+    root, spec_file = tiny_store
+    r = CliRunner().invoke(main, ["coverage", "--spec", str(spec_file), "--cache", str(root), "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["counts"] == {"hit": 2, "padding": 0, "missing": 0, "unsupported": 0}
+    bigger = tmp_path / "tiny2.toml"
+    bigger.write_text(TINY.replace('phases = ["decode"]', 'phases = ["decode", "prefill"]'))
+    r = CliRunner().invoke(main, ["coverage", "--spec", str(bigger), "--cache", str(root), "--json"])
+    assert r.exit_code == 1
+    doc = json.loads(r.output)
+    assert doc["counts"]["hit"] == 2 and doc["counts"]["missing"] == 2
+    assert {row["variant"].split()[6] for row in doc["rows"] if row["status"] == "missing"} == {"prefill"}
+
+
+def test_coverage_reports_padding(tiny_store, tmp_path):
+    from fa4aot.cli import main
+
+    root, _ = tiny_store
+    spec = tmp_path / "pad.toml"
+    spec.write_text(TINY.replace("head_dim = 64", "head_dim = 56").replace('name = "tiny"', 'name = "pad"'))
+    r = CliRunner().invoke(main, ["coverage", "--spec", str(spec), "--cache", str(root), "--json", "--no-trace"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["counts"]["padding"] == 2
+    assert all("head_dim 56 -> 64" in row["detail"] for row in doc["rows"])
+
+
+def test_autoinstall_hook_installs_when_fa4_is_imported(tiny_store):
+    """FA4AOT_INSTALL + the .pth line: install() runs right after flash_attn.cute.interface is
+    imported (device arch faked: no GPU here)."""
+    root, _ = tiny_store
+    code = textwrap.dedent("""
+        import os, sys
+        from fa4aot import compiler
+        compiler._device_arch = lambda: ("sm90", 132)
+        compiler.configure("sm90", 132)
+        exec(open(sys.argv[1]).read())   # the exact .pth line
+        assert "flash_attn.cute.interface" not in sys.modules
+        import flash_attn.cute.interface as I
+        assert type(I._flash_attn_fwd.compile_cache).__name__ == "_StoreCache", type(I._flash_attn_fwd.compile_cache)
+        print("installed")
+    """)
+    from fa4aot._autoinstall import PTH_LINE
+
+    pth = root.parent / "hook.pth"
+    pth.write_text(PTH_LINE)
+    env = dict(os.environ, FA4AOT_INSTALL="error", FA4AOT_CACHE_DIR=str(root))
+    r = subprocess.run([sys.executable, "-c", code, str(pth)], capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and "installed" in r.stdout, r.stderr[-2000:]
+    env.pop("FA4AOT_INSTALL")
+    r = subprocess.run([sys.executable, "-c", "import os; exec(open(os.sys.argv[1]).read()); import sys; "
+                        "assert 'fa4aot' not in sys.modules; print('inert')", str(pth)],
+                       capture_output=True, text=True, env=env)
+    assert "inert" in r.stdout, r.stderr[-2000:]
