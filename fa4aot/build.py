@@ -2,7 +2,9 @@
 
 `build()` returns data (one BuildResult per variant); the CLI decides printing and exit codes.
 Per artifact it follows FlashInfer's build_and_load shape: try_load -> lock -> try_load again
--> compile -> publish, so concurrent builders of one store compile each artifact once.
+-> compile in tmp/ -> publish with one rename, so concurrent builders of one store compile each
+artifact once (the lock) and publish it exactly once (the rename), and a builder killed at any
+moment leaves scratch that the next build sweeps, never an entry a reader accepts.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -19,12 +22,24 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-import filelock
-
 from . import constraints as C
+from . import locking
 from .errors import BuildError, CorruptArtifact
 from .specs import Spec
-from .store import RECORD, RECORD_FORMAT, Store, atomic_write, build_toolchain, sha256_file
+from .store import (
+    RECORD,
+    RECORD_FORMAT,
+    Store,
+    atomic_write,
+    build_root,
+    build_toolchain,
+    default_roots,
+    fsync_dir,
+    owner_tag,
+    seal_record,
+    sha256_file,
+    sweep_temp,
+)
 from .variants import Call, Need, Plan, Variant, enumerate_variants, merge
 
 LOCK_TIMEOUT_S = 600  # a compile takes seconds; a holder this slow is stuck, not working
@@ -69,18 +84,28 @@ def _compile_real(call: Call, variant: Variant, workdir: Path) -> dict[str, Any]
     return out
 
 
+def _fault(point: str) -> None:
+    """Crash-test hook: FA4AOT_FAULT=<point> SIGKILLs the builder there (stub builds only)."""
+    if os.environ.get("FA4AOT_FAULT") == point and os.environ.get("FA4AOT_STUB_COMPILER") == "1":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def _compile_stub(call: Call, variant: Variant, workdir: Path) -> dict[str, Any]:
     """FA4AOT_STUB_COMPILER=1: a fake artifact, for tests of store concurrency and crash safety
-    (compiling real kernels in 8 racing processes would take minutes). Never loadable: the
-    runtime refuses records marked stub."""
+    (compiling real kernels in 8 racing processes would take minutes). It mimics the real
+    builder's file traffic: an object file written in chunks (export), then a shared object
+    written from it (link). Never loadable: the runtime refuses records marked stub."""
     delay = float(os.environ.get("FA4AOT_STUB_DELAY", "0.05"))
-    time.sleep(delay)
-    so = workdir / "fwd.so"
-    with open(so, "wb") as f:
-        for i in range(64):
-            f.write(f"stub {variant.id} {i}\n".encode() * 16)
-            f.flush()
-            time.sleep(delay / 64)
+    obj, so = workdir / "fwd.o", workdir / "fwd.so"
+    for path, src, phase in ((obj, None, "export"), (so, obj, "link")):
+        data = src.read_bytes() if src else f"stub {variant.id}\n".encode() * 1600
+        with open(path, "wb") as f:
+            for i in range(0, len(data), 4096):
+                f.write(data[i:i + 4096])
+                f.flush()
+                time.sleep(delay / 2 / (len(data) / 4096))
+                if i >= len(data) // 2:
+                    _fault(phase)
     return {"parts": {"fwd": {"file": "fwd.so", "key": "stub"}}, "compile_seconds": delay,
             "fa4_key": "stub", "stub": True}
 
@@ -92,28 +117,28 @@ def _init_worker(arch: str, num_sms: int) -> None:
         compiler.configure(arch, num_sms)
 
 
-def publish(store: Store, vid: str, workdir: Path, record: dict[str, Any]) -> Path:
-    """Move parts into place, then write the record (the commit marker) atomically.
-
-    Parts first, record last: a reader that sees the record sees every part it names, and a
-    process killed before the record leaves only an ignored, unpublished directory.
-    """
-    final = store.artifact_dir(vid)
-    final.mkdir(parents=True, exist_ok=True)
+def publish(store: Store, vid: str, workdir: Path, record: dict[str, Any]) -> bool:
+    """Assemble parts and record in a staging directory, then rename it into place
+    (Store.publish_dir): a process killed at any point leaves only scratch in tmp/, and when two
+    builders race (a lock that did not exclude, on a filesystem that lies about flock), exactly
+    one publishes. -> False when another builder published first."""
+    stage = workdir / "publish"
+    stage.mkdir()
     for p in record["parts"].values():
-        src = workdir / p["file"]
+        src = workdir / "build" / p["file"]
         with open(src, "rb") as f:
             os.fsync(f.fileno())
-        os.replace(src, final / p["file"])
-    atomic_write(final / RECORD, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())
-    return final
-
-
-def quarantine(store: Store, vid: str) -> Path:
-    q = store.dir / "quarantine" / f"{vid}.{int(time.time())}.{os.getpid()}"
-    q.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(store.artifact_dir(vid), q)
-    return q
+        os.replace(src, stage / p["file"])
+    _fault("stage")
+    with open(stage / RECORD, "wb") as f:
+        f.write((json.dumps(record, indent=2, sort_keys=True) + "\n").encode())
+        f.flush()
+        os.fsync(f.fileno())
+    fsync_dir(stage)
+    _fault("publish")
+    won = store.publish_dir(vid, stage)
+    _fault("published")
+    return won
 
 
 def build_one(root: str, toolchain: dict, need: dict) -> dict:
@@ -125,24 +150,24 @@ def build_one(root: str, toolchain: dict, need: dict) -> dict:
     t0 = time.perf_counter()
     status = "built"
     try:
-        with filelock.FileLock(str(store.lock_path(vid)), timeout=LOCK_TIMEOUT_S):
+        with locking.hold(store.lock_path(vid), timeout=LOCK_TIMEOUT_S):
             try:
                 have = store.get(vid)
             except CorruptArtifact:
-                quarantine(store, vid)
+                store.move_aside(vid, "quarantine")
                 have, status = None, "rebuilt"
             if have is not None:
                 return dict(id=vid, description=variant.describe(), status="cached",
                             seconds=time.perf_counter() - t0, size=have.size)
-            stale = store.artifact_dir(vid)
-            if stale.exists():  # parts of a killed build, no record: never served, start over
-                shutil.rmtree(stale)
-            workdir = Path(tempfile.mkdtemp(prefix=f"{vid}.", dir=store.dir / "tmp"))
+            store.discard_unpublished(vid)
+            workdir = Path(tempfile.mkdtemp(prefix=f"{vid}.{owner_tag()}", dir=store.dir / "tmp"))
             try:
+                (workdir / "build").mkdir()
                 stub = os.environ.get("FA4AOT_STUB_COMPILER") == "1"
-                out = (_compile_stub if stub else _compile_real)(call, variant, workdir)
-                record = make_record(variant, call, out, workdir, toolchain, need)
-                publish(store, vid, workdir, record)
+                out = (_compile_stub if stub else _compile_real)(call, variant, workdir / "build")
+                record = make_record(variant, call, out, workdir / "build", toolchain, need)
+                if not publish(store, vid, workdir, record):
+                    status = "cached"  # another builder published it first: keep theirs
             finally:
                 shutil.rmtree(workdir, ignore_errors=True)
             size = sum(p["size"] for p in record["parts"].values())
@@ -161,7 +186,7 @@ def make_record(variant: Variant, call: Call, out: dict, workdir: Path, toolchai
     for name, p in out["parts"].items():
         f = workdir / p["file"]
         parts[name] = {**p, "sha256": sha256_file(f), "size": f.stat().st_size}
-    return {
+    return seal_record({
         "format": RECORD_FORMAT,
         "id": variant.id,
         "variant": variant.to_dict(),
@@ -178,6 +203,9 @@ def make_record(variant: Variant, call: Call, out: dict, workdir: Path, toolchai
             "int_tensors": "int32, contiguous",
         },
         "parts": parts,
+        # FA4 may bake the SM count into grids (persistent schedulers); no artifact claims
+        # otherwise yet, so a GPU with another SM count is refused (Store.serve_num_sms).
+        "sm_count_independent": False,
         "fa4_key": out["fa4_key"],
         "stub": bool(out.get("stub")),
         "compile_seconds": round(out["compile_seconds"], 3),
@@ -185,7 +213,7 @@ def make_record(variant: Variant, call: Call, out: dict, workdir: Path, toolchai
         "requested_by": {"spec": need["spec"], "layer": need["layer"]},
         "toolchain": toolchain,
         "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    }
+    })
 
 
 def write_spec_index(store: Store, spec: Spec, plan: Plan) -> None:
@@ -202,42 +230,49 @@ def build(
     specs: list[Spec],
     *,
     arch: str,
-    root: Path,
+    root: Path | None = None,
+    layers: list[Path] | None = None,
     num_sms: int | None = None,
     python: str | None = None,
     jobs: int = 1,
     progress: Callable[[int, int, BuildResult], None] | None = None,
     plan: Plan | None = None,
 ) -> tuple[Store, Plan, list[BuildResult]]:
-    """Build every variant the specs need that the store lacks. Never raises for one variant's
-    failure (it is a `failed` result); raises BuildError when nothing can be built at all."""
+    """Build every variant the specs need that no layer holds. Never raises for one variant's
+    failure (it is a `failed` result); raises BuildError when nothing can be built at all.
+
+    `root` names the one store to build into; otherwise `layers` (default: FA4AOT_CACHE_DIR's)
+    are searched in order and builds go to the first writable one (build_root). Nothing is
+    written to any other layer.
+    """
     C.arch_number(arch)
     num_sms = num_sms or C.DEFAULT_NUM_SMS[arch]
     toolchain = build_toolchain(arch, num_sms, python)
-    store = Store(Path(root), toolchain)
+    roots = [Path(root)] if root is not None else [Path(r) for r in (layers or default_roots())]
+    target = build_root(roots)
+    store = Store(target, toolchain)
     try:
         store.ensure()
     except OSError as e:
-        raise BuildError(f"cannot write the store at {root}: {e.strerror or e}") from None
+        raise BuildError(f"cannot write the store at {target}: {e.strerror or e}") from None
+    sweep_temp(store)
+    others = [Store(r, toolchain) for r in roots if r != target]
     plan = plan or plan_for(specs, arch)
     todo = plan.variants()
     results: list[BuildResult] = []
     pending = []
     for vid, need in todo.items():
-        try:
-            have = store.get(vid)
-        except CorruptArtifact:
-            have = None  # the worker quarantines and rebuilds it under the lock
+        have = _valid_copy([store, *others], vid)
         if have is not None:
             results.append(BuildResult(vid, need.variant.describe(), "cached", 0.0, size=have.size))
         else:
-            pending.append(need)
+            pending.append(need)  # a corrupt copy in `store` is quarantined by the worker
     total = len(todo)
     for r in results:
         if progress:
             progress(len(results), total, r)
-    args = [(str(root), toolchain, {"variant": n.variant.to_dict(), "call": n.call.to_dict(),
-                                    "spec": n.spec, "layer": n.layer}) for n in pending]
+    args = [(str(target), toolchain, {"variant": n.variant.to_dict(), "call": n.call.to_dict(),
+                                      "spec": n.spec, "layer": n.layer}) for n in pending]
     if pending:
         if jobs <= 1:
             _init_worker(arch, num_sms)
@@ -260,3 +295,14 @@ def build(
     for s in specs:
         write_spec_index(store, s, plan)
     return store, plan, results
+
+
+def _valid_copy(stores: list[Store], vid: str):
+    for s in stores:
+        try:
+            have = s.get(vid)
+        except CorruptArtifact:
+            continue
+        if have is not None:
+            return have
+    return None

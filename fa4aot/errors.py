@@ -35,3 +35,8 @@ class RuntimeLibraryMissing(Fa4aotError):
 
 class BuildError(Fa4aotError):
     """The builder could not run at all (no compiler toolchain, no linker, read-only store)."""
+
+
+class UnsafeArchive(Fa4aotError):
+    """An archive to import holds something other than a store's plain files and directories
+    (absolute path, '..', link, device...) or content that fails its checks. Nothing is imported."""

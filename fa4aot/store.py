@@ -3,41 +3,55 @@
     <root>/CACHEDIR.TAG
     <root>/v1/<fingerprint dir>/toolchain.json          the fingerprint's fields
     <root>/v1/<fp>/artifacts/<variant id>/fwd.so ...    parts (shared objects)
-    <root>/v1/<fp>/artifacts/<variant id>/record.json   written last: the commit marker
+    <root>/v1/<fp>/artifacts/<variant id>/record.json   what the parts are, with their sha256
     <root>/v1/<fp>/specs/<spec>.json                    what each spec asked for (ls, coverage)
-    <root>/v1/<fp>/locks/<variant id>.lock              per-artifact build lock
-    <root>/v1/<fp>/tmp/                                 build scratch, removed on success
+    <root>/v1/<fp>/locks/<variant id>.lock              per-artifact build lock (locking.py)
+    <root>/v1/<fp>/tmp/                                 build scratch of live builders
+    <root>/v1/<fp>/quarantine/                          entries that failed their checks
 
-Readers trust an artifact only through its record: parts are published before the record and
-each part's sha256 is in it, so a directory without a record, or whose parts do not match it,
-is never loaded (a process killed mid-publish leaves a miss, not a bad kernel).
-Records are JSON; nothing on the load path unpickles.
+An artifact directory appears whole or not at all: the builder assembles parts and record in
+tmp/ and publishes them with one rename(2). Readers still trust an artifact only through its
+record: the record carries its own sha256 and each part's, so a torn, truncated or bit-flipped
+entry is CorruptArtifact and never loaded. Records are JSON; nothing on the load path unpickles.
+
+Roots are layers (FA4AOT_CACHE_DIR=/srv/node:/opt/image-cache): lookups search them in order;
+builds go to the first writable one. Nothing on a read path creates a file or directory, so a
+store in a read-only image layer serves as-is.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import re
+import socket
 import stat
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterator
 
-from .errors import CorruptArtifact, FingerprintMismatch
+from .errors import BuildError, CorruptArtifact, FingerprintMismatch
 
 LAYOUT = "v1"
 RECORD = "record.json"
-RECORD_FORMAT = 1
+# 2: records carry `record_sha256`, a digest of their own canonical JSON (format 1 had none:
+# a bit flip in a contract field went unnoticed).
+RECORD_FORMAT = 2
+MAX_RECORD_BYTES = 1 << 20
 FINGERPRINT_FIELDS = ("fa4", "cutlass_dsl", "cutlass_libs", "tvm_ffi", "python", "arch", "num_sms")
 CACHEDIR_TAG = (
     "Signature: 8a477f597d28d172789f06886806bc55\n"
     "# This file is a cache directory tag created by fa4aot.\n"
     "# For information about cache directory tags see https://bford.info/cachedir/\n"
 )
+NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")  # ids, part files, spec names
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
 def canonical_json(d: Any) -> str:
@@ -51,6 +65,15 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def _cutlass_libs() -> str | None:
+    # The compiler picks the newest CUDA flavor installed when no driver is present; the
+    # project pins [cu13] and the runtime loads the cu13 libcute_dsl_runtime.so.
+    for flavor in ("cu13", "cu12"):
+        if _version(f"nvidia-cutlass-dsl-libs-{flavor}"):
+            return flavor
+    return None
+
+
 def build_toolchain(arch: str, num_sms: int, python: str | None = None) -> dict[str, Any]:
     """The fingerprint of a build: versions read from package metadata (no compiler import).
 
@@ -61,10 +84,7 @@ def build_toolchain(arch: str, num_sms: int, python: str | None = None) -> dict[
     return {
         "fa4": _version("flash-attn-4"),
         "cutlass_dsl": _version("nvidia-cutlass-dsl"),
-        # The compiler picks the newest CUDA flavor installed when no driver is present; the
-        # project pins [cu13] and the runtime loads the cu13 libcute_dsl_runtime.so.
-        "cutlass_libs": "cu13" if _version("nvidia-cutlass-dsl-libs-cu13") else (
-            "cu12" if _version("nvidia-cutlass-dsl-libs-cu12") else None),
+        "cutlass_libs": _cutlass_libs(),
         "tvm_ffi": _version("apache-tvm-ffi"),
         "python": python or f"{sys.version_info.major}.{sys.version_info.minor}",
         "arch": arch,
@@ -82,6 +102,7 @@ def runtime_expectation(arch: str, num_sms: int) -> dict[str, Any]:
     exp = {
         "fa4": _version("flash-attn-4"),
         "cutlass_dsl": _version("nvidia-cutlass-dsl"),
+        "cutlass_libs": _cutlass_libs(),
         "tvm_ffi": _version("apache-tvm-ffi"),
         "python": f"{sys.version_info.major}.{sys.version_info.minor}",
         "arch": arch,
@@ -105,6 +126,39 @@ def default_roots() -> list[Path]:
     return [Path(platformdirs.user_cache_dir("fa4aot"))]
 
 
+def not_writable_reason(root: Path) -> str | None:
+    """Why builds cannot go into layer `root` (None: they can). Touches nothing: a root that does
+    not exist yet is judged by the directory it would be created in."""
+    from .locking import write_refusal
+
+    p = Path(root).absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    if not p.is_dir():
+        return f"{p} is not a directory"
+    try:
+        if os.statvfs(p).f_flag & os.ST_RDONLY:
+            return f"{p} is on a read-only filesystem"
+    except OSError as e:
+        return f"{p}: {e.strerror}"
+    if not os.access(p, os.W_OK | os.X_OK):
+        return f"{p} is not writable by uid {os.getuid()}"
+    return write_refusal(p)
+
+
+def build_root(roots: list[Path]) -> Path:
+    """The layer that receives builds: the first writable one. BuildError names each refusal."""
+    why = []
+    for r in roots:
+        reason = not_writable_reason(r)
+        if reason is None:
+            return Path(r)
+        why.append(f"{r}: {reason}")
+    raise BuildError("no writable store layer to build into:\n  " + "\n  ".join(why or ["(no layers)"])
+                     + "\nput a writable directory first in FA4AOT_CACHE_DIR (e.g. "
+                     "FA4AOT_CACHE_DIR=/var/cache/fa4aot:<read-only layers>) or pass --cache DIR")
+
+
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -113,11 +167,43 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def _umask() -> int:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
+
+
+def owner_tag() -> str:
+    """`host~pid~` for names of temporary files and dirs, so a sweep can tell whose they are."""
+    host = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:64] or "host"
+    return f"{host}~{os.getpid()}~"
+
+
+def temp_is_orphaned(name: str, mtime: float, max_age_s: float = 86400.0) -> bool:
+    """A temp entry named with `owner_tag` whose process is gone (or, from another host, old)."""
+    from .locking import pid_alive
+
+    f = name.split("~")
+    try:
+        host, pid = f[-3].rsplit(".", 1)[-1], int(f[-2])
+    except (IndexError, ValueError):
+        return time.time() - mtime > max_age_s
+    mine = owner_tag().split("~")[0]
+    if host == mine:
+        return not pid_alive(pid)
+    return time.time() - mtime > max_age_s
+
+
 def atomic_write(path: Path, data: bytes) -> None:
     """temp file in the same directory + fsync + os.replace: readers see all or nothing."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{owner_tag()}", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o666 & ~_umask())  # mkstemp's 0600 would hide shared stores
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -128,6 +214,27 @@ def atomic_write(path: Path, data: bytes) -> None:
         except OSError:
             pass
         raise
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def unsafe_dir_reason(path: Path) -> str | None:
+    """Why loading native code from `path` is unsafe: writable by others and not ours/root's."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and st.st_uid not in (0, os.getuid()):
+        return f"{path} is group/world-writable and owned by uid {st.st_uid}"
+    if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+        return f"{path} is world-writable"
+    return None
 
 
 @dataclass(frozen=True)
@@ -149,53 +256,103 @@ class Artifact:
         return sum(p["size"] for p in self.record["parts"].values())
 
     def verify(self) -> None:
-        """Raise CorruptArtifact unless every part matches its size and sha256."""
+        """Raise CorruptArtifact unless every part is a regular file matching its size and sha256."""
         for name, p in self.record["parts"].items():
             path = self.dir / p["file"]
             try:
-                st = path.stat()
+                st = path.lstat()
             except OSError as e:
                 raise CorruptArtifact(f"{self.dir}: part {name} unreadable: {e.strerror}") from None
+            if not stat.S_ISREG(st.st_mode):
+                raise CorruptArtifact(f"{path}: not a regular file")
             if st.st_size != p["size"]:
                 raise CorruptArtifact(f"{path}: size {st.st_size} != recorded {p['size']}")
-            if sha256_file(path) != p["sha256"]:
+            try:
+                digest = sha256_file(path)
+            except OSError as e:
+                raise CorruptArtifact(f"{path}: unreadable: {e.strerror}") from None
+            if digest != p["sha256"]:
                 raise CorruptArtifact(f"{path}: sha256 differs from its record")
+
+    def unsafe_reason(self) -> str | None:
+        """Why dlopen'ing this artifact is unsafe: a part, or any directory above it, can be
+        replaced by another user (see `unsafe_dir_reason`). Native code is only as trustworthy
+        as every directory on its path."""
+        paths = [self.part_path(n) for n in self.record["parts"]]
+        d = self.dir.absolute()
+        while True:
+            paths.append(d)
+            if d == d.parent:
+                break
+            d = d.parent
+        for p in paths:
+            why = unsafe_dir_reason(p)
+            if why:
+                return why
+        return None
+
+
+def record_digest(rec: dict[str, Any]) -> str:
+    return hashlib.sha256(canonical_json({k: v for k, v in rec.items()
+                                          if k != "record_sha256"}).encode()).hexdigest()
+
+
+def seal_record(rec: dict[str, Any]) -> dict[str, Any]:
+    """`rec` with its own digest, checked by parse_record: any change to a record is corruption."""
+    return {**rec, "record_sha256": record_digest(rec)}
+
+
+def _part_ok(p: Any) -> bool:
+    return (isinstance(p, dict)
+            and isinstance(p.get("file"), str) and NAME_RE.fullmatch(p["file"]) is not None
+            and p["file"] != RECORD
+            and isinstance(p.get("sha256"), str) and _HEX64.fullmatch(p["sha256"]) is not None
+            and type(p.get("size")) is int and p["size"] >= 0)
 
 
 def parse_record(text: str | bytes, where: str) -> dict[str, Any]:
-    """Record JSON -> dict, with the fields the loader relies on type-checked."""
+    """Record JSON -> dict, its own digest checked and the fields the loader relies on
+    type-checked. Raises only CorruptArtifact, whatever the input."""
+    if len(text) > MAX_RECORD_BYTES:
+        raise CorruptArtifact(f"{where}: record is {len(text)} bytes, more than any real record")
     try:
         rec = json.loads(text)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise CorruptArtifact(f"{where}: record is not valid JSON: {e}") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise CorruptArtifact(f"{where}: record is not valid JSON: {type(e).__name__}") from None
+    if isinstance(rec, dict) and rec.get("format") != RECORD_FORMAT:
+        raise CorruptArtifact(f"{where}: record format {rec.get('format')!r}, this fa4aot reads "
+                              f"{RECORD_FORMAT}; rebuild (fa4aot build replaces it)")
     ok = (
         isinstance(rec, dict)
-        and rec.get("format") == RECORD_FORMAT
-        and isinstance(rec.get("id"), str)
+        and isinstance(rec.get("id"), str) and NAME_RE.fullmatch(rec["id"]) is not None
         and isinstance(rec.get("variant"), dict)
+        and isinstance(rec.get("toolchain"), dict)
         and isinstance(rec.get("parts"), dict)
         and rec["parts"]
-        and all(
-            isinstance(p, dict)
-            and isinstance(p.get("file"), str)
-            and "/" not in p["file"] and p["file"] not in ("", ".", "..")
-            and isinstance(p.get("sha256"), str)
-            and isinstance(p.get("size"), int)
-            for p in rec["parts"].values()
-        )
+        and all(_part_ok(p) for p in rec["parts"].values())
+        and len({p["file"] for p in rec["parts"].values()}) == len(rec["parts"])
+        and isinstance(rec.get("record_sha256"), str)
     )
     if not ok:
         raise CorruptArtifact(f"{where}: record is missing fields or has wrong types")
+    if record_digest(rec) != rec["record_sha256"]:
+        raise CorruptArtifact(f"{where}: record differs from its own sha256 (edited or corrupted)")
     return rec
 
 
 class Store:
-    """One fingerprint directory of one root."""
+    """One fingerprint directory of one root.
 
-    def __init__(self, root: Path, toolchain: dict[str, Any]):
+    `serve_num_sms`: set when this store was built for another SM count than the GPU it serves
+    (find_serving_store's fallback); it then serves only artifacts whose record says
+    `"sm_count_independent": true`, and refuses the others with FingerprintMismatch.
+    """
+
+    def __init__(self, root: Path, toolchain: dict[str, Any], serve_num_sms: int | None = None):
         self.root = Path(root)
         self.toolchain = toolchain
         self.dir = self.root / LAYOUT / fingerprint_dir(toolchain)
+        self.serve_num_sms = serve_num_sms
 
     # paths
     def artifact_dir(self, vid: str) -> Path:
@@ -208,7 +365,7 @@ class Store:
         return self.dir / "specs" / f"{spec}.json"
 
     def ensure(self) -> None:
-        """Create the layout (writers only)."""
+        """Create the layout (writers only: no read path calls this)."""
         for d in ("artifacts", "locks", "tmp", "specs"):
             (self.dir / d).mkdir(parents=True, exist_ok=True)
         tag = self.root / "CACHEDIR.TAG"
@@ -218,88 +375,212 @@ class Store:
         if not tc.exists():
             atomic_write(tc, (json.dumps(self.toolchain, indent=2, sort_keys=True) + "\n").encode())
 
+    # writing (builders and importers, under the artifact's lock)
+    def publish_dir(self, vid: str, staged: Path) -> bool:
+        """Publish a complete, fsync'ed directory as artifact `vid` with one rename(2): readers
+        see all of it or nothing, and rename onto a non-empty directory fails, so of two racing
+        publishers exactly one wins. -> False when the entry was already published."""
+        final = self.artifact_dir(vid)
+        try:
+            os.rename(staged, final)
+        except OSError as e:
+            if e.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                return False
+            raise
+        fsync_dir(final.parent)
+        return True
+
+    def move_aside(self, vid: str, where: str = "quarantine") -> Path:
+        """Take entry `vid` out of artifacts/ in one rename (readers see a miss, never half a
+        deleted directory), into quarantine/ (kept for inspection) or tmp/ (to be removed)."""
+        dest = self.dir / where / f"{vid}.{int(time.time())}.{owner_tag()}"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(self.artifact_dir(vid), dest)
+        return dest
+
+    def discard_unpublished(self, vid: str) -> None:
+        """Remove a record-less artifacts/<vid> (an old builder's or a hand copy's; never served)."""
+        import shutil
+
+        if self.artifact_dir(vid).exists() and not (self.artifact_dir(vid) / RECORD).exists():
+            shutil.rmtree(self.move_aside(vid, "tmp"), ignore_errors=True)
+
     # reading
     def get(self, vid: str, verify: bool = True) -> Artifact | None:
         """The published artifact `vid`, or None if absent. Corruption raises CorruptArtifact."""
         d = self.artifact_dir(vid)
         try:
-            text = (d / RECORD).read_bytes()
-        except FileNotFoundError:
+            with open(d / RECORD, "rb") as f:
+                text = f.read(MAX_RECORD_BYTES + 1)
+        except (FileNotFoundError, NotADirectoryError):
             return None
-        except NotADirectoryError:
-            return None
-        rec = parse_record(text, str(d / RECORD))
-        if rec["id"] != vid:
-            raise CorruptArtifact(f"{d}: record id {rec['id']!r} does not match its directory")
-        art = Artifact(d, rec)
+        except OSError as e:
+            raise CorruptArtifact(f"{d / RECORD}: unreadable: {e.strerror}") from None
+        art = Artifact(d, self.check_record(vid, text))
         if verify:
             art.verify()
         return art
 
-    def iter_artifacts(self) -> Iterator[tuple[str, Artifact | CorruptArtifact]]:
+    def check_record(self, vid: str, text: bytes, where: str | None = None) -> dict[str, Any]:
+        """parse_record, plus: the record is the one of `vid`, built for this store's toolchain,
+        and (SM-count fallback) proves SM-count independence."""
+        d = self.artifact_dir(vid)
+        rec = parse_record(text, where or str(d / RECORD))
+        if rec["id"] != vid:
+            raise CorruptArtifact(f"{d}: record id {rec['id']!r} does not match its directory")
+        try:
+            home = fingerprint_dir(rec["toolchain"])
+        except (KeyError, TypeError, AttributeError):
+            home = None
+        if home != self.dir.name:
+            raise CorruptArtifact(f"{d}: record was built for toolchain {home}, not {self.dir.name}")
+        if self.serve_num_sms is not None and rec.get("sm_count_independent") is not True:
+            raise FingerprintMismatch(
+                f"{d}: num_sms: built for {self.toolchain['num_sms']} SMs, this GPU has "
+                f"{self.serve_num_sms}, and its record does not prove it SM-count independent. "
+                f"Rebuild with: fa4aot build --arch {self.toolchain['arch']} "
+                f"--num-sms {self.serve_num_sms}")
+        return rec
+
+    def iter_artifacts(self) -> Iterator[tuple[str, Artifact | CorruptArtifact | FingerprintMismatch]]:
         base = self.dir / "artifacts"
         if not base.is_dir():
             return
         for d in sorted(base.iterdir()):
             if not (d / RECORD).exists():
-                continue  # unpublished: a build in progress or killed
+                continue  # unpublished: only an old builder left such a directory
             try:
                 a = self.get(d.name, verify=False)
                 yield d.name, a
-            except CorruptArtifact as e:
+            except (CorruptArtifact, FingerprintMismatch) as e:
                 yield d.name, e
 
 
-def stores_at(root: Path) -> list[Store]:
-    """Every fingerprint directory under a root (for ls / verify / diagnostics)."""
+def read_toolchain(d: Path) -> dict[str, Any]:
+    """A fingerprint directory's toolchain.json; CorruptArtifact unless it is well-formed and
+    hashes to the directory's own name."""
+    where = d / "toolchain.json"
+    try:
+        raw = where.read_bytes()[:MAX_RECORD_BYTES]
+        tc = json.loads(raw)
+        ok = (isinstance(tc, dict) and all(k in tc for k in FINGERPRINT_FIELDS)
+              and isinstance(tc["arch"], str) and isinstance(tc["python"], str)
+              and type(tc["num_sms"]) is int and fingerprint_dir(tc) == d.name)
+    except FileNotFoundError:
+        raise CorruptArtifact(f"{where}: missing") from None
+    except OSError as e:
+        raise CorruptArtifact(f"{where}: unreadable: {e.strerror}") from None
+    except (ValueError, UnicodeDecodeError, RecursionError, TypeError, AttributeError):
+        ok = False
+    if not ok:
+        raise CorruptArtifact(f"{where}: not a valid toolchain for directory {d.name}")
+    return tc
+
+
+def scan_root(root: Path) -> tuple[list[Store], list[tuple[Path, CorruptArtifact]]]:
+    """Every fingerprint directory under a root, and (dir, error) for those that are broken."""
     base = Path(root) / LAYOUT
-    out = []
-    if base.is_dir():
-        for d in sorted(base.iterdir()):
-            try:
-                tc = json.loads((d / "toolchain.json").read_text())
-                s = Store(Path(root), tc)
-            except (OSError, ValueError, KeyError, TypeError, AttributeError):
-                continue
-            if s.dir.name == d.name:
-                out.append(s)
-    return out
+    stores, bad = [], []
+    try:
+        entries = sorted(base.iterdir()) if base.is_dir() else []
+    except OSError as e:
+        return [], [(base, CorruptArtifact(f"{base}: unreadable: {e.strerror}"))]
+    for d in entries:
+        if not d.is_dir() or d.name.startswith("."):
+            continue  # `.unpack-*`: the staging area of an import in progress
+        try:
+            stores.append(Store(Path(root), read_toolchain(d)))
+        except CorruptArtifact as e:
+            bad.append((d, e))
+    return stores, bad
+
+
+def stores_at(root: Path) -> list[Store]:
+    """Every valid fingerprint directory under a root (for ls / verify / diagnostics)."""
+    return scan_root(root)[0]
 
 
 def find_serving_store(roots: list[Path], expected: dict[str, Any]) -> list[Store]:
-    """The stores (one per layer at most) whose toolchain matches `expected`, in layer order.
+    """The stores (one per layer at most) that may serve `expected`, in layer order.
 
-    Raises FingerprintMismatch when no layer has a match but some have stores: the message
-    names each field that differs, so version skew is never a silent miss.
+    A store matching every field is used; failing that, in the same layer, one that differs only
+    by num_sms, restricted to artifacts that prove SM-count independence (Store.serve_num_sms).
+    Raises FingerprintMismatch when no layer has either but some have stores: the message names
+    each field that differs and the value expected, so version skew is never a silent miss.
     """
-    found, skew = [], []
+    found, skew, broken = [], [], []
     for root in roots:
-        for s in stores_at(root):
-            if s.toolchain.get("arch") != expected.get("arch"):
-                continue
-            bad = mismatches(s.toolchain, expected)
-            if bad:
-                skew.append(f"{s.dir}: " + "; ".join(bad))
-            else:
+        stores, bad = scan_root(root)
+        broken += bad
+        near = None
+        for s in stores:
+            diff = [k for k, v in expected.items() if s.toolchain.get(k) != v]
+            if not diff:
                 found.append(s)
                 break
-    if not found and skew:
+            skew.append(f"{s.dir}: " + "; ".join(mismatches(s.toolchain, expected)))
+            if diff == ["num_sms"] and near is None:
+                near = s
+        else:
+            if near is not None:
+                found.append(Store(near.root, near.toolchain, serve_num_sms=expected["num_sms"]))
+    if not found and (skew or broken):
         raise FingerprintMismatch(
-            "no store built for this toolchain/GPU:\n  " + "\n  ".join(skew)
+            "no store built for this toolchain/GPU:\n  " + "\n  ".join(skew + [str(e) for _, e in broken])
             + "\nrebuild with: fa4aot build --arch {a} --num-sms {n} --python {p}".format(
                 a=expected.get("arch"), n=expected.get("num_sms"), p=expected.get("python"))
         )
     return found
 
 
-def unsafe_dir_reason(path: Path) -> str | None:
-    """Why loading native code from `path` is unsafe: writable by others and not ours/root's."""
+def verify_root(root: Path) -> list[dict[str, Any]]:
+    """One row per artifact (and per broken fingerprint directory) of a root, every part's
+    sha256 checked: status ok | corrupt | incomplete (a directory with no record)."""
+    stores, bad = scan_root(root)
+    rows = [{"id": "-", "store": d.name, "status": "corrupt", "error": str(e)} for d, e in bad]
+    for s in stores:
+        base = s.dir / "artifacts"
+        for d in sorted(base.iterdir()) if base.is_dir() else []:
+            row = {"id": d.name, "store": s.dir.name, "status": "ok"}
+            try:
+                if s.get(d.name, verify=True) is None:
+                    row.update(status="incomplete", error="no record.json: never served; "
+                               "fa4aot build replaces it")
+            except CorruptArtifact as e:
+                row.update(status="corrupt", error=str(e))
+            rows.append(row)
+    return rows
+
+
+def sweep_temp(store: Store) -> int:
+    """Remove build scratch, temp files and lock markers left by dead processes. -> how many."""
+    import shutil
+
+    from .locking import clear_if_stale
+
+    n = 0
     try:
-        st = path.stat()
+        locks = [p for p in (store.dir / "locks").iterdir() if p.suffix == ".lock"]
     except OSError:
-        return None
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and st.st_uid not in (0, os.getuid()):
-        return f"{path} is group/world-writable and owned by uid {st.st_uid}"
-    if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
-        return f"{path} is world-writable"
-    return None
+        locks = []
+    n += sum(clear_if_stale(p) for p in locks)
+    for d in (store.dir / "tmp", store.dir / "specs", store.dir, store.root, store.dir / "locks"):
+        try:
+            entries = list(d.iterdir())
+        except OSError:
+            continue
+        for e in entries:
+            if d != store.dir / "tmp" and not (e.name.startswith(".") and e.name.endswith(".tmp")
+                                               or e.name.endswith((".new", ".stale"))):
+                continue
+            try:
+                if not temp_is_orphaned(e.name, e.lstat().st_mtime):
+                    continue
+                if e.is_dir() and not e.is_symlink():
+                    shutil.rmtree(e, ignore_errors=True)
+                else:
+                    e.unlink()
+                n += 1
+            except OSError:
+                continue
+    return n

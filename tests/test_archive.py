@@ -1,0 +1,280 @@
+"""`fa4aot pack` / `fa4aot unpack`: a round trip, and archives as untrusted input (every hostile
+member rejected, nothing written outside the staging area, nothing published unless all of the
+archive passes its checks)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from stub_store import artifact_dirs, build_stub, cli, reseal, write_spec
+
+from fa4aot import archive as A
+from fa4aot.errors import BuildError, UnsafeArchive
+from fa4aot.store import RECORD, stores_at, verify_root
+
+N_TINY = 8
+
+
+@pytest.fixture
+def built(tmp_path, monkeypatch):
+    store, _ = build_stub(tmp_path / "src", write_spec(tmp_path), monkeypatch)
+    return store
+
+
+@pytest.fixture
+def packed(tmp_path, built):
+    out = tmp_path / "store.tar.gz"
+    r = cli("pack", str(out), "--cache", str(built.root), "--json")
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(r.stdout)["rows"]) == N_TINY
+    return out
+
+
+def _members(path: Path) -> list[tuple[tarfile.TarInfo, bytes | None]]:
+    out = []
+    with tarfile.open(path) as tf:
+        for m in tf.getmembers():
+            out.append((m, tf.extractfile(m).read() if m.isreg() else None))
+    return out
+
+
+def _write(path: Path, members, mode: str = "w") -> Path:
+    with tarfile.open(path, mode, format=tarfile.PAX_FORMAT) as tf:
+        for m, data in members:
+            tf.addfile(m, io.BytesIO(data) if data is not None else None)
+    return path
+
+
+def _info(name: str, type_=tarfile.REGTYPE, data: bytes | None = b"x", **kw) -> tuple:
+    ti = tarfile.TarInfo(name)
+    ti.type = type_
+    ti.size = len(data) if (data is not None and type_ in (tarfile.REGTYPE, tarfile.AREGTYPE)) else 0
+    for k, v in kw.items():
+        setattr(ti, k, v)
+    return ti, data if ti.size else None
+
+
+def _assert_nothing_imported(root: Path) -> None:
+    leftovers = [p for p in root.rglob("*")] if root.exists() else []
+    assert leftovers == [], leftovers
+
+
+def test_pack_unpack_round_trip_through_the_cli(tmp_path, packed, built):
+    dst = tmp_path / "dst"
+    r = cli("unpack", str(packed), "--cache", str(dst), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["counts"] == {"added": N_TINY, "replaced": 0, "present": 0}
+    assert [x["status"] for x in verify_root(dst)] == ["ok"] * N_TINY
+    (store,) = stores_at(dst)
+    assert store.dir.name == built.dir.name and (store.dir / "specs" / "tiny.json").exists()
+    r = cli("unpack", str(packed), "--cache", str(dst), "--json")
+    assert json.loads(r.stdout)["counts"] == {"added": 0, "replaced": 0, "present": N_TINY}
+    victim = artifact_dirs(store)[0] / "fwd.so"
+    victim.write_bytes(b"corrupt")
+    r = cli("unpack", str(packed), "--cache", str(dst), "--json")
+    assert json.loads(r.stdout)["counts"] == {"added": 0, "replaced": 1, "present": N_TINY - 1}
+    assert [x["status"] for x in verify_root(dst)] == ["ok"] * N_TINY
+    assert not [p for p in dst.iterdir() if p.name.startswith(".")]  # staging removed
+
+
+@pytest.mark.parametrize("suffix", [".tar", ".tar.xz", ".tgz"])
+def test_pack_formats(tmp_path, built, suffix):
+    out = tmp_path / f"s{suffix}"
+    res = A.pack([built.root], out)
+    assert len(res.artifacts) == N_TINY and res.skipped == []
+    assert len(A.unpack(out, [tmp_path / "dst"]).rows) == N_TINY
+
+
+def test_pack_leaves_out_corrupt_artifacts_and_exits_1(tmp_path, built):
+    (artifact_dirs(built)[0] / "fwd.so").write_bytes(b"bad")
+    out = tmp_path / "s.tar"
+    r = cli("pack", str(out), "--cache", str(built.root))
+    assert r.returncode == 1 and "skipped" in r.stdout
+    assert len(A.unpack(out, [tmp_path / "dst"]).rows) == N_TINY - 1
+
+
+def test_pack_needs_store_when_there_are_several(tmp_path, built, monkeypatch):
+    build_stub(built.root, write_spec(tmp_path), monkeypatch, num_sms=114)
+    with pytest.raises(UnsafeArchive, match="several stores; pick one with --store"):
+        A.pack([built.root], tmp_path / "x.tar")
+    assert A.pack([built.root], tmp_path / "x.tar", built.dir.name).store == built.dir.name
+
+
+def _hostile(fp: str, vid: str) -> dict:
+    part = f"{fp}/artifacts/{vid}/fwd.so"
+    return {
+        "absolute path": [_info("/tmp/fa4aot-evil")],
+        "dot-dot at start": [_info("../evil")],
+        "dot-dot inside": [_info(f"{fp}/artifacts/../../evil")],
+        "dot component": [_info(f"./{fp}/toolchain.json")],
+        "empty component": [_info(f"{fp}//toolchain.json")],
+        "symlink part": [_info(part, tarfile.SYMTYPE, None, linkname="/etc/passwd")],
+        "symlink dir": [_info(f"{fp}/artifacts/{vid}x", tarfile.SYMTYPE, None, linkname="/etc")],
+        "hard link": [_info(part, tarfile.LNKTYPE, None, linkname="/etc/passwd")],
+        "char device": [_info(f"{fp}/artifacts/{vid}/fwd.so", tarfile.CHRTYPE, None, devmajor=1, devminor=3)],
+        "block device": [_info(f"{fp}/artifacts/{vid}/fwd.so", tarfile.BLKTYPE, None, devmajor=8, devminor=0)],
+        "fifo": [_info(f"{fp}/artifacts/{vid}/fwd.so", tarfile.FIFOTYPE, None)],
+        "contiguous file": [_info(part, tarfile.CONTTYPE, b"x")],
+        "backslash": [_info(f"{fp}/specs/..\\..\\evil.json")],
+        "odd characters": [_info(f"{fp}/specs/a b.json")],
+        "non-ascii": [_info(f"{fp}/specs/\u00e9.json")],
+        "hidden file": [_info(f"{fp}/specs/.x.json")],
+        "path a store lacks": [_info(f"{fp}/locks/{vid}.lock")],
+        "too deep": [_info(f"{fp}/artifacts/{vid}/sub/fwd.so")],
+        "file where a dir goes": [_info(f"{fp}/artifacts/{vid}2")],
+        "second store": [_info("sm90-1sm-py311-000000000000/toolchain.json")],
+        "duplicate member": [_info(f"{fp}/toolchain.json", data=b"{}")],
+        "oversized record": [_info(f"{fp}/specs/big.json", data=b" " * (A.MAX_RECORD_BYTES + 1))],
+    }
+
+
+HOSTILE = sorted(_hostile("fp", "v"))
+
+
+@pytest.mark.parametrize("case", HOSTILE)
+def test_hostile_members_are_rejected_and_nothing_is_imported(tmp_path, packed, built, case):
+    vid = artifact_dirs(built)[0].name
+    members = _members(packed) + _hostile(built.dir.name, vid)[case]
+    bad = _write(tmp_path / "bad.tar", members)
+    dst = tmp_path / "dst"
+    r = cli("unpack", str(bad), "--cache", str(dst))
+    assert r.returncode == 1 and "error:" in r.stderr, (case, r.stderr)
+    _assert_nothing_imported(dst)
+    assert not Path("/tmp/fa4aot-evil").exists() and not (tmp_path / "evil").exists()
+
+
+def _tamper(members, name_end: str, fn):
+    out = []
+    for m, data in members:
+        if m.name.endswith(name_end) and data is not None:
+            data = fn(data)
+            m = tarfile.TarInfo(m.name)
+            m.size = len(data)
+        out.append((m, data))
+    return out
+
+
+def _resealed(data: bytes, **changes) -> bytes:
+    from fa4aot.store import seal_record
+
+    rec = json.loads(data)
+    rec.pop("record_sha256")
+    rec.update(changes)
+    return json.dumps(seal_record(rec)).encode()
+
+
+CONTENT = {
+    "part bytes changed": ("fwd.so", lambda d: d[:-1] + bytes([d[-1] ^ 1]), "sha256 differs"),
+    "part truncated": ("fwd.so", lambda d: d[:100], "size"),
+    "record edited": ("record.json", lambda d: d.replace(b'"tile_m": 128', b'"tile_m": 64'), "own sha256"),
+    "record of another toolchain": ("record.json", lambda d: _resealed(d, toolchain={"arch": "sm90"}),
+                                    "built for toolchain"),
+    "record not json": ("record.json", lambda d: b"\x80\x04pickle", "not valid JSON"),
+    "toolchain edited": ("toolchain.json", lambda d: d.replace(b"132", b"114"), "not a valid toolchain"),
+    "spec index not an object": ("tiny.json", lambda d: b"[]", "not a JSON object"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONTENT))
+def test_content_that_fails_its_checks_imports_nothing(tmp_path, packed, case):
+    end, fn, msg = CONTENT[case]
+    first = [m.name for m, _ in _members(packed) if m.name.endswith(end)][0]
+    members = _tamper(_members(packed), first, fn)
+    bad = _write(tmp_path / "bad.tar.gz", members, "w:gz")
+    with pytest.raises(UnsafeArchive, match=msg):
+        A.unpack(bad, [tmp_path / "dst"])
+    _assert_nothing_imported(tmp_path / "dst")
+
+
+def test_artifact_without_record_or_with_extra_files_imports_nothing(tmp_path, packed):
+    members = _members(packed)
+    rec = [m.name for m, _ in members if m.name.endswith(RECORD)][0]
+    no_rec = [(m, d) for m, d in members if m.name != rec]
+    with pytest.raises(UnsafeArchive, match="has no record.json"):
+        A.unpack(_write(tmp_path / "a.tar", no_rec), [tmp_path / "dst"])
+    extra = members + [_info(rec.replace(RECORD, "payload.so"), data=b"\x7fELF")]
+    with pytest.raises(UnsafeArchive, match="files its record does not name: payload.so"):
+        A.unpack(_write(tmp_path / "b.tar", extra), [tmp_path / "dst"])
+    _assert_nothing_imported(tmp_path / "dst")
+
+
+def test_truncated_garbage_and_oversized_archives(tmp_path, packed, monkeypatch):
+    data = packed.read_bytes()
+    for i, blob in enumerate([data[: len(data) // 2], data[:10], os.urandom(5000), b"",
+                              b"\x1f\x8b" + os.urandom(100), b"\xfd7zXZ\x00" + os.urandom(50)]):
+        p = tmp_path / f"g{i}.tar.gz"
+        p.write_bytes(blob)
+        with pytest.raises(UnsafeArchive):
+            A.unpack(p, [tmp_path / "dst"])
+    monkeypatch.setattr(A, "MAX_TOTAL_BYTES", 10_000)
+    with pytest.raises(UnsafeArchive, match="more than 10000 bytes"):
+        A.unpack(packed, [tmp_path / "dst"])
+    _assert_nothing_imported(tmp_path / "dst")
+
+
+def test_unpack_into_no_writable_layer_is_a_build_error(tmp_path, packed):
+    f = tmp_path / "file"
+    f.write_text("")
+    with pytest.raises(BuildError, match="no writable store layer"):
+        A.unpack(packed, [f / "store"])
+
+
+# -- fuzzing -------------------------------------------------------------------------------
+
+_component = st.sampled_from(["sm90-132sm-py311-abc", "artifacts", "specs", "toolchain.json",
+                              "record.json", "fwd.so", "x.json", "..", ".", "", "a b", "/", "\\",
+                              "\u00e9", "v1", "locks"]) | st.text(max_size=6)
+_name = st.lists(_component, min_size=1, max_size=5).map("/".join) | st.text(max_size=20)
+_type = st.sampled_from([tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.DIRTYPE, tarfile.SYMTYPE,
+                         tarfile.LNKTYPE, tarfile.CHRTYPE, tarfile.BLKTYPE, tarfile.FIFOTYPE,
+                         tarfile.CONTTYPE, tarfile.GNUTYPE_SPARSE])
+_member = st.tuples(_name, _type, st.binary(max_size=64), st.text(max_size=10))
+
+
+@settings(max_examples=1000, deadline=2000, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(st.lists(_member, max_size=8))
+def test_fuzz_unpack_only_typed_errors_and_nothing_outside_its_root(members):
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        built = []
+        for name, type_, data, link in members:
+            if not name or "\0" in name:
+                continue
+            ti = tarfile.TarInfo(name)
+            ti.type = type_
+            if type_ in (tarfile.SYMTYPE, tarfile.LNKTYPE):
+                ti.linkname = link
+            elif type_ in (tarfile.REGTYPE, tarfile.AREGTYPE):
+                ti.size = len(data)
+            built.append((ti, data if ti.size else None))
+        arc = tmp / "a.tar"
+        try:
+            _write(arc, built)
+        except (ValueError, UnicodeError, tarfile.TarError):
+            return
+        dst = tmp / "root" / "dst"
+        try:
+            A.unpack(arc, [dst])
+        except (UnsafeArchive, BuildError):
+            pass
+        outside = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*")
+                         if not str(p).startswith(str(dst)))
+        assert outside == ["a.tar", "root"]
+        assert not [p for p in dst.iterdir() if p.name.startswith(".unpack")]
+
+
+@settings(max_examples=3000, deadline=500, derandomize=True)
+@given(_name, _type, st.integers(-5, 1 << 31))
+def test_fuzz_member_header_check(name, type_, size):
+    ti = tarfile.TarInfo(name)
+    ti.type, ti.size = type_, size
+    assert A.member_problem(ti) is None or isinstance(A.member_problem(ti), str)
