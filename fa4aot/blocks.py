@@ -106,7 +106,8 @@ def block_size_rows(root: Path) -> list[dict]:
                 kw = dict(qhead_per_kvhead=att["num_q_heads"] // att["num_kv_heads"], causal=att["causal"],
                           window=att["window"], sink_dtype="float32" if att["sinks"] else None, cache=root)
                 bs = supported_block_sizes(arch, att["dtype"], att["head_dim"], att["head_dim_v"], **kw)
-                causal_r, local, _, _ = C.resolve_window(att["causal"], att["window"], 0)
+                causal_r, local, _, _ = C.resolve_window(
+                    att["causal"], att["window"], 0 if att["causal"] else None)
                 rows.append({
                     "spec": spec["name"], "layer": att["name"], "arch": arch, "head_dim": att["head_dim"],
                     "tile_n": C.fwd_tile(arch, att["head_dim"], att["head_dim_v"], causal_r, local).n,

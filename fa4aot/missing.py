@@ -41,8 +41,12 @@ def record_miss(variant: Variant, path: str | None = None) -> bool:
             if variant.id in {v.id for v in existing} or len(existing) >= _max_lines():
                 return False
             line = json.dumps({"id": variant.id, "variant": variant.to_dict()}, sort_keys=True) + "\n"
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
             try:
+                # a writer killed mid-line left no newline: ours must not be glued to its tail
+                size = os.fstat(fd).st_size
+                if size and os.pread(fd, 1, size - 1) != b"\n":
+                    line = "\n" + line
                 os.write(fd, line.encode())
             finally:
                 os.close(fd)

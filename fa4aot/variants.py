@@ -325,7 +325,10 @@ def representative_call(v: Variant) -> Call:
     else:
         sq = 1
     if v.local:
-        causal, wl, wr = False, 128 if v.has_window_left else None, 0 if v.has_window_right else None
+        # a right-only window must not be 0: FA4 resolves (None, 0) to plain causal
+        wl = 128 if v.has_window_left else None
+        wr = (0 if v.has_window_left else 128) if v.has_window_right else None
+        causal = False
     else:
         causal, wl, wr = v.causal, None, None
     layout = v.layout

@@ -1,0 +1,257 @@
+"""Builder and store: a real cross-compile of two kernels (no GPU), the store layout and records
+it leaves, idempotent rebuilds, lookup by the runtime, and per-variant failure reporting."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+import fa4aot.build as B
+from fa4aot.errors import CorruptArtifact, FingerprintMismatch
+from fa4aot.runtime import Runtime
+from fa4aot.specs import parse_spec
+from fa4aot.store import CACHEDIR_TAG, Store, build_toolchain, fingerprint_dir
+from fa4aot.variants import Call, Variant, enumerate_variants
+
+ARCH, SMS = "sm90", 132
+TINY = """
+name = "tiny"
+model = "test/tiny"
+
+[[attention]]
+name = "full"
+num_q_heads = 2
+num_kv_heads = 1
+head_dim = 64
+
+[serving]
+layouts = ["dense"]
+phases = ["decode"]
+return_lse = "both"
+"""
+# four variants, for the stub-compiled tests: decode and prefill, with and without LSE
+TINY4 = TINY.replace('phases = ["decode"]', 'phases = ["decode", "prefill"]')
+
+
+def _files(root: Path) -> dict[str, tuple[int, int, int]]:
+    """Every file under root -> (inode, mtime_ns, size)."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file():
+            st = p.stat()
+            out[str(p.relative_to(root))] = (st.st_ino, st.st_mtime_ns, st.st_size)
+    return out
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory):
+    """Two real sm90 kernels cross-compiled once for this module (~15 s: compiler import + 2).
+
+    jobs=2: each kernel compiles in a fresh worker process, which sets the target before its
+    first FA4 import. In this process FA4 may already be imported (another test module's
+    collection), and FA4 reads its target arch once, at import.
+    """
+    root = tmp_path_factory.mktemp("store")
+    spec = parse_spec(TINY, "tiny.toml")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("FA4AOT_STUB_COMPILER", raising=False)
+        store, plan, results = B.build([spec], arch=ARCH, root=root, jobs=2)
+    return root, spec, store, plan, results
+
+
+@pytest.fixture
+def stub(monkeypatch):
+    monkeypatch.setenv("FA4AOT_STUB_COMPILER", "1")
+    monkeypatch.setenv("FA4AOT_STUB_DELAY", "0")
+
+
+def test_real_build_lands_every_variant(real):
+    _, _, _, plan, results = real
+    assert len(plan.variants()) == 2
+    assert sorted(r.status for r in results) == ["built", "built"], [r.error for r in results]
+    assert {r.id for r in results} == set(plan.variants())
+    assert all(r.size > 10_000 and r.error is None for r in results)
+
+
+def test_store_layout(real):
+    root, spec, store, plan, _ = real
+    tc = build_toolchain(ARCH, SMS)
+    assert (root / "CACHEDIR.TAG").read_text() == CACHEDIR_TAG
+    assert CACHEDIR_TAG.startswith("Signature: 8a477f597d28d172789f06886806bc55")
+    assert [d.name for d in (root / "v1").iterdir()] == [fingerprint_dir(tc)]
+    assert store.dir == root / "v1" / fingerprint_dir(tc)
+    assert store.dir.name.startswith(f"sm90-132sm-py{tc['python'].replace('.', '')}-")
+    assert json.loads((store.dir / "toolchain.json").read_text()) == tc
+    arts = sorted(d.name for d in (store.dir / "artifacts").iterdir())
+    assert arts == sorted(plan.variants())
+    for vid in arts:
+        assert sorted(p.name for p in (store.dir / "artifacts" / vid).iterdir()) == [
+            "fwd.so",
+            "record.json",
+        ]
+    index = json.loads((store.dir / "specs" / "tiny.json").read_text())
+    assert index["variants"] == arts
+    assert index["unsupported"] == []
+    assert index["spec"] == json.loads(spec.identity())
+    # build scratch is gone
+    assert list((store.dir / "tmp").iterdir()) == []
+
+
+def test_records(real):
+    _, _, store, plan, _ = real
+    tc = build_toolchain(ARCH, SMS)
+    keys = set()
+    for vid, need in plan.variants().items():
+        d = store.dir / "artifacts" / vid
+        rec = json.loads((d / "record.json").read_text())
+        assert rec["id"] == vid and rec["variant"] == need.variant.to_dict()
+        assert Variant.from_dict(rec["variant"]).id == vid
+        assert rec["description"] == need.variant.describe()
+        so = d / "fwd.so"
+        part = rec["parts"]["fwd"]
+        assert part["file"] == "fwd.so"
+        assert part["sha256"] == hashlib.sha256(so.read_bytes()).hexdigest()
+        assert part["size"] == so.stat().st_size
+        data = so.read_bytes()
+        assert data[:4] == b"\x7fELF" and data[16] == 3  # a shared object (ET_DYN)
+        assert b"fa4aot_fwd" in data  # the exported entry point the runtime looks up
+        # FA4's own compile key, as FA4 computed it for the representative call
+        assert rec["fa4_key"] == part["key"] and "BFloat16" in rec["fa4_key"]
+        keys.add(rec["fa4_key"])
+        c = rec["contract"]
+        assert (c["tile_m"], c["tile_n"], c["pack_gqa"], c["page_size"], c["num_sms"]) == (
+            192,
+            128,
+            True,
+            None,
+            SMS,
+        )
+        assert rec["compile_seconds"] > 0
+        assert rec["requested_by"] == {"spec": "tiny", "layer": "full"}
+        assert rec["toolchain"] == tc
+        assert rec["stub"] is False
+        assert Call(**rec["representative_call"]).variant(ARCH) == need.variant
+        # the store's reader accepts it and checks every part
+        art = store.get(vid)
+        assert art is not None and art.id == vid and art.size == part["size"]
+    assert len(keys) == 2  # LSE on / off: two kernels, two FA4 keys
+
+
+def test_second_build_is_a_noop(real):
+    root, spec, store, _, _ = real
+    before = _files(store.dir / "artifacts") | {
+        "toolchain.json": _files(store.dir)["toolchain.json"]
+    }
+    tag = (root / "CACHEDIR.TAG").stat().st_mtime_ns
+    spec_index = (store.dir / "specs" / "tiny.json").read_text()
+    _, _, results = B.build([spec], arch=ARCH, root=root, jobs=1)
+    assert [r.status for r in results] == ["cached", "cached"]
+    assert all(r.seconds == 0.0 for r in results)  # found before any lock or compiler
+    after = _files(store.dir / "artifacts") | {
+        "toolchain.json": _files(store.dir)["toolchain.json"]
+    }
+    assert after == before
+    assert (root / "CACHEDIR.TAG").stat().st_mtime_ns == tag
+    assert (store.dir / "specs" / "tiny.json").read_text() == spec_index
+
+
+def test_runtime_finds_the_built_artifacts(real):
+    root, _, store, plan, _ = real
+    rt = Runtime(roots=[root])
+    for vid, need in plan.variants().items():
+        art = rt.find(need.variant, SMS)
+        assert art is not None and art.id == vid and art.dir == store.dir / "artifacts" / vid
+    assert sorted(v.id for v in rt.available(ARCH, SMS)) == sorted(plan.variants())
+    # a variant nobody built is a miss, not an error
+    other = next(iter(plan.variants().values())).variant
+    from dataclasses import replace
+
+    assert rt.find(replace(other, head_dim=128, head_dim_v=128), SMS) is None
+
+
+def test_runtime_refuses_another_sm_count(real):
+    root, _, _, plan, _ = real
+    need = next(iter(plan.variants().values()))
+    with pytest.raises(FingerprintMismatch, match="num_sms"):
+        Runtime(roots=[root]).find(need.variant, 114)
+
+
+# -- stub-compiled stores (the compiler is not the point) ---------------------------------------
+
+
+def test_store_for_another_python_is_not_served_here(tmp_path, stub):
+    spec = parse_spec(TINY, "tiny.toml")
+    store, _, results = B.build([spec], arch=ARCH, root=tmp_path, python="3.99")
+    assert {r.status for r in results} == {"built"}
+    assert store.dir.name.startswith("sm90-132sm-py399-")
+    with pytest.raises(FingerprintMismatch, match=r"python: store has '3\.99'"):
+        Runtime(roots=[tmp_path]).find(
+            Variant.from_dict(store.get(results[0].id).record["variant"]), SMS
+        )
+
+
+def test_failing_variant_is_reported_and_the_others_land(tmp_path, monkeypatch):
+    monkeypatch.delenv("FA4AOT_STUB_COMPILER", raising=False)
+    monkeypatch.setenv("FA4AOT_STUB_DELAY", "0")
+    spec = parse_spec(TINY4, "tiny.toml")
+    ids = sorted(enumerate_variants(spec, ARCH).variants())
+    assert len(ids) == 4
+    bad = ids[1]
+
+    def compile_or_fail(call, variant, workdir):
+        if variant.id == bad:
+            raise RuntimeError("ptxas died")
+        return B._compile_stub(call, variant, workdir)
+
+    monkeypatch.setattr(B, "_compile_real", compile_or_fail)
+    store, _, results = B.build([spec], arch=ARCH, root=tmp_path, jobs=1)
+    by = {r.id: r for r in results}
+    assert by[bad].status == "failed" and by[bad].error == "RuntimeError: ptxas died"
+    assert all(by[i].status == "built" and by[i].error is None for i in ids if i != bad)
+    assert store.get(bad) is None and not store.artifact_dir(bad).exists()
+    assert all(store.get(i) is not None for i in ids if i != bad)
+    assert list((store.dir / "tmp").iterdir()) == []
+    # the spec index still names every variant the spec needs (coverage shows the hole)
+    assert json.loads(store.spec_index("tiny").read_text())["variants"] == ids
+    # next build: only the failed one is compiled
+    monkeypatch.setattr(B, "_compile_real", B._compile_stub)
+    _, _, again = B.build([spec], arch=ARCH, root=tmp_path, jobs=1)
+    assert {r.id: r.status for r in again} == {i: ("built" if i == bad else "cached") for i in ids}
+
+
+def test_corrupt_artifact_is_quarantined_and_rebuilt(tmp_path, stub):
+    spec = parse_spec(TINY, "tiny.toml")
+    store, _, results = B.build([spec], arch=ARCH, root=tmp_path)
+    vid = results[0].id
+    so = store.artifact_dir(vid) / "fwd.so"
+    data = bytearray(so.read_bytes())
+    data[100] ^= 0xFF
+    so.write_bytes(bytes(data))
+    with pytest.raises(CorruptArtifact, match="sha256"):
+        store.get(vid)
+    _, _, again = B.build([spec], arch=ARCH, root=tmp_path)
+    assert {r.id: r.status for r in again}[vid] == "rebuilt"
+    assert store.get(vid) is not None
+    assert [p.name.split(".")[0] for p in (store.dir / "quarantine").iterdir()] == [vid]
+
+
+def test_store_reader_treats_a_record_less_directory_as_absent(tmp_path, stub):
+    spec = parse_spec(TINY, "tiny.toml")
+    store, _, results = B.build([spec], arch=ARCH, root=tmp_path)
+    vid = results[0].id
+    (store.artifact_dir(vid) / "record.json").unlink()
+    assert store.get(vid) is None
+    assert vid not in [i for i, _ in store.iter_artifacts()]
+    _, _, again = B.build([spec], arch=ARCH, root=tmp_path)
+    assert {r.id: r.status for r in again}[vid] == "built"
+    assert store.get(vid) is not None
+
+
+def test_build_writes_nothing_outside_its_root(tmp_path, stub):
+    spec = parse_spec(TINY, "tiny.toml")
+    store, _, _ = B.build([spec], arch=ARCH, root=tmp_path / "a")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
+    assert isinstance(store, Store) and store.root == tmp_path / "a"

@@ -1,0 +1,303 @@
+"""The CLI through click's CliRunner: rows out (--json or a table), one-line errors, exit codes
+0 ok / 1 failure / 2 usage. Builds use the stub compiler: the CLI is the point here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import fa4aot.build as B
+from fa4aot.cli import main
+
+TINY = """
+name = "tiny"
+model = "test/tiny"
+
+[[attention]]
+name = "full"
+num_q_heads = 2
+num_kv_heads = 1
+head_dim = 64
+
+[serving]
+layouts = ["dense"]
+phases = ["decode"]
+return_lse = "both"
+"""
+
+
+@pytest.fixture
+def env(tmp_path):
+    # FA4AOT_CACHE_DIR too: a command that forgot --cache must not touch the user's cache
+    return {
+        "FA4AOT_STUB_COMPILER": "1",
+        "FA4AOT_STUB_DELAY": "0",
+        "FA4AOT_PROGRESS": "0",
+        "FA4AOT_CACHE_DIR": str(tmp_path / "default-cache"),
+        "FA4AOT_DEBUG": None,
+    }
+
+
+@pytest.fixture
+def run(env):
+    runner = CliRunner(env=env)
+
+    def invoke(*args):
+        return runner.invoke(main, list(args), catch_exceptions=False)
+
+    return invoke
+
+
+@pytest.fixture
+def spec_file(tmp_path) -> Path:
+    p = tmp_path / "tiny.toml"
+    p.write_text(TINY)
+    return p
+
+
+@pytest.fixture
+def built(run, tmp_path, spec_file):
+    cache = tmp_path / "store"
+    r = run("build", "--cache", str(cache), "--spec", str(spec_file), "-j", "1", "--json")
+    assert r.exit_code == 0, r.output
+    return cache, json.loads(r.stdout)
+
+
+def test_build_dry_run_json_lists_the_default_plan(run, tmp_path):
+    r = run("build", "--dry-run", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert len(doc["rows"]) == 98
+    assert len({row["id"] for row in doc["rows"]}) == 98
+    assert all(set(row) == {"id", "variant", "spec"} for row in doc["rows"])
+    assert any(
+        row["spec"] == "llama-3.1-8b/full" and row["variant"].startswith("sm90 bfloat16 hd128")
+        for row in doc["rows"]
+    )
+    (u,) = doc["unsupported"]
+    assert (u["spec"], u["layer"]) == ("gemma-4", "full") and "512" in u["reason"]
+    # a dry run compiles and writes nothing
+    assert not (tmp_path / "default-cache").exists()
+
+
+def test_build_dry_run_table(run, spec_file):
+    r = run("build", "--dry-run", "--spec", str(spec_file))
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    assert lines[0].split() == ["ID", "VARIANT", "SPEC"]
+    assert len(lines) == 3 and all("tiny/full" in line for line in lines[1:])
+
+
+def test_specs_json_reports_unsupported_layers(run):
+    r = run("specs", "--json")
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout)["rows"]
+    gemma_full = [row for row in rows if (row["spec"], row["layer"]) == ("gemma-4", "full")]
+    assert len(gemma_full) == 1
+    assert (
+        gemma_full[0]["status"].startswith("unsupported: head_dim 512/512")
+        and gemma_full[0]["id"] == ""
+    )
+    needed = [row for row in rows if row["status"] == "needed"]
+    assert {row["spec"] for row in needed} == {
+        "gemma-4",
+        "gpt-oss-20b",
+        "llama-3.1-70b",
+        "llama-3.1-8b",
+        "mistral-7b",
+        "qwen3-32b",
+    }
+    # per spec, so shared kernels are listed under each spec that needs them
+    assert len({row["id"] for row in needed}) == 98
+
+
+def test_specs_one_spec(run):
+    r = run("specs", "--spec", "llama-3.1-8b", "--json")
+    rows = json.loads(r.stdout)["rows"]
+    assert (
+        r.exit_code == 0 and len(rows) == 28 and {row["spec"] for row in rows} == {"llama-3.1-8b"}
+    )
+
+
+def test_build_json(built):
+    cache, doc = built
+    assert doc["counts"] == {"built": 2, "rebuilt": 0, "cached": 0, "failed": 0}
+    assert doc["unsupported"] == []
+    assert Path(doc["store"]).parent == cache / "v1"
+    assert {row["status"] for row in doc["rows"]} == {"built"}
+    for row in doc["rows"]:
+        assert (Path(doc["store"]) / "artifacts" / row["id"] / "record.json").is_file()
+        assert row["size"] > 0 and "error" not in row
+
+
+def test_second_build_reports_cached(run, built, spec_file):
+    cache, first = built
+    r = run("build", "--cache", str(cache), "--spec", str(spec_file), "-j", "1")
+    assert r.exit_code == 0, r.output
+    assert r.stdout.strip() == f"nothing to build: all 2 variants are in {first['store']}"
+
+
+def test_build_human_summary(run, tmp_path, spec_file):
+    r = run("build", "--cache", str(tmp_path / "s"), "--spec", str(spec_file), "-j", "1")
+    assert r.exit_code == 0, r.output
+    assert r.stdout.startswith("built 2, cached 0, failed 0 in ")
+
+
+def test_build_in_worker_processes(run, tmp_path, spec_file):
+    r = run("build", "--cache", str(tmp_path / "s"), "--spec", str(spec_file), "-j", "2", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["counts"]["built"] == 2
+
+
+def test_build_defaults_to_the_cache_dir_env(run, env, spec_file):
+    r = run("build", "--spec", str(spec_file), "-j", "1", "--json")
+    assert r.exit_code == 0, r.output
+    assert Path(json.loads(r.stdout)["store"]).is_relative_to(Path(env["FA4AOT_CACHE_DIR"]))
+
+
+def test_ls_json(run, built):
+    cache, doc = built
+    r = run("ls", "--cache", str(cache), "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert sorted(row["id"] for row in out["rows"]) == sorted(row["id"] for row in doc["rows"])
+    for row in out["rows"]:
+        assert (
+            row["arch"],
+            row["spec"],
+            row["dtype"],
+            row["head_dims"],
+            row["ratio"],
+            row["mask"],
+            row["regime"],
+        ) == ("sm90", "tiny", "bfloat16", "64/64", 2, "causal", "dense/decode")
+    assert sorted(row["lse"] for row in out["rows"]) == ["", "yes"]
+    assert out["block_sizes"] == []  # no paged layout in this spec
+
+
+def test_ls_empty_store(run, tmp_path):
+    r = run("ls", "--cache", str(tmp_path / "nothing"))
+    assert r.exit_code == 0 and r.stdout.strip() == "(nothing)"
+
+
+def test_inspect_by_id_prefix(run, built):
+    cache, doc = built
+    vid = doc["rows"][0]["id"]
+    r = run("inspect", vid[:6], "--cache", str(cache))
+    assert r.exit_code == 0, r.output
+    rec = json.loads(r.stdout)
+    assert rec["id"] == vid and rec["dir"].endswith(f"/artifacts/{vid}")
+    assert rec["requested_by"] == {"spec": "tiny", "layer": "full"}
+
+
+def test_inspect_unknown_and_ambiguous(run, built):
+    cache, _ = built
+    r = run("inspect", "zzzz", "--cache", str(cache))
+    assert r.exit_code == 1 and "no artifact 'zzzz'" in r.stderr
+    r = run("inspect", "", "--cache", str(cache))  # every id starts with ""
+    assert r.exit_code == 2 and "ambiguous (2 artifacts)" in r.stderr
+
+
+def test_verify_then_flip_a_byte(run, built):
+    cache, doc = built
+    r = run("verify", "--cache", str(cache), "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert (out["ok"], out["corrupt"]) == (2, 0) and {row["status"] for row in out["rows"]} == {
+        "ok"
+    }
+    bad = doc["rows"][1]["id"]
+    so = Path(doc["store"]) / "artifacts" / bad / "fwd.so"
+    data = bytearray(so.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    so.write_bytes(bytes(data))
+    r = run("verify", "--cache", str(cache), "--json")
+    assert r.exit_code == 1
+    out = json.loads(r.stdout)
+    assert (out["ok"], out["corrupt"]) == (1, 1)
+    (row,) = [row for row in out["rows"] if row["status"] != "ok"]
+    assert row["id"] == bad and row["status"] == "corrupt" and "sha256" in row["error"]
+    # human output, same verdict
+    r = run("verify", "--cache", str(cache))
+    assert r.exit_code == 1 and r.stdout.splitlines()[-1].startswith("1 ok, 1 ")
+
+
+def test_failed_variant_exits_1(run, tmp_path, spec_file, monkeypatch):
+    real_stub = B._compile_stub
+    failing = []
+
+    def stub_failing_once(call, variant, workdir):
+        if not failing:
+            failing.append(variant.id)
+            raise RuntimeError("no kernel for you")
+        return real_stub(call, variant, workdir)
+
+    monkeypatch.setattr(B, "_compile_stub", stub_failing_once)
+    r = run("build", "--cache", str(tmp_path / "s"), "--spec", str(spec_file), "-j", "1", "--json")
+    assert r.exit_code == 1
+    doc = json.loads(r.stdout)
+    assert doc["counts"] == {"built": 1, "rebuilt": 0, "cached": 0, "failed": 1}
+    (row,) = [row for row in doc["rows"] if row["status"] == "failed"]
+    assert row["id"] == failing[0] and row["error"] == "RuntimeError: no kernel for you"
+    failing.clear()
+    r = run("build", "--cache", str(tmp_path / "s2"), "--spec", str(spec_file), "-j", "1")
+    assert r.exit_code == 1
+    assert f"FAILED {failing[0]} " in r.stdout and "no kernel for you" in r.stdout
+
+
+def test_bad_spec_is_one_line_exit_1(run, tmp_path):
+    p = tmp_path / "bad.toml"
+    p.write_text(TINY.replace("head_dim = 64", "head_dim = 64\ncausal = 1"))
+    for cmd in (
+        ["build", "--cache", str(tmp_path / "s"), "--spec", str(p)],
+        ["specs", "--spec", str(p)],
+        ["build", "--dry-run", "--spec", str(p)],
+    ):
+        r = run(*cmd)
+        assert r.exit_code == 1, cmd
+        assert r.stderr == f"error: {p}: attention[0].causal: must be true or false, got 1\n"
+        assert r.stdout == ""
+    r = run("build", "--dry-run", "--spec", "no-such-spec")
+    assert (
+        r.exit_code == 1
+        and r.stderr.startswith("error: no-such-spec: no such spec")
+        and r.stderr.count("\n") == 1
+    )
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("python", ["3", "three", "3.x", "3.12.1", ""])
+def test_bad_python_is_a_usage_error(run, tmp_path, spec_file, python):
+    r = run("build", "--cache", str(tmp_path / "s"), "--spec", str(spec_file), "--python", python)
+    assert r.exit_code == 2
+    assert "--python" in r.stderr and "MAJOR.MINOR" in r.stderr
+    assert not (tmp_path / "s").exists()
+
+
+def test_other_usage_errors_exit_2(run):
+    assert run("build", "--arch", "sm75", "--dry-run").exit_code == 2
+    assert run("build", "-j", "0", "--dry-run").exit_code == 2
+    assert run("no-such-command").exit_code == 2
+
+
+def test_python_target_names_the_store(run, tmp_path, spec_file):
+    r = run(
+        "build",
+        "--cache",
+        str(tmp_path / "s"),
+        "--spec",
+        str(spec_file),
+        "--python",
+        "3.12",
+        "--json",
+    )
+    assert r.exit_code == 0, r.output
+    assert Path(json.loads(r.stdout)["store"]).name.startswith("sm90-132sm-py312-")
+
+
+def test_version(run):
+    r = run("--version")
+    assert r.exit_code == 0 and "0.1.0" in r.stdout

@@ -1,0 +1,160 @@
+"""The miss log: variants the runtime could not serve, appended as JSON lines, read back by
+`fa4aot build --from-misses`."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+from click.testing import CliRunner
+
+import fa4aot.missing as M
+from fa4aot.build import plan_for
+from fa4aot.cli import main
+from fa4aot.specs import resolve_specs
+from fa4aot.variants import Variant
+
+
+@pytest.fixture(autouse=True)
+def _fresh(monkeypatch):
+    monkeypatch.setattr(M, "_seen", set())  # the per-process dedupe set
+    monkeypatch.delenv("FA4AOT_MISS_LOG", raising=False)
+    monkeypatch.delenv("FA4AOT_MISS_LOG_MAX", raising=False)
+
+
+@pytest.fixture(scope="module")
+def variants() -> list[Variant]:
+    return [
+        n.variant for n in plan_for(resolve_specs(["llama-3.1-8b"]), "sm90").variants().values()
+    ]
+
+
+def test_round_trip(tmp_path, variants):
+    log = tmp_path / "misses.jsonl"
+    for v in variants[:3]:
+        assert M.record_miss(v, str(log)) is True
+    assert M.read_misses(log) == variants[:3]
+    lines = log.read_text().splitlines()
+    assert len(lines) == 3
+    assert json.loads(lines[0]) == {"id": variants[0].id, "variant": variants[0].to_dict()}
+
+
+def test_env_names_the_log(tmp_path, variants, monkeypatch):
+    assert M.record_miss(variants[0]) is False  # no log configured: nothing written, no error
+    log = tmp_path / "env.jsonl"
+    monkeypatch.setenv("FA4AOT_MISS_LOG", str(log))
+    assert M.record_miss(variants[0]) is True
+    assert M.read_misses(log) == [variants[0]]
+
+
+def test_dedupe_in_process_and_against_the_file(tmp_path, variants, monkeypatch):
+    log = tmp_path / "m.jsonl"
+    assert M.record_miss(variants[0], str(log)) is True
+    assert M.record_miss(variants[0], str(log)) is False
+    # another process (fresh dedupe set) finds it in the file
+    monkeypatch.setattr(M, "_seen", set())
+    assert M.record_miss(variants[0], str(log)) is False
+    assert len(log.read_text().splitlines()) == 1
+
+
+def test_duplicate_lines_read_once(tmp_path, variants):
+    log = tmp_path / "m.jsonl"
+    line = json.dumps({"id": variants[0].id, "variant": variants[0].to_dict()}) + "\n"
+    log.write_text(line * 3)
+    assert M.read_misses(log) == [variants[0]]
+
+
+def test_log_is_bounded(tmp_path, variants, monkeypatch):
+    monkeypatch.setenv("FA4AOT_MISS_LOG_MAX", "2")
+    log = tmp_path / "m.jsonl"
+    got = [M.record_miss(v, str(log)) for v in variants[:5]]
+    assert got == [True, True, False, False, False]
+    assert M.read_misses(log) == variants[:2]
+    monkeypatch.setenv("FA4AOT_MISS_LOG_MAX", "not a number")  # falls back to the default bound
+    monkeypatch.setattr(M, "_seen", set())
+    assert M.record_miss(variants[5], str(log)) is True
+
+
+def test_torn_and_foreign_lines_are_skipped(tmp_path, variants):
+    log = tmp_path / "m.jsonl"
+    good = [json.dumps({"id": v.id, "variant": v.to_dict()}) for v in variants[:2]]
+    junk = [
+        good[0][: len(good[0]) // 2],  # a torn write
+        "",
+        "[]",
+        '{"id": "x"}',
+        json.dumps({"id": "x", "variant": {**variants[2].to_dict(), "extra": 1}}),
+        json.dumps({"id": "x", "variant": {"arch": "sm90"}}),
+        "\x00\x00\x00",
+    ]
+    log.write_text("\n".join([junk[0], good[0], *junk[1:], good[1]]) + "\n")
+    assert M.read_misses(log) == variants[:2]
+
+
+def test_append_after_a_torn_last_line_is_not_lost(tmp_path, variants):
+    """A writer killed mid-line leaves no newline; the next record must start a line of its own."""
+    log = tmp_path / "m.jsonl"
+    torn = json.dumps({"id": variants[0].id, "variant": variants[0].to_dict()})[:40]
+    log.write_text(torn)
+    assert M.record_miss(variants[1], str(log)) is True
+    assert M.read_misses(log) == [variants[1]]
+
+
+def test_missing_or_unwritable_log_never_raises(tmp_path, variants):
+    assert M.read_misses(tmp_path / "absent.jsonl") == []
+    assert M.record_miss(variants[0], str(tmp_path / "no-such-dir" / "m.jsonl")) is False
+    assert M.record_miss(variants[1], str(tmp_path)) is False  # a directory
+
+
+def test_build_from_misses_dry_run(tmp_path, variants, monkeypatch):
+    log = tmp_path / "misses.jsonl"
+    picked = [variants[0], variants[5], variants[-1]]
+    for v in picked:
+        M.record_miss(v, str(log))
+    # a variant of another arch is not this build's business
+    M.record_miss(replace(variants[1], arch="sm100"), str(log))
+    r = CliRunner(env={"FA4AOT_CACHE_DIR": str(tmp_path / "cache")}).invoke(
+        main, ["build", "--from-misses", str(log), "--dry-run", "--json"], catch_exceptions=False
+    )
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert [row["id"] for row in doc["rows"]] == [v.id for v in picked]
+    assert all(row["spec"] == "miss-log/misses.jsonl" for row in doc["rows"])
+    assert [row["variant"] for row in doc["rows"]] == [v.describe() for v in picked]
+    assert doc["unsupported"] == []
+
+
+def test_build_from_misses_and_a_spec(tmp_path, variants):
+    log = tmp_path / "misses.jsonl"
+    mistral = plan_for(resolve_specs(["mistral-7b"]), "sm90").variants()
+    M.record_miss(variants[0], str(log))
+    M.record_miss(next(iter(mistral.values())).variant, str(log))  # already in the spec's plan
+    r = CliRunner().invoke(
+        main,
+        ["build", "--spec", "mistral-7b", "--from-misses", str(log), "--dry-run", "--json"],
+        catch_exceptions=False,
+    )
+    assert r.exit_code == 0, r.output
+    ids = [row["id"] for row in json.loads(r.stdout)["rows"]]
+    assert ids == [*mistral, variants[0].id]
+
+
+def test_build_from_misses_reports_variants_it_cannot_compile(tmp_path, variants):
+    """The runtime serves input forms the builder has no representative call for (q without
+    cu_seqlens_q over a paged KV cache): such a miss is reported, not a traceback."""
+    log = tmp_path / "misses.jsonl"
+    paged = next(v for v in variants if v.paged)
+    odd = replace(paged, cu_seqlens_q=False, cu_hint=False)
+    M.record_miss(odd, str(log))
+    M.record_miss(variants[0], str(log))
+    r = CliRunner().invoke(main, ["build", "--from-misses", str(log), "--dry-run", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert [row["id"] for row in doc["rows"]] == [variants[0].id]
+    (u,) = doc["unsupported"]
+    assert (
+        u["spec"] == "miss-log"
+        and odd.id in u["reason"]
+        and "no representative call" in u["reason"]
+    )
