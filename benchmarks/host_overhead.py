@@ -103,6 +103,15 @@ def main():
                 q, k, v, out, None, 0.08838834764831845, None, None, None, None, None, None, None,
                 None, None, (None, None), None, None))
             row["torch_empty_us"], _ = host_us(lambda: torch.empty((1, 128, 32, 128), dtype=q.dtype, device=q.device))
+            row["new_empty_us"], _ = host_us(lambda: q.new_empty((1, 128, 32, 128)))
+            # the runtime's Python path alone: the same call with the kernel replaced by a no-op
+            from dataclasses import replace
+
+            rt = default_runtime()
+            key = next(key for key, p in rt._plans.items() if p is plan)
+            rt._plans[key] = replace(plan, fwd=lambda *a: None)
+            row["python_path_us"], _ = host_us(lambda: ours(*args, **kw))
+            rt._plans[key] = plan
         rows.append(row)
         print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items() if not k.endswith("_all")}), flush=True)
     env = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "python": sys.version.split()[0]}

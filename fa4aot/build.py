@@ -223,7 +223,14 @@ def write_spec_index(store: Store, spec: Spec, plan: Plan) -> None:
         "variants": ids,
         "unsupported": [{"layer": u.layer, "reason": u.reason} for u in plan.unsupported if u.spec == spec.name],
     }
-    atomic_write(store.spec_index(spec.name), (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode())
+    data = (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
+    path = store.spec_index(spec.name)
+    try:
+        if path.read_bytes() == data:
+            return  # a no-op build leaves the store untouched (read-only layers, mtimes)
+    except OSError:
+        pass
+    atomic_write(path, data)
 
 
 def build(
@@ -263,6 +270,10 @@ def build(
     pending = []
     for vid, need in todo.items():
         have = _valid_copy([store, *others], vid)
+        if have is None and store.record_format(vid) == 1:  # built before records were sealed
+            with locking.hold(store.lock_path(vid), timeout=LOCK_TIMEOUT_S):
+                store.upgrade_record(vid)
+            have = _valid_copy([store], vid)
         if have is not None:
             results.append(BuildResult(vid, need.variant.describe(), "cached", 0.0, size=have.size))
         else:

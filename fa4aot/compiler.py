@@ -9,6 +9,7 @@ export it (`export_to_c`) as an object file with the cubin embedded.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,14 @@ def configure(arch: str, num_sms: int) -> None:
     global _CONFIGURED
     if _CONFIGURED is not None and _CONFIGURED != (arch, num_sms):
         raise RuntimeError(f"this process already targets {_CONFIGURED}; use one process per target")
+    if _CONFIGURED is None and "flash_attn.cute" in sys.modules:
+        # FA4 fixes its target arch and its disk-cache setting when it is imported
+        raise RuntimeError("flash_attn.cute was imported before fa4aot.compiler.configure(): "
+                           "configure the cross-compile target first (one process per target)")
     num = arch[2:]
+    # FA4's own disk cache must stay off: trace() clears FA4's caches, which with it enabled
+    # would delete the user's cached kernels, and keys could be served from disk unseen.
+    os.environ["FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"] = "0"
     os.environ["FLASH_ATTENTION_ARCH"] = f"sm_{num}"
     os.environ["CUTE_DSL_ARCH"] = f"sm_{num}a"
     os.environ["FLASH_ATTENTION_NUM_SMS"] = str(num_sms)
@@ -273,7 +281,7 @@ class _Installed:
 
             from . import runtime_lib
 
-            art.verify()
+            art.check_loadable(os.environ.get("FA4AOT_ALLOW_UNSAFE_DIRS") == "1")  # before dlopen
             runtime_lib.load_runtime_lib()
             self.loaded[k] = tvm_ffi.load_module(str(art.part_path(part)))[f"fa4aot_{part}"]
         return self.loaded[k]

@@ -25,7 +25,6 @@ from . import constraints as C
 from .errors import (
     ArtifactMissing,
     ContractViolation,
-    CorruptArtifact,
     Fa4aotError,
     UnsupportedVariant,
 )
@@ -110,13 +109,7 @@ class Runtime:
         return out
 
     def _load(self, art: Artifact) -> tuple[Any, Any]:
-        if art.record.get("stub"):
-            raise CorruptArtifact(f"{art.dir}: a test stub, not a kernel")
-        why = None if self.allow_unsafe_dirs else art.unsafe_reason()  # parts and every dir above
-        if why:
-            raise CorruptArtifact(
-                f"refusing to load native code: {why} (set FA4AOT_ALLOW_UNSAFE_DIRS=1 to override)")
-        art.verify()  # sha256 of every part, before anything is dlopen'ed
+        art.check_loadable(self.allow_unsafe_dirs)  # stub, unsafe dirs, sha256: before any dlopen
         from . import runtime_lib
 
         runtime_lib.load_runtime_lib()
@@ -227,10 +220,11 @@ def _int_vec(t: Any, name: str, n: int | None, device: int) -> torch.Tensor:
 
 def _check_qkv(q, k, v) -> int:
     """Checks shared by both entry points; -> q's device index (-1: not CUDA, refused later,
-    after every other check, so that input checks are testable on a CPU)."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise _fail(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    after every other check, so that input checks are testable on a CPU). On the hot path:
+    every attribute is read once."""
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
+        bad = next(n for n, t in (("q", q), ("k", k), ("v", v)) if not isinstance(t, torch.Tensor))
+        raise _fail(f"{bad} must be a torch.Tensor, got {type(locals()[bad]).__name__}")
     dq = q.get_device()
     if k.get_device() != dq or v.get_device() != dq:
         raise _fail(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
@@ -240,14 +234,15 @@ def _check_qkv(q, k, v) -> int:
         raise _fail(f"q dtype must be bfloat16 or float16, got {dt}{fp8}")
     if k.dtype is not dt or v.dtype is not dt:
         raise _fail(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if q.dim() < 3 or k.dim() < 3 or v.dim() < 3:  # found by fuzzing: 0-d/1-d inputs hit IndexError
-        raise _fail(f"q, k, v must be (..., heads, head_dim), got shapes {tuple(q.shape)}, "
-                    f"{tuple(k.shape)}, {tuple(v.shape)}")
-    if q.shape[-1] != k.shape[-1]:
-        raise _fail(f"q and k head_dim differ: {q.shape[-1]} vs {k.shape[-1]}")
-    hq, hk = q.shape[-2], k.shape[-2]
-    if v.shape[-2] != hk:
-        raise _fail(f"k and v must have the same number of heads, got {hk} and {v.shape[-2]}")
+    qs, ks, vs = q.shape, k.shape, v.shape
+    if len(qs) < 3 or len(ks) < 3 or len(vs) < 3:  # found by fuzzing: 0-d/1-d inputs hit IndexError
+        raise _fail(f"q, k, v must be (..., heads, head_dim), got shapes {tuple(qs)}, "
+                    f"{tuple(ks)}, {tuple(vs)}")
+    if qs[-1] != ks[-1]:
+        raise _fail(f"q and k head_dim differ: {qs[-1]} vs {ks[-1]}")
+    hq, hk = qs[-2], ks[-2]
+    if vs[-2] != hk:
+        raise _fail(f"k and v must have the same number of heads, got {hk} and {vs[-2]}")
     if hk == 0 or hq % hk:
         raise _fail(f"num q heads ({hq}) must be a multiple of num kv heads ({hk})")
     return dq
@@ -347,19 +342,24 @@ def flash_attn_func(
     kernel cannot take); None: FA4AOT_PADDING (default allow).
     """
     dq = _check_qkv(q, k, v)
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+    qs, ks, vs = q.shape, k.shape, v.shape
+    if len(qs) != 4 or len(ks) != 4 or len(vs) != 4:
         raise _fail(f"flash_attn_func takes 4-D q/k/v (batch, seqlen, heads, head_dim), got "
                     f"{q.dim()}-D/{k.dim()}-D/{v.dim()}-D; use flash_attn_varlen_func for packed inputs")
-    b, sq, hq, d = q.shape
-    _, sk, hk, dv = v.shape
-    if k.shape[:3] != (b, sk, hk) or v.shape[0] != b:
-        raise _fail(f"k/v shapes {tuple(k.shape)}/{tuple(v.shape)} do not match q {tuple(q.shape)}")
-    wl, wr = _window(window_size)
-    sink_dt = _sink(learnable_sink, hq, dq)
+    b, sq, hq, d = qs
+    _, sk, hk, dv = vs
+    if ks[0] != b or ks[1] != sk or vs[0] != b:
+        raise _fail(f"k/v shapes {tuple(ks)}/{tuple(vs)} do not match q {tuple(qs)}")
+    if window_size == (None, None):
+        wl = wr = None
+    else:
+        wl, wr = _window(window_size)
+    sink_dt = None if learnable_sink is None else _sink(learnable_sink, hq, dq)
     return_lse = bool(return_lse)
     rt = default_runtime()
     pad_ok = rt.padding if padding is None else bool(padding)
-    q, k, v = _prep(q, "q", pad_ok), _prep(k, "k", pad_ok), _prep(v, "v", pad_ok)
+    if not (_aligned(q) and _aligned(k) and _aligned(v)):
+        q, k, v = _prep(q, "q", pad_ok), _prep(k, "k", pad_ok), _prep(v, "v", pad_ok)
     fkey = ("dense", q.dtype, d, dv, hq // hk, bool(causal), wl, wr,
             return_lse, sink_dt, min(sq, 193), dq, pad_ok)
     plan = rt._plans.get(fkey)
@@ -391,14 +391,19 @@ def flash_attn_func(
 
 
 def _pad_last2(x: torch.Tensor, hk: int, r: int, r2: int, d2: int) -> torch.Tensor:
-    """(..., hk*r, d) -> (..., hk*r2, d2): zero query heads appended to each KV group, zero
-    columns appended to the head dim. One copy; the groups stay contiguous per KV head."""
+    """(..., hk*r, d) -> (..., hk*r2, d2): r2 - r query heads appended to each KV group, d2 - d
+    columns to the head dim. The extra columns are zeros (they enter every dot product); the
+    extra heads' rows are left uninitialized: attention rows are independent (softmax, LSE and
+    P@V are per row) and those rows are cropped from O and LSE, so one copy kernel suffices."""
     d = x.shape[-1]
     if r2 == r and d2 == d:
         return x
     lead = x.shape[:-2]
-    y = torch.nn.functional.pad(x.reshape(*lead, hk, r, d), (0, d2 - d, 0, r2 - r))
-    return y.reshape(*lead, hk * r2, d2)
+    y = x.new_empty((*lead, hk, r2, d2))
+    if d2 > d:
+        y[..., d:].zero_()
+    y[..., :r, :d].copy_(x.reshape(*lead, hk, r, d))
+    return y.view(*lead, hk * r2, d2)
 
 
 def _padded(entry, choice, q, k, v, hk, sink, softmax_scale, kw, varlen):
@@ -532,7 +537,8 @@ def flash_attn_varlen_func(
     fkey = ("varlen", q.dtype, d, dv, hq // hk, bool(causal), wl, wr, return_lse, sink_dt,
             varlen_q, cu_seqlens_k is not None, seqused_q is not None, seqused_k is not None,
             page_size, batch > C.BIN_BATCH_SEARCH_THRESH, max_seqlen_q is None, min(eff_q, 193), dev, pad_ok)
-    q, k, v = _prep(q, "q", pad_ok), _prep(k, "k", pad_ok), _prep(v, "v", pad_ok)
+    if not (_aligned(q) and _aligned(k) and _aligned(v)):
+        q, k, v = _prep(q, "q", pad_ok), _prep(k, "k", pad_ok), _prep(v, "v", pad_ok)
     plan = rt._plans.get(fkey)
     if plan is None:
         _require_cuda(dev, q)
