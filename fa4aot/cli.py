@@ -67,7 +67,7 @@ def _progress_enabled(as_json: bool) -> bool:
 @click.option("--jobs", "-j", default=max(1, (os.cpu_count() or 1)), show_default=True, type=click.IntRange(1, 256))
 @click.option("--num-sms", type=click.IntRange(1, 1024), help="SM count of the target GPU (default: 132 for sm90, 148 for sm100).")
 @click.option("--python", "python", help="Python minor of the serving runtime, e.g. 3.12 (default: this one).")
-@click.option("--from-misses", "misses", type=click.Path(dir_okay=False), help="Also build the variants of a miss log (FA4AOT_MISS_LOG).")
+@click.option("--from-misses", "misses", type=click.Path(dir_okay=False, exists=True), help="Also build the variants of a miss log (FA4AOT_MISS_LOG).")
 @click.option("--dry-run", is_flag=True, help="List what would be built; compile nothing.")
 @click.option("--json", "as_json", is_flag=True)
 def build(arch, specs, cache, jobs, num_sms, python, misses, dry_run, as_json):
