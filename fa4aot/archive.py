@@ -44,6 +44,7 @@ from .store import (
     owner_tag,
     read_toolchain,
     scan_root,
+    sweep_temp,
 )
 
 MAX_MEMBERS = 100_000
@@ -177,7 +178,8 @@ def member_problem(m: tarfile.TarInfo) -> str | None:
     )
     if not ok:
         return "not a path a store holds"
-    if m.size < 0 or m.size > (MAX_RECORD_BYTES if parts[-1].endswith(".json") else MAX_MEMBER_BYTES):
+    limit = MAX_RECORD_BYTES if parts[-1].endswith(".json") else MAX_MEMBER_BYTES
+    if m.size < 0 or m.size > limit:
         return f"size {m.size} out of bounds"
     return None
 
@@ -261,7 +263,8 @@ def _stage(archive: Path, stage: Path) -> str:
                 if n != m.size:
                     raise UnsafeArchive(f"{archive}: member {m.name!r} is truncated")
         except (tarfile.TarError, EOFError, OSError, ValueError, zlib.error, lzma.LZMAError) as e:
-            raise UnsafeArchive(f"{archive}: unreadable or truncated: {type(e).__name__}: {e}") from None
+            raise UnsafeArchive(
+                f"{archive}: unreadable or truncated: {type(e).__name__}: {e}") from None
     if top is None:
         raise UnsafeArchive(f"{archive}: empty archive")
     return top
@@ -278,12 +281,13 @@ def _check_staged(archive: Path, staged: Store) -> list[str]:
             raise UnsafeArchive(f"{archive}: artifact {d.name}: {e}") from None
         if art is None:
             raise UnsafeArchive(f"{archive}: artifact {d.name} has no {RECORD}")
-        extra = {f.name for f in d.iterdir()} - {RECORD} - {p["file"] for p in art.record["parts"].values()}
+        named = {RECORD} | {p["file"] for p in art.record["parts"].values()}
+        extra = {f.name for f in d.iterdir()} - named
         if extra:
             raise UnsafeArchive(f"{archive}: artifact {d.name} holds files its record does not "
                                 f"name: {', '.join(sorted(extra))}")
         ids.append(d.name)
-    for f in sorted((staged.dir / "specs").glob("*.json")) if (staged.dir / "specs").is_dir() else []:
+    for f in sorted((staged.dir / "specs").glob("*.json")):
         try:
             doc = json.loads(f.read_bytes())
         except (ValueError, UnicodeDecodeError, RecursionError):
@@ -297,7 +301,8 @@ def unpack(archive: Path, roots: list[Path]) -> UnpackResult:
     """Import an archive written by `pack` into the first writable of `roots` (see module doc)."""
     archive = Path(archive)
     root = build_root(roots)
-    stage_root = Path(tempfile.mkdtemp(prefix=f".unpack.{owner_tag()}", suffix=".tmp", dir=_mkroot(root)))
+    stage_root = Path(tempfile.mkdtemp(prefix=f".unpack.{owner_tag()}", suffix=".tmp",
+                                       dir=_mkroot(root)))
     try:
         fp = _stage(archive, stage_root / LAYOUT)
         try:
@@ -311,6 +316,7 @@ def unpack(archive: Path, roots: list[Path]) -> UnpackResult:
             target.ensure()
         except OSError as e:
             raise BuildError(f"cannot write the store at {root}: {e.strerror or e}") from None
+        sweep_temp(target)  # staging of an unpack or build killed earlier
         res = UnpackResult(target.dir)
         for vid in ids:
             with locking.hold(target.lock_path(vid), timeout=LOCK_TIMEOUT_S):
@@ -327,7 +333,7 @@ def unpack(archive: Path, roots: list[Path]) -> UnpackResult:
                 if not target.publish_dir(vid, staged.artifact_dir(vid)):
                     status = "present"
                 res.rows.append({"id": vid, "status": status})
-        for f in sorted((staged.dir / "specs").glob("*.json")) if (staged.dir / "specs").is_dir() else []:
+        for f in sorted((staged.dir / "specs").glob("*.json")):
             if not target.spec_index(f.stem).exists():  # a local index wins over an imported one
                 atomic_write(target.spec_index(f.stem), f.read_bytes())
         return res

@@ -36,7 +36,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterator
 
-from .errors import BuildError, CorruptArtifact, FingerprintMismatch
+from .errors import BuildError, CorruptArtifact, Fa4aotError, FingerprintMismatch
 
 LAYOUT = "v1"
 RECORD = "record.json"
@@ -154,7 +154,8 @@ def build_root(roots: list[Path]) -> Path:
         if reason is None:
             return Path(r)
         why.append(f"{r}: {reason}")
-    raise BuildError("no writable store layer to build into:\n  " + "\n  ".join(why or ["(no layers)"])
+    raise BuildError("no writable store layer to build into:\n  "
+                     + "\n  ".join(why or ["(no layers)"])
                      + "\nput a writable directory first in FA4AOT_CACHE_DIR (e.g. "
                      "FA4AOT_CACHE_DIR=/var/cache/fa4aot:<read-only layers>) or pass --cache DIR")
 
@@ -256,7 +257,7 @@ class Artifact:
         return sum(p["size"] for p in self.record["parts"].values())
 
     def verify(self) -> None:
-        """Raise CorruptArtifact unless every part is a regular file matching its size and sha256."""
+        """Raise CorruptArtifact unless every part is a regular file of its size and sha256."""
         for name, p in self.record["parts"].items():
             path = self.dir / p["file"]
             try:
@@ -273,6 +274,18 @@ class Artifact:
                 raise CorruptArtifact(f"{path}: unreadable: {e.strerror}") from None
             if digest != p["sha256"]:
                 raise CorruptArtifact(f"{path}: sha256 differs from its record")
+
+    def check_loadable(self, allow_unsafe_dirs: bool = False) -> None:
+        """What every loader checks before dlopen, in this order: a real kernel (not a test
+        stub), on a path no other user can alter (unless allowed), every part's sha256.
+        Raises CorruptArtifact; a corrupt artifact is never opened."""
+        if self.record.get("stub"):
+            raise CorruptArtifact(f"{self.dir}: a test stub, not a kernel")
+        why = None if allow_unsafe_dirs else self.unsafe_reason()
+        if why:
+            raise CorruptArtifact(f"refusing to load native code: {why} "
+                                  "(set FA4AOT_ALLOW_UNSAFE_DIRS=1 to override)")
+        self.verify()
 
     def unsafe_reason(self) -> str | None:
         """Why dlopen'ing this artifact is unsafe: a part, or any directory above it, can be
@@ -399,7 +412,7 @@ class Store:
         return dest
 
     def discard_unpublished(self, vid: str) -> None:
-        """Remove a record-less artifacts/<vid> (an old builder's or a hand copy's; never served)."""
+        """Remove a record-less artifacts/<vid> (an old builder's or a hand copy: never served)."""
         import shutil
 
         if self.artifact_dir(vid).exists() and not (self.artifact_dir(vid) / RECORD).exists():
@@ -433,7 +446,8 @@ class Store:
         except (KeyError, TypeError, AttributeError):
             home = None
         if home != self.dir.name:
-            raise CorruptArtifact(f"{d}: record was built for toolchain {home}, not {self.dir.name}")
+            raise CorruptArtifact(
+                f"{d}: record was built for toolchain {home}, not {self.dir.name}")
         if self.serve_num_sms is not None and rec.get("sm_count_independent") is not True:
             raise FingerprintMismatch(
                 f"{d}: num_sms: built for {self.toolchain['num_sms']} SMs, this GPU has "
@@ -442,7 +456,38 @@ class Store:
                 f"--num-sms {self.serve_num_sms}")
         return rec
 
-    def iter_artifacts(self) -> Iterator[tuple[str, Artifact | CorruptArtifact | FingerprintMismatch]]:
+    def record_format(self, vid: str) -> Any:
+        """The `format` field of vid's record, whatever else it holds (None if unreadable)."""
+        try:
+            rec = json.loads((self.artifact_dir(vid) / RECORD).read_bytes()[:MAX_RECORD_BYTES])
+        except (OSError, ValueError, UnicodeDecodeError, RecursionError):
+            return None
+        return rec.get("format") if isinstance(rec, dict) else None
+
+    def upgrade_record(self, vid: str) -> bool:
+        """Reseal a format-1 record as format 2, in place and without recompiling, if it passes
+        every format-2 check and every part still matches its sha256. Format 1 had no record
+        digest, so this keeps the trust it had and protects the record from now on.
+        Writers only, under the artifact's lock. -> whether it was upgraded."""
+        d = self.artifact_dir(vid)
+        try:
+            rec = json.loads((d / RECORD).read_bytes()[:MAX_RECORD_BYTES])
+        except (OSError, ValueError, UnicodeDecodeError, RecursionError):
+            return False
+        if not isinstance(rec, dict) or rec.get("format") != 1:
+            return False
+        rec = {k: v for k, v in rec.items() if k != "record_sha256"}
+        rec.update(format=RECORD_FORMAT, sm_count_independent=False)
+        sealed = seal_record(rec)
+        data = (json.dumps(sealed, indent=2, sort_keys=True) + "\n").encode()
+        try:
+            Artifact(d, self.check_record(vid, data)).verify()
+        except (CorruptArtifact, FingerprintMismatch):
+            return False
+        atomic_write(d / RECORD, data)
+        return True
+
+    def iter_artifacts(self) -> Iterator[tuple[str, Artifact | Fa4aotError]]:
         base = self.dir / "artifacts"
         if not base.is_dir():
             return
@@ -526,7 +571,8 @@ def find_serving_store(roots: list[Path], expected: dict[str, Any]) -> list[Stor
                 found.append(Store(near.root, near.toolchain, serve_num_sms=expected["num_sms"]))
     if not found and (skew or broken):
         raise FingerprintMismatch(
-            "no store built for this toolchain/GPU:\n  " + "\n  ".join(skew + [str(e) for _, e in broken])
+            "no store built for this toolchain/GPU:\n  "
+            + "\n  ".join(skew + [str(e) for _, e in broken])
             + "\nrebuild with: fa4aot build --arch {a} --num-sms {n} --python {p}".format(
                 a=expected.get("arch"), n=expected.get("num_sms"), p=expected.get("python"))
         )

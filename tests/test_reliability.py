@@ -7,7 +7,6 @@ docs/reliability.md gives the figures these tests establish.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
@@ -15,7 +14,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -41,7 +39,6 @@ from fa4aot.store import (
     RECORD,
     Store,
     build_root,
-    build_toolchain,
     find_serving_store,
     not_writable_reason,
     parse_record,
@@ -130,7 +127,7 @@ def test_publication_is_exactly_once_even_when_the_lock_excludes_nothing(tmp_pat
 
 
 READER = r"""
-import json, sys
+import json, sys, time
 from pathlib import Path
 from fa4aot.errors import Fa4aotError
 from fa4aot.store import find_serving_store, runtime_expectation
@@ -161,6 +158,7 @@ while True:
     scans += 1
     if done:
         break
+    time.sleep(0.001)
 json.dump(dict(loads=loads, errors=errors, partial=partial, scans=scans, seen=len(seen),
                msgs=msgs[:5]), open(out, "w"))
 """
@@ -293,13 +291,14 @@ def test_sigkill_at_any_moment_never_leaves_an_entry_the_loader_accepts(tmp_path
     store and leaves no scratch."""
     rng = random.Random(20261129)
     trials = [("fault", p, 1, "flock" if i % 2 else "marker") for i, p in enumerate(FAULT_POINTS * 2)]
-    trials += [("timer", rng.uniform(0.3, 1.1), 1 + i % 2, "marker" if i % 3 == 0 else "flock")
+    trials += [("timer", rng.uniform(0.3, 1.2), 1 + i % 2, "marker" if i % 3 == 0 else "flock")
                for i in range(14)]
-    killed = 0
+    killed, survived = [], 0
     for n, (kind, arg, jobs, mode) in enumerate(trials):
         root = tmp_path / f"s{n}"
         extra = {"FA4AOT_FAULT": arg} if kind == "fault" else {}
-        env = stub_env(FA4AOT_STUB_DELAY="0.1", FA4AOT_LOCK=mode, **extra)
+        env = stub_env(FA4AOT_STUB_DELAY="0.25" if kind == "timer" else "0.05", FA4AOT_LOCK=mode,
+                       **extra)
         p = popen_cli("build", "--spec", str(spec), "--cache", str(root), "-j", str(jobs),
                       env=env, start_new_session=True)
         if kind == "timer":
@@ -310,7 +309,7 @@ def test_sigkill_at_any_moment_never_leaves_an_entry_the_loader_accepts(tmp_path
         p.communicate(timeout=60)
         if kind == "timer" and p.returncode == 0:
             continue  # finished before the timer: not a crash trial
-        killed += 1
+        killed.append((kind, jobs, mode))
         assert p.returncode == -signal.SIGKILL, (n, kind, arg, p.returncode)
         published = 0
         for store in stores_at(root):  # none yet if killed before the store was laid out
@@ -325,7 +324,13 @@ def test_sigkill_at_any_moment_never_leaves_an_entry_the_loader_accepts(tmp_path
         st = [row["status"] for row in json.loads(r.stdout)["rows"]]
         assert st.count("cached") == published and st.count("built") == N_TINY - published
         _assert_clean(stores_at(root)[0], N_TINY)
-    assert killed >= 20
+        survived += published
+    print(f"crash trials: {len(killed)} SIGKILLed ({sum(k == 'fault' for k, _, _ in killed)} at "
+          f"named points, {sum(k == 'timer' for k, _, _ in killed)} at random times, "
+          f"{sum(j == 2 for _, j, _ in killed)} with 2 processes, "
+          f"{sum(m == 'marker' for _, _, m in killed)} with marker locks); "
+          f"{survived} artifacts published before a kill kept, 0 bad entries accepted")
+    assert len(killed) >= 20
 
 
 def test_a_killed_builders_scratch_is_swept_but_a_live_ones_is_not(built):
@@ -504,6 +509,24 @@ def test_build_quarantines_and_rebuilds_corrupt_entries_and_verify_reports_them(
     assert len(list((built.dir / "quarantine").iterdir())) == 4
     r = cli("verify", "--cache", str(built.root), "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["ok"] == N_TINY
+
+
+def test_format_1_records_are_resealed_without_recompiling_when_their_parts_verify(built, spec):
+    dirs = artifact_dirs(built)
+    for d in dirs[:2]:
+        rec = json.loads((d / RECORD).read_text())
+        for k in ("record_sha256", "sm_count_independent"):
+            rec.pop(k)
+        (d / RECORD).write_text(json.dumps({**rec, "format": 1}, indent=2))
+    (dirs[1] / "fwd.so").write_bytes(b"corrupt")
+    with pytest.raises(CorruptArtifact, match="record format 1, this fa4aot reads 2"):
+        built.get(dirs[0].name)
+    r = cli("build", "--spec", str(spec), "--cache", str(built.root), "--json")
+    assert r.returncode == 0, r.stderr
+    st = {x["id"]: x["status"] for x in json.loads(r.stdout)["rows"]}
+    assert st[dirs[0].name] == "cached" and st[dirs[1].name] == "rebuilt"
+    rec = built.get(dirs[0].name).record
+    assert rec["format"] == 2 and rec["sm_count_independent"] is False
 
 
 def test_verify_reports_a_broken_toolchain_file(built):
@@ -832,7 +855,7 @@ def test_world_writable_directory_without_sticky_bit_is_refused(built, no_dlopen
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-FUZZ = settings(max_examples=1500, deadline=1000, suppress_health_check=list(HealthCheck),
+FUZZ = settings(max_examples=1000, deadline=1000, suppress_health_check=list(HealthCheck),
                 derandomize=True)
 _json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
                      lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
@@ -911,7 +934,7 @@ _VKW = _KW + ["cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "s
               "seqused_k", "page_table"]
 
 
-@settings(max_examples=2000, deadline=1000, suppress_health_check=list(HealthCheck), derandomize=True)
+@settings(max_examples=1500, deadline=1000, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(st.booleans(), _t | _any, _t | _any, _t | _any,
        st.dictionaries(st.sampled_from(_VKW), _any | _t, max_size=6))
 def test_fuzz_runtime_input_checks(varlen, q, k, v, kw):
