@@ -292,7 +292,7 @@ class Artifact:
         replaced by another user (see `unsafe_dir_reason`). Native code is only as trustworthy
         as every directory on its path."""
         paths = [self.part_path(n) for n in self.record["parts"]]
-        d = self.dir.absolute()
+        d = Path(os.path.realpath(self.dir))  # the directories the code really sits in
         while True:
             paths.append(d)
             if d == d.parent:

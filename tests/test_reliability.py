@@ -837,6 +837,23 @@ def test_native_code_in_a_directory_others_can_write_is_refused(built, no_dlopen
         Runtime([built.root], allow_unsafe_dirs=True).plan(_variant(d), 132)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory to another user")
+def test_the_ownership_check_follows_symlinks_to_where_the_code_really_is(tmp_path, built, no_dlopen):
+    from fa4aot.runtime import Runtime
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.rename(built.root, shared / "store")
+    link = tmp_path / "cache"
+    link.symlink_to(shared / "store")
+    d = artifact_dirs(Store(link, built.toolchain))[0]
+    _make_real(d)
+    _other_writable(shared, 0o775)
+    with pytest.raises(CorruptArtifact, match=f"{shared} is group/world-writable"):
+        Runtime([link]).plan(_variant(d), 132)
+    assert no_dlopen[0] == []
+
+
 def test_world_writable_directory_without_sticky_bit_is_refused(built, no_dlopen):
     from fa4aot.runtime import Runtime
 
