@@ -225,9 +225,16 @@ class Plan:
         return out
 
 
+def _window(att: Attention) -> tuple[int | None, int | None]:
+    """A layer's (left, right) window as FA4 takes it: causal windows look back only,
+    bidirectional ones (non-causal layers) both ways."""
+    if att.window is None:
+        return None, None
+    return att.window, 0 if att.causal else att.window
+
+
 def page_sizes_for(spec: Spec, att: Attention, arch: str) -> list[int]:
-    _, local, _, _ = C.resolve_window(att.causal, att.window, 0 if att.causal else None)
-    causal_r = att.causal and not local
+    causal_r, local, _, _ = C.resolve_window(att.causal, *_window(att))
     tile = C.fwd_tile(arch, att.head_dim, att.head_dim_v, causal_r, local)
     out = []
     for p in spec.serving.page_sizes:
@@ -244,14 +251,12 @@ def _probe_calls(spec: Spec, att: Attention, arch: str) -> list[Call]:
     # Head counts are dynamic in the kernel; only the ratio is static. TP keeps it unless the
     # TP degree exceeds the KV heads (KV heads are then replicated: 1 per rank).
     ratios = sorted({(att.num_q_heads // t) // max(1, att.num_kv_heads // t) for t in sv.tp})
-    window = (att.window, 0) if att.window is not None else (None, None)
+    window = _window(att)
     long_q = min(sv.max_context, 4096)
     phases_q = {"decode": sorted({1, sv.speculative}), "prefill": [max(2, sv.speculative + 1), long_q]}
     batches = sorted({1, sv.max_batch} | ({C.BIN_BATCH_SEARCH_THRESH + 1} if sv.max_batch > C.BIN_BATCH_SEARCH_THRESH else set()))
     calls = []
     for r in ratios:
-        hk = 1
-        hq = r * hk
         for layout in sv.layouts:
             pages = page_sizes_for(spec, att, arch) if layout == "paged" else [None]
             for phase in sv.phases:
@@ -261,7 +266,7 @@ def _probe_calls(spec: Spec, att: Attention, arch: str) -> list[Call]:
                             for lse in lses:
                                 calls.append(Call(
                                     layout=layout, batch=b, seqlen_q=sq, seqlen_k=max(sq, 256),
-                                    num_heads=hq, num_heads_kv=hk, head_dim=att.head_dim,
+                                    num_heads=r, num_heads_kv=1, head_dim=att.head_dim,
                                     head_dim_v=att.head_dim_v, dtype=att.dtype, causal=att.causal,
                                     window_left=window[0], window_right=window[1], return_lse=lse,
                                     sink_dtype="float32" if att.sinks else None, page_size=p,

@@ -1,0 +1,62 @@
+"""The README's build (`fa4aot build --cache cache`, all default specs) checked as a whole.
+
+CI runs that build before the tests (.ci/run); elsewhere these tests skip until it has run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from fa4aot.cli import main
+from fa4aot.store import build_toolchain, stores_at
+
+CACHE = Path(__file__).resolve().parent.parent / "cache"
+
+
+def _store():
+    tc = build_toolchain("sm90", 132)
+    for s in stores_at(CACHE):
+        if s.toolchain == tc:
+            return s
+    pytest.skip(f"no default build in {CACHE} for this toolchain: run the README's build command first")
+
+
+def test_default_build_covers_every_default_spec():
+    """coverage (with FA4's real compile keys traced) finds every variant of every default spec;
+    gemma-4's hd512 layer is the only unsupported one."""
+    _store()
+    r = CliRunner().invoke(main, ["coverage", "--cache", str(CACHE), "--json"])
+    assert r.exit_code == 0, r.output[-2000:]
+    doc = json.loads(r.output)
+    assert doc["counts"]["missing"] == 0 and doc["counts"]["padding"] == 0
+    assert doc["counts"]["hit"] >= 98
+    assert [(u["spec"], u["layer"]) for u in doc["rows"] if u["status"] == "unsupported"] == [("gemma-4", "full")]
+
+
+def test_default_build_verifies_and_is_a_noop_second_time():
+    s = _store()
+    r = CliRunner().invoke(main, ["verify", "--cache", str(CACHE), "--json"])
+    assert r.exit_code == 0, r.output[-2000:]
+    before = {p: p.stat().st_mtime_ns for p in s.dir.rglob("*") if p.is_file()}
+    r = CliRunner().invoke(main, ["build", "--cache", str(CACHE), "--json"])
+    assert r.exit_code == 0, r.output[-2000:]
+    doc = json.loads(r.output)
+    assert doc["counts"]["built"] == 0 and doc["counts"]["failed"] == 0 and doc["counts"]["cached"] >= 98
+    after = {p: p.stat().st_mtime_ns for p in s.dir.rglob("*") if p.is_file()}
+    assert before == after, "a no-op build wrote into the store"
+
+
+def test_default_build_block_sizes():
+    """The KV block-size contract from the real store: TMA page == tile_n, any other size served."""
+    import fa4aot
+
+    _store()
+    bs = fa4aot.supported_block_sizes("sm90", "bfloat16", 128, qhead_per_kvhead=4, cache=CACHE)
+    assert bs.tma == (128,) and bs.any_size
+    assert fa4aot.preferred_block_size("sm90", "bfloat16", 256, qhead_per_kvhead=2, window=1024, cache=CACHE) == 64
+    assert fa4aot.preferred_block_size("sm90", "bfloat16", 64, qhead_per_kvhead=8, window=128,
+                                       sink_dtype="float32", cache=CACHE) == 128
