@@ -37,37 +37,68 @@ def cases(dev):
     b = 8
     cu_q = torch.arange(b + 1, device=dev, dtype=torch.int32)
     cu_k = torch.arange(b + 1, device=dev, dtype=torch.int32) * 512
-    out.append(("varlen decode b8 sk512 32:8", "flash_attn_varlen_func",
-                (r(b, 32, 128), r(b * 512, 8, 128), r(b * 512, 8, 128)),
-                dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=1, max_seqlen_k=512, causal=True)))
+    out.append(
+        (
+            "varlen decode b8 sk512 32:8",
+            "flash_attn_varlen_func",
+            (r(b, 32, 128), r(b * 512, 8, 128), r(b * 512, 8, 128)),
+            dict(
+                cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=1, max_seqlen_k=512, causal=True
+            ),
+        )
+    )
     # paged decode, b=8, page 128 (TMA) and page 16
     for page in (128, 16):
         npg = 512 // page
         table = torch.randperm(b * npg, device=dev, dtype=torch.int32).reshape(b, npg)
         seqused = torch.full((b,), 512, device=dev, dtype=torch.int32)
-        out.append((f"paged decode b8 sk512 page{page} 32:8", "flash_attn_varlen_func",
-                    (r(b, 32, 128), r(b * npg, page, 8, 128), r(b * npg, page, 8, 128)),
-                    dict(cu_seqlens_q=cu_q, max_seqlen_q=1, page_table=table, seqused_k=seqused, causal=True)))
+        out.append(
+            (
+                f"paged decode b8 sk512 page{page} 32:8",
+                "flash_attn_varlen_func",
+                (r(b, 32, 128), r(b * npg, page, 8, 128), r(b * npg, page, 8, 128)),
+                dict(
+                    cu_seqlens_q=cu_q,
+                    max_seqlen_q=1,
+                    page_table=table,
+                    seqused_k=seqused,
+                    causal=True,
+                ),
+            )
+        )
     # paged decode, b=300 (helper kernel path)
     b2 = 300
     cu_q2 = torch.arange(b2 + 1, device=dev, dtype=torch.int32)
     table = torch.randperm(b2 * 4, device=dev, dtype=torch.int32).reshape(b2, 4)
-    out.append(("paged decode b300 sk512 page128 32:8", "flash_attn_varlen_func",
-                (r(b2, 32, 128), r(b2 * 4, 128, 8, 128), r(b2 * 4, 128, 8, 128)),
-                dict(cu_seqlens_q=cu_q2, max_seqlen_q=1, page_table=table,
-                     seqused_k=torch.full((b2,), 512, device=dev, dtype=torch.int32), causal=True)))
+    out.append(
+        (
+            "paged decode b300 sk512 page128 32:8",
+            "flash_attn_varlen_func",
+            (r(b2, 32, 128), r(b2 * 4, 128, 8, 128), r(b2 * 4, 128, 8, 128)),
+            dict(
+                cu_seqlens_q=cu_q2,
+                max_seqlen_q=1,
+                page_table=table,
+                seqused_k=torch.full((b2,), 512, device=dev, dtype=torch.int32),
+                causal=True,
+            ),
+        )
+    )
     return out
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
-    ap.add_argument("--no-fa4", action="store_true", help="fa4aot only (no compiler on this machine)")
+    ap.add_argument(
+        "--no-fa4", action="store_true", help="fa4aot only (no compiler on this machine)"
+    )
     a = ap.parse_args()
     import fa4aot
 
     try:
         import torch_c_dlpack_ext  # noqa: F401  (fast DLPack exchange for tvm-ffi, if present)
+
         print("torch_c_dlpack_ext present")
     except ImportError:
         print("torch_c_dlpack_ext absent")
@@ -99,10 +130,31 @@ def main():
             plan = next(p for p in default_runtime()._plans.values() if p.variant.layout == "dense")
             q, k, v = args
             out = torch.empty_like(q)
-            row["bare_tvm_ffi_call_us"], _ = host_us(lambda: plan.fwd(
-                q, k, v, out, None, 0.08838834764831845, None, None, None, None, None, None, None,
-                None, None, (None, None), None, None))
-            row["torch_empty_us"], _ = host_us(lambda: torch.empty((1, 128, 32, 128), dtype=q.dtype, device=q.device))
+            row["bare_tvm_ffi_call_us"], _ = host_us(
+                lambda: plan.fwd(
+                    q,
+                    k,
+                    v,
+                    out,
+                    None,
+                    0.08838834764831845,
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    (None, None),
+                    None,
+                    None,
+                )
+            )
+            row["torch_empty_us"], _ = host_us(
+                lambda: torch.empty((1, 128, 32, 128), dtype=q.dtype, device=q.device)
+            )
             row["new_empty_us"], _ = host_us(lambda: q.new_empty((1, 128, 32, 128)))
             # the runtime's Python path alone: the same call with the kernel replaced by a no-op
             from dataclasses import replace
@@ -113,8 +165,21 @@ def main():
             row["python_path_us"], _ = host_us(lambda: ours(*args, **kw))
             rt._plans[key] = plan
         rows.append(row)
-        print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items() if not k.endswith("_all")}), flush=True)
-    env = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "python": sys.version.split()[0]}
+        print(
+            json.dumps(
+                {
+                    k: (round(v, 2) if isinstance(v, float) else v)
+                    for k, v in row.items()
+                    if not k.endswith("_all")
+                }
+            ),
+            flush=True,
+        )
+    env = {
+        "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name(),
+        "python": sys.version.split()[0],
+    }
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"env": env, "rows": rows}, f, indent=2)

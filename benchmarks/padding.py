@@ -36,8 +36,11 @@ def main():
     dt = torch.bfloat16
     hk, r, r2, d = 4, 20, 32, 128
     rows = []
-    for name, b, sk, page in [("dense decode b8 sk4096", 8, 4096, None), ("paged decode b32 sk2048 p128", 32, 2048, 128),
-                              ("dense decode b64 sk1024", 64, 1024, None)]:
+    for name, b, sk, page in [
+        ("dense decode b8 sk4096", 8, 4096, None),
+        ("paged decode b32 sk2048 p128", 32, 2048, 128),
+        ("dense decode b64 sk1024", 64, 1024, None),
+    ]:
         q = torch.randn(b, 1, hk * r, d, device="cuda", dtype=dt)
         if page is None:
             k = torch.randn(b, sk, hk, d, device="cuda", dtype=dt)
@@ -54,27 +57,56 @@ def main():
             cu = torch.arange(b + 1, device="cuda", dtype=torch.int32)
 
             def call(qq):
-                return fa4aot.flash_attn_varlen_func(qq.reshape(b, -1, d), k, v, cu_seqlens_q=cu, max_seqlen_q=1,
-                                                     page_table=table, seqused_k=used, causal=True)
-        qpad = torch.nn.functional.pad(q.reshape(b, 1, hk, r, d), (0, 0, 0, r2 - r)).reshape(b, 1, hk * r2, d)
+                return fa4aot.flash_attn_varlen_func(
+                    qq.reshape(b, -1, d),
+                    k,
+                    v,
+                    cu_seqlens_q=cu,
+                    max_seqlen_q=1,
+                    page_table=table,
+                    seqused_k=used,
+                    causal=True,
+                )
+
+        qpad = torch.nn.functional.pad(q.reshape(b, 1, hk, r, d), (0, 0, 0, r2 - r)).reshape(
+            b, 1, hk * r2, d
+        )
         row = {"case": name}
         R.reset(roots=[a.exact_store])
         o_exact = call(q)[0]
         assert not any(p.pad for p in R.default_runtime()._plans.values())
-        row["exact_graph_us"], row["exact_eager_us"] = graph_us(lambda: call(q)), eager_us(lambda: call(q))
+        row["exact_graph_us"], row["exact_eager_us"] = (
+            graph_us(lambda: call(q)),
+            eager_us(lambda: call(q)),
+        )
         R.reset(roots=[a.pad_store])
         o_pad = call(q)[0]
-        assert any(p.pad is not None and p.pad.ratio == r2 for p in R.default_runtime()._plans.values())
-        row["padded_graph_us"], row["padded_eager_us"] = graph_us(lambda: call(q)), eager_us(lambda: call(q))
-        row["raw32_graph_us"], row["raw32_eager_us"] = graph_us(lambda: call(qpad)), eager_us(lambda: call(qpad))
+        assert any(
+            p.pad is not None and p.pad.ratio == r2 for p in R.default_runtime()._plans.values()
+        )
+        row["padded_graph_us"], row["padded_eager_us"] = (
+            graph_us(lambda: call(q)),
+            eager_us(lambda: call(q)),
+        )
+        row["raw32_graph_us"], row["raw32_eager_us"] = (
+            graph_us(lambda: call(qpad)),
+            eager_us(lambda: call(qpad)),
+        )
         row["max_abs_diff_padded_vs_exact"] = (o_pad.float() - o_exact.float()).abs().max().item()
         row["padded_over_exact"] = row["padded_graph_us"] / row["exact_graph_us"]
         row["padded_over_raw32"] = row["padded_graph_us"] / row["raw32_graph_us"]
         rows.append(row)
-        print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
+        print(
+            json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}),
+            flush=True,
+        )
     if a.out:
         with open(a.out, "w") as f:
-            json.dump({"rows": rows, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__}, f, indent=2)
+            json.dump(
+                {"rows": rows, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__},
+                f,
+                indent=2,
+            )
 
 
 if __name__ == "__main__":

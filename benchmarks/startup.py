@@ -45,24 +45,36 @@ def materialize(call, torch, gen):
     def r(*s):
         return torch.randn(*s, device="cuda", dtype=dt, generator=gen)
 
-    kw = dict(causal=call.causal, window_size=(call.window_left, call.window_right), return_lse=call.return_lse)
+    kw = dict(
+        causal=call.causal,
+        window_size=(call.window_left, call.window_right),
+        return_lse=call.return_lse,
+    )
     if call.sink_dtype:
         kw["learnable_sink"] = torch.randn(hq, device="cuda", generator=gen)
     if call.layout == "dense":
         q, k, v = r(b, sq, hq, d), r(b, sk, hk, d), r(b, sk, hk, d)
         return "flash_attn_func", (q, k, v), kw, (q, k, v)
     q = r(b * sq, hq, d)
-    kw.update(cu_seqlens_q=torch.arange(b + 1, device="cuda", dtype=torch.int32) * sq, max_seqlen_q=sq)
+    kw.update(
+        cu_seqlens_q=torch.arange(b + 1, device="cuda", dtype=torch.int32) * sq, max_seqlen_q=sq
+    )
     if call.layout == "varlen":
         k, v = r(b * sk, hk, d), r(b * sk, hk, d)
-        kw.update(cu_seqlens_k=torch.arange(b + 1, device="cuda", dtype=torch.int32) * sk, max_seqlen_k=sk)
+        kw.update(
+            cu_seqlens_k=torch.arange(b + 1, device="cuda", dtype=torch.int32) * sk, max_seqlen_k=sk
+        )
         ref = (q.view(b, sq, hq, d), k.view(b, sk, hk, d), v.view(b, sk, hk, d))
     else:
         p = call.page_size
         npg = -(-sk // p)
         k, v = r(b * npg, p, hk, d), r(b * npg, p, hk, d)
         table = torch.randperm(b * npg, device="cuda", generator=gen).to(torch.int32).view(b, npg)
-        kw.update(page_table=table, seqused_k=torch.full((b,), sk, device="cuda", dtype=torch.int32), max_seqlen_k=sk)
+        kw.update(
+            page_table=table,
+            seqused_k=torch.full((b,), sk, device="cuda", dtype=torch.int32),
+            max_seqlen_k=sk,
+        )
         kk = k[table.long()].reshape(b, npg * p, hk, d)[:, :sk]
         vv = v[table.long()].reshape(b, npg * p, hk, d)[:, :sk]
         ref = (q.view(b, sq, hq, d), kk, vv)
@@ -84,6 +96,7 @@ def child(mode: str, spec: str, t_parent: float) -> None:
         import fa4aot as lib
     else:
         import flash_attn.cute as lib
+
         if mode == "fa4aot-install":
             import fa4aot
 
@@ -113,14 +126,26 @@ def child(mode: str, spec: str, t_parent: float) -> None:
         err = ((out.float().reshape(o.shape) - o).norm() / o.norm()).item()
         worst = max(worst, err)
     assert worst < 1e-2, f"{mode}: wrong output, rel err {worst}"
-    print(json.dumps({"ready": ready, "attention_s": t_ready - t_cuda, "variants": len(calls),
-                      "max_rel_err": worst}))
+    print(
+        json.dumps(
+            {
+                "ready": ready,
+                "attention_s": t_ready - t_cuda,
+                "variants": len(calls),
+                "max_rel_err": worst,
+            }
+        )
+    )
 
 
 def run(mode: str, spec: str, env: dict) -> dict:
     t = time.time()
-    r = subprocess.run([sys.executable, __file__, "--child", mode, "--spec", spec, "--t0", repr(t)],
-                       capture_output=True, text=True, env=env)
+    r = subprocess.run(
+        [sys.executable, __file__, "--child", mode, "--spec", spec, "--t0", repr(t)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     wall = time.time() - t
     if r.returncode:
         raise RuntimeError(f"{mode} failed:\n{r.stderr[-3000:]}")
@@ -144,8 +169,15 @@ def main():
     base = dict(os.environ)
     disk = tempfile.mkdtemp(prefix="fa4-disk-cache-")
     envs = {
-        "torch": base, "fa4aot": base, "fa4-jit": base, "fa4aot-install": base,
-        "fa4-disk": {**base, "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED": "1", "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": disk},
+        "torch": base,
+        "fa4aot": base,
+        "fa4-jit": base,
+        "fa4aot-install": base,
+        "fa4-disk": {
+            **base,
+            "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED": "1",
+            "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": disk,
+        },
     }
     modes = a.modes.split(",")
     if "fa4-disk" in modes:
@@ -163,8 +195,14 @@ def main():
     att = {m: statistics.median(x["attention_s"] for x in v) for m, v in res.items() if v}
     # attention_s: measured inside the child from CUDA initialized to outputs synchronized (the
     # same quantity as whole - torch, without the run-to-run noise of process start-up)
-    summary = {m: {"whole_process_s": round(t, 3), "whole_minus_torch_s": round(t - med.get("torch", 0), 3),
-                   "attention_readiness_s": round(att[m], 3)} for m, t in med.items()}
+    summary = {
+        m: {
+            "whole_process_s": round(t, 3),
+            "whole_minus_torch_s": round(t - med.get("torch", 0), 3),
+            "attention_readiness_s": round(att[m], 3),
+        }
+        for m, t in med.items()
+    }
     if "fa4aot" in summary:
         for m in ("fa4-jit", "fa4-disk", "fa4aot-install"):
             if m in summary:

@@ -42,8 +42,11 @@ def median_us(fn, n: int) -> dict:
         fn()
         ts.append(time.perf_counter() - t0)
     ts.sort()
-    return {"median_us": round(statistics.median(ts) * 1e6, 1),
-            "p99_us": round(ts[int(0.99 * (len(ts) - 1))] * 1e6, 1), "runs": n}
+    return {
+        "median_us": round(statistics.median(ts) * 1e6, 1),
+        "p99_us": round(ts[int(0.99 * (len(ts) - 1))] * 1e6, 1),
+        "runs": n,
+    }
 
 
 def synthetic(root: Path, size: int) -> Store:
@@ -52,10 +55,17 @@ def synthetic(root: Path, size: int) -> Store:
     d = store.artifact_dir(f"bench{size}")
     d.mkdir(parents=True)
     (d / "fwd.so").write_bytes(os.urandom(size))
-    rec = seal_record({"format": RECORD_FORMAT, "id": d.name, "variant": {}, "stub": False,
-                       "toolchain": store.toolchain, "sm_count_independent": False,
-                       "parts": {"fwd": {"file": "fwd.so", "size": size,
-                                         "sha256": sha256_file(d / "fwd.so")}}})
+    rec = seal_record(
+        {
+            "format": RECORD_FORMAT,
+            "id": d.name,
+            "variant": {},
+            "stub": False,
+            "toolchain": store.toolchain,
+            "sm_count_independent": False,
+            "parts": {"fwd": {"file": "fwd.so", "size": size, "sha256": sha256_file(d / "fwd.so")}},
+        }
+    )
     (d / RECORD).write_text(json.dumps(rec, indent=2, sort_keys=True))
     return store
 
@@ -73,7 +83,9 @@ def main() -> None:
             vid = f"bench{size}"
             art = store.get(vid, verify=False)
             res[f"verify_{size}B"] = median_us(art.verify, a.n)
-            res[f"get_verify_{size}B"] = median_us(lambda s=store, v=vid: s.get(v, verify=True), a.n)
+            res[f"get_verify_{size}B"] = median_us(
+                lambda s=store, v=vid: s.get(v, verify=True), a.n
+            )
         res["unsafe_reason"] = median_us(art.unsafe_reason, a.n)
         for mode in ("flock", "marker"):
             lock = Path(tmp) / f"{mode}.lock"
@@ -88,12 +100,23 @@ def main() -> None:
         sizes = sorted(p.stat().st_size for p in parts)
         per = []
         for p in parts:
-            art = Artifact(p.parent, {"parts": {"fwd": {"file": p.name, "size": p.stat().st_size,
-                                                        "sha256": sha256_file(p)}}})
+            art = Artifact(
+                p.parent,
+                {
+                    "parts": {
+                        "fwd": {"file": p.name, "size": p.stat().st_size, "sha256": sha256_file(p)}
+                    }
+                },
+            )
             per.append(median_us(art.verify, 20)["median_us"])
-        res["real_parts"] = {"count": len(parts), "size_min": sizes[0],
-                             "size_median": sizes[len(sizes) // 2], "size_max": sizes[-1],
-                             "verify_median_us": statistics.median(per), "verify_max_us": max(per)}
+        res["real_parts"] = {
+            "count": len(parts),
+            "size_min": sizes[0],
+            "size_median": sizes[len(sizes) // 2],
+            "size_max": sizes[-1],
+            "verify_median_us": statistics.median(per),
+            "verify_max_us": max(per),
+        }
     for k, v in res.items():
         print(f"{k:24s} {v}")
     if a.out:

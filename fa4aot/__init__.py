@@ -45,7 +45,14 @@ def __getattr__(name):
 
 
 __all__ = [
-    "ArtifactMissing", "BuildError", "ContractViolation", "CorruptArtifact", "Fa4aotError",
-    "FingerprintMismatch", "RuntimeLibraryMissing", "SpecError", "UnsupportedVariant",
+    "ArtifactMissing",
+    "BuildError",
+    "ContractViolation",
+    "CorruptArtifact",
+    "Fa4aotError",
+    "FingerprintMismatch",
+    "RuntimeLibraryMissing",
+    "SpecError",
+    "UnsupportedVariant",
     *_LAZY,
 ]

@@ -38,6 +38,7 @@ from .store import (
     NAME_RE,
     RECORD,
     Store,
+    atomic_output,
     atomic_write,
     build_root,
     fsync_dir,
@@ -84,66 +85,62 @@ def pack(roots: list[Path], output: Path, store_name: str | None = None) -> Pack
     hold several) to a tar archive. Only artifacts whose checks pass go in."""
     output = Path(output)
     mode = _compression(output)
-    stores = [s for r in roots for s in scan_root(r)[0]
-              if store_name is None or s.dir.name.startswith(store_name)]
+    stores = [
+        s
+        for r in roots
+        for s in scan_root(r)[0]
+        if store_name is None or s.dir.name.startswith(store_name)
+    ]
     names = sorted({s.dir.name for s in stores})
     if not stores:
-        raise UnsafeArchive(f"no store{' ' + repr(store_name) if store_name else ''} in "
-                            f"{', '.join(map(str, roots))}")
+        raise UnsafeArchive(
+            f"no store{' ' + repr(store_name) if store_name else ''} in "
+            f"{', '.join(map(str, roots))}"
+        )
     if len(names) > 1:
         raise UnsafeArchive("several stores; pick one with --store: " + ", ".join(names))
     store = stores[0]
     res = PackResult(output, store.dir.name)
     fp = store.dir.name
-    fd, tmp = tempfile.mkstemp(dir=output.parent, prefix=f".{output.name}.{owner_tag()}",
-                               suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as raw, tarfile.open(fileobj=raw, mode=f"w:{mode}",
-                                                      format=tarfile.PAX_FORMAT) as tf:
-            def add_dir(name: str) -> None:
-                ti = tarfile.TarInfo(name)
-                ti.type, ti.mode = tarfile.DIRTYPE, 0o755
-                tf.addfile(ti)
+    with (
+        atomic_output(output) as raw,
+        tarfile.open(fileobj=raw, mode=f"w:{mode}", format=tarfile.PAX_FORMAT) as tf,
+    ):
 
-            def add_file(name: str, data: bytes) -> None:
-                ti = tarfile.TarInfo(name)
-                ti.size, ti.mode = len(data), 0o644
-                tf.addfile(ti, io.BytesIO(data))
+        def add_dir(name: str) -> None:
+            ti = tarfile.TarInfo(name)
+            ti.type, ti.mode = tarfile.DIRTYPE, 0o755
+            tf.addfile(ti)
 
-            add_dir(fp)
-            add_file(f"{fp}/toolchain.json", (store.dir / "toolchain.json").read_bytes())
-            specs = sorted((store.dir / "specs").glob("*.json"))
-            if specs:
-                add_dir(f"{fp}/specs")
-            for f in specs:
-                if NAME_RE.fullmatch(f.name):
-                    add_file(f"{fp}/specs/{f.name}", f.read_bytes())
-            add_dir(f"{fp}/artifacts")
-            for vid, art in store.iter_artifacts():
-                try:
-                    if isinstance(art, Exception):
-                        raise art
-                    art.verify()
-                    files = {RECORD: (art.dir / RECORD).read_bytes()}
-                    for p in art.record["parts"].values():
-                        files[p["file"]] = (art.dir / p["file"]).read_bytes()
-                except (CorruptArtifact, OSError) as e:
-                    res.skipped.append({"id": vid, "error": str(e)})
-                    continue
-                add_dir(f"{fp}/artifacts/{vid}")
-                for name in sorted(files):
-                    add_file(f"{fp}/artifacts/{vid}/{name}", files[name])
-                res.artifacts.append(vid)
-            raw.flush()
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, output)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+        def add_file(name: str, data: bytes) -> None:
+            ti = tarfile.TarInfo(name)
+            ti.size, ti.mode = len(data), 0o644
+            tf.addfile(ti, io.BytesIO(data))
+
+        add_dir(fp)
+        add_file(f"{fp}/toolchain.json", (store.dir / "toolchain.json").read_bytes())
+        specs = sorted((store.dir / "specs").glob("*.json"))
+        if specs:
+            add_dir(f"{fp}/specs")
+        for f in specs:
+            if NAME_RE.fullmatch(f.name):
+                add_file(f"{fp}/specs/{f.name}", f.read_bytes())
+        add_dir(f"{fp}/artifacts")
+        for vid, art in store.iter_artifacts():
+            try:
+                if isinstance(art, Exception):
+                    raise art
+                art.verify()
+                files = {RECORD: (art.dir / RECORD).read_bytes()}
+                for p in art.record["parts"].values():
+                    files[p["file"]] = (art.dir / p["file"]).read_bytes()
+            except (CorruptArtifact, OSError) as e:
+                res.skipped.append({"id": vid, "error": str(e)})
+                continue
+            add_dir(f"{fp}/artifacts/{vid}")
+            for name in sorted(files):
+                add_file(f"{fp}/artifacts/{vid}/{name}", files[name])
+            res.artifacts.append(vid)
     return res
 
 
@@ -158,9 +155,13 @@ def member_problem(m: tarfile.TarInfo) -> str | None:
     if any(p in ("", ".", "..") for p in parts):
         return "empty, '.' or '..' path component"
     if m.type not in _FILE_TYPES and m.type != tarfile.DIRTYPE:
-        kind = {tarfile.SYMTYPE: "symbolic link", tarfile.LNKTYPE: "hard link",
-                tarfile.CHRTYPE: "character device", tarfile.BLKTYPE: "block device",
-                tarfile.FIFOTYPE: "fifo"}.get(m.type, f"member type {m.type!r}")
+        kind = {
+            tarfile.SYMTYPE: "symbolic link",
+            tarfile.LNKTYPE: "hard link",
+            tarfile.CHRTYPE: "character device",
+            tarfile.BLKTYPE: "block device",
+            tarfile.FIFOTYPE: "fifo",
+        }.get(m.type, f"member type {m.type!r}")
         return f"{kind}: only regular files and directories are allowed"
     if m.type in _FILE_TYPES and m.sparse is not None:
         return "sparse file"
@@ -199,7 +200,7 @@ class _Limited(io.RawIOBase):
         self.left -= len(data)
         if self.left < 0:
             raise UnsafeArchive(f"archive expands to more than {MAX_TOTAL_BYTES} bytes")
-        b[:len(data)] = data
+        b[: len(data)] = data
         return len(data)
 
     def close(self) -> None:
@@ -210,9 +211,15 @@ class _Limited(io.RawIOBase):
 def _open_limited(archive: Path) -> _Limited:
     with open(archive, "rb") as f:
         magic = f.read(6)
-    opener = (gzip.open if magic[:2] == b"\x1f\x8b" else
-              lzma.open if magic == b"\xfd7zXZ\x00" else
-              bz2.open if magic[:3] == b"BZh" else open)
+    opener = (
+        gzip.open
+        if magic[:2] == b"\x1f\x8b"
+        else lzma.open
+        if magic == b"\xfd7zXZ\x00"
+        else bz2.open
+        if magic[:3] == b"BZh"
+        else open
+    )
     return _Limited(opener(archive, "rb"), MAX_TOTAL_BYTES + (64 << 20))
 
 
@@ -264,7 +271,8 @@ def _stage(archive: Path, stage: Path) -> str:
                     raise UnsafeArchive(f"{archive}: member {m.name!r} is truncated")
         except (tarfile.TarError, EOFError, OSError, ValueError, zlib.error, lzma.LZMAError) as e:
             raise UnsafeArchive(
-                f"{archive}: unreadable or truncated: {type(e).__name__}: {e}") from None
+                f"{archive}: unreadable or truncated: {type(e).__name__}: {e}"
+            ) from None
     if top is None:
         raise UnsafeArchive(f"{archive}: empty archive")
     return top
@@ -284,8 +292,10 @@ def _check_staged(archive: Path, staged: Store) -> list[str]:
         named = {RECORD} | {p["file"] for p in art.record["parts"].values()}
         extra = {f.name for f in d.iterdir()} - named
         if extra:
-            raise UnsafeArchive(f"{archive}: artifact {d.name} holds files its record does not "
-                                f"name: {', '.join(sorted(extra))}")
+            raise UnsafeArchive(
+                f"{archive}: artifact {d.name} holds files its record does not "
+                f"name: {', '.join(sorted(extra))}"
+            )
         ids.append(d.name)
     for f in sorted((staged.dir / "specs").glob("*.json")):
         try:
@@ -301,8 +311,9 @@ def unpack(archive: Path, roots: list[Path]) -> UnpackResult:
     """Import an archive written by `pack` into the first writable of `roots` (see module doc)."""
     archive = Path(archive)
     root = build_root(roots)
-    stage_root = Path(tempfile.mkdtemp(prefix=f".unpack.{owner_tag()}", suffix=".tmp",
-                                       dir=_mkroot(root)))
+    stage_root = Path(
+        tempfile.mkdtemp(prefix=f".unpack.{owner_tag()}", suffix=".tmp", dir=_mkroot(root))
+    )
     try:
         fp = _stage(archive, stage_root / LAYOUT)
         try:

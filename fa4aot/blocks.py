@@ -57,9 +57,16 @@ def _roots(cache) -> list[Path]:
 
 
 def supported_block_sizes(
-    arch: str, dtype: str, head_dim: int, head_dim_v: int | None = None, *,
-    qhead_per_kvhead: int = 1, causal: bool = True, window: int | None = None,
-    sink_dtype: str | None = None, cache=None,
+    arch: str,
+    dtype: str,
+    head_dim: int,
+    head_dim_v: int | None = None,
+    *,
+    qhead_per_kvhead: int = 1,
+    causal: bool = True,
+    window: int | None = None,
+    sink_dtype: str | None = None,
+    cache=None,
 ) -> BlockSizes:
     """KV page sizes the store can serve for this attention config."""
     head_dim_v = head_dim_v or head_dim
@@ -67,8 +74,15 @@ def supported_block_sizes(
     tile = C.fwd_tile(arch, head_dim, head_dim_v, causal_r, local)
     tma, other, regimes = set(), False, set()
     for v in _paged_variants(_roots(cache), arch):
-        if (v.dtype, v.head_dim, v.head_dim_v, v.qhead_per_kvhead, v.local, v.causal, v.sink_dtype) != (
-                dtype, head_dim, head_dim_v, qhead_per_kvhead, local, causal_r, sink_dtype):
+        if (
+            v.dtype,
+            v.head_dim,
+            v.head_dim_v,
+            v.qhead_per_kvhead,
+            v.local,
+            v.causal,
+            v.sink_dtype,
+        ) != (dtype, head_dim, head_dim_v, qhead_per_kvhead, local, causal_r, sink_dtype):
             continue
         if v.paged_tma:
             tma.add(tile.n)
@@ -78,8 +92,9 @@ def supported_block_sizes(
     return BlockSizes(tuple(sorted(tma)), other, tuple(sorted(regimes)))
 
 
-def preferred_block_size(arch: str, dtype: str, head_dim: int, head_dim_v: int | None = None,
-                         **kw) -> int | None:
+def preferred_block_size(
+    arch: str, dtype: str, head_dim: int, head_dim_v: int | None = None, **kw
+) -> int | None:
     """The page size to allocate the KV cache with: the TMA kernel's tile_n when cached."""
     bs = supported_block_sizes(arch, dtype, head_dim, head_dim_v, **kw)
     return bs.tma[0] if bs.tma else None
@@ -103,16 +118,33 @@ def block_size_rows(root: Path) -> list[dict]:
                 arch = s.toolchain["arch"]
                 if C.unsupported_reason(arch, att["dtype"], att["head_dim"], att["head_dim_v"]):
                     continue
-                kw = dict(qhead_per_kvhead=att["num_q_heads"] // att["num_kv_heads"], causal=att["causal"],
-                          window=att["window"], sink_dtype="float32" if att["sinks"] else None, cache=root)
-                bs = supported_block_sizes(arch, att["dtype"], att["head_dim"], att["head_dim_v"], **kw)
+                kw = dict(
+                    qhead_per_kvhead=att["num_q_heads"] // att["num_kv_heads"],
+                    causal=att["causal"],
+                    window=att["window"],
+                    sink_dtype="float32" if att["sinks"] else None,
+                    cache=root,
+                )
+                bs = supported_block_sizes(
+                    arch, att["dtype"], att["head_dim"], att["head_dim_v"], **kw
+                )
                 causal_r, local, _, _ = C.resolve_window(
-                    att["causal"], att["window"], 0 if att["causal"] else None)
-                rows.append({
-                    "spec": spec["name"], "layer": att["name"], "arch": arch, "head_dim": att["head_dim"],
-                    "tile_n": C.fwd_tile(arch, att["head_dim"], att["head_dim_v"], causal_r, local).n,
-                    "served_page_sizes": ("any" if bs.any_size else ",".join(map(str, bs.tma)) or "none"),
-                    "tma_page_size": ",".join(map(str, bs.tma)) or "-",
-                    "preferred": bs.tma[0] if bs.tma else "-",
-                })
+                    att["causal"], att["window"], 0 if att["causal"] else None
+                )
+                rows.append(
+                    {
+                        "spec": spec["name"],
+                        "layer": att["name"],
+                        "arch": arch,
+                        "head_dim": att["head_dim"],
+                        "tile_n": C.fwd_tile(
+                            arch, att["head_dim"], att["head_dim_v"], causal_r, local
+                        ).n,
+                        "served_page_sizes": (
+                            "any" if bs.any_size else ",".join(map(str, bs.tma)) or "none"
+                        ),
+                        "tma_page_size": ",".join(map(str, bs.tma)) or "-",
+                        "preferred": bs.tma[0] if bs.tma else "-",
+                    }
+                )
     return rows

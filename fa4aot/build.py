@@ -40,7 +40,7 @@ from .store import (
     sha256_file,
     sweep_temp,
 )
-from .variants import Call, Need, Plan, Variant, enumerate_variants, merge
+from .variants import Call, Plan, Variant, enumerate_variants, merge
 
 LOCK_TIMEOUT_S = 600  # a compile takes seconds; a holder this slow is stuck, not working
 
@@ -101,13 +101,17 @@ def _compile_stub(call: Call, variant: Variant, workdir: Path) -> dict[str, Any]
         data = src.read_bytes() if src else f"stub {variant.id}\n".encode() * 1600
         with open(path, "wb") as f:
             for i in range(0, len(data), 4096):
-                f.write(data[i:i + 4096])
+                f.write(data[i : i + 4096])
                 f.flush()
                 time.sleep(delay / 2 / (len(data) / 4096))
                 if i >= len(data) // 2:
                     _fault(phase)
-    return {"parts": {"fwd": {"file": "fwd.so", "key": "stub"}}, "compile_seconds": delay,
-            "fa4_key": "stub", "stub": True}
+    return {
+        "parts": {"fwd": {"file": "fwd.so", "key": "stub"}},
+        "compile_seconds": delay,
+        "fa4_key": "stub",
+        "stub": True,
+    }
 
 
 def _init_worker(arch: str, num_sms: int) -> None:
@@ -157,8 +161,13 @@ def build_one(root: str, toolchain: dict, need: dict) -> dict:
                 store.move_aside(vid, "quarantine")
                 have, status = None, "rebuilt"
             if have is not None:
-                return dict(id=vid, description=variant.describe(), status="cached",
-                            seconds=time.perf_counter() - t0, size=have.size)
+                return dict(
+                    id=vid,
+                    description=variant.describe(),
+                    status="cached",
+                    seconds=time.perf_counter() - t0,
+                    size=have.size,
+                )
             store.discard_unpublished(vid)
             workdir = Path(tempfile.mkdtemp(prefix=f"{vid}.{owner_tag()}", dir=store.dir / "tmp"))
             try:
@@ -171,49 +180,65 @@ def build_one(root: str, toolchain: dict, need: dict) -> dict:
             finally:
                 shutil.rmtree(workdir, ignore_errors=True)
             size = sum(p["size"] for p in record["parts"].values())
-            return dict(id=vid, description=variant.describe(), status=status,
-                        seconds=time.perf_counter() - t0, size=size)
+            return dict(
+                id=vid,
+                description=variant.describe(),
+                status=status,
+                seconds=time.perf_counter() - t0,
+                size=size,
+            )
     except Exception as e:  # noqa: BLE001 - reported per variant; the others still land
         msg = f"{type(e).__name__}: {e}".strip()
-        return dict(id=vid, description=variant.describe(), status="failed",
-                    seconds=time.perf_counter() - t0, error=msg)
+        return dict(
+            id=vid,
+            description=variant.describe(),
+            status="failed",
+            seconds=time.perf_counter() - t0,
+            error=msg,
+        )
 
 
-def make_record(variant: Variant, call: Call, out: dict, workdir: Path, toolchain: dict,
-                need: dict) -> dict[str, Any]:
+def make_record(
+    variant: Variant, call: Call, out: dict, workdir: Path, toolchain: dict, need: dict
+) -> dict[str, Any]:
     tile = variant.tile
     parts = {}
     for name, p in out["parts"].items():
         f = workdir / p["file"]
         parts[name] = {**p, "sha256": sha256_file(f), "size": f.stat().st_size}
-    return seal_record({
-        "format": RECORD_FORMAT,
-        "id": variant.id,
-        "variant": variant.to_dict(),
-        "description": variant.describe(),
-        "contract": {
-            # what a call must satisfy, beyond matching the variant's features
-            "tile_m": tile.m, "tile_n": tile.n,
-            "pack_gqa": variant.qhead_per_kvhead > 1,
-            "page_size": ("== tile_n" if variant.paged_tma else "!= tile_n") if variant.paged else None,
-            "alignment_bytes": 16,
-            "last_dim_contiguous": True,
-            "num_sms": toolchain["num_sms"],
-            "devices": "all tensors on one CUDA device",
-            "int_tensors": "int32, contiguous",
-        },
-        "parts": parts,
-        # FA4 may bake the SM count into grids (persistent schedulers); no artifact claims
-        # otherwise yet, so a GPU with another SM count is refused (Store.serve_num_sms).
-        "sm_count_independent": False,
-        "fa4_key": out["fa4_key"],
-        "stub": bool(out.get("stub")),
-        "compile_seconds": round(out["compile_seconds"], 3),
-        "representative_call": call.to_dict(),
-        "requested_by": {"spec": need["spec"], "layer": need["layer"]},
-        "toolchain": toolchain,
-        "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    })
+    return seal_record(
+        {
+            "format": RECORD_FORMAT,
+            "id": variant.id,
+            "variant": variant.to_dict(),
+            "description": variant.describe(),
+            "contract": {
+                # what a call must satisfy, beyond matching the variant's features
+                "tile_m": tile.m,
+                "tile_n": tile.n,
+                "pack_gqa": variant.qhead_per_kvhead > 1,
+                "page_size": ("== tile_n" if variant.paged_tma else "!= tile_n")
+                if variant.paged
+                else None,
+                "alignment_bytes": 16,
+                "last_dim_contiguous": True,
+                "num_sms": toolchain["num_sms"],
+                "devices": "all tensors on one CUDA device",
+                "int_tensors": "int32, contiguous",
+            },
+            "parts": parts,
+            # FA4 may bake the SM count into grids (persistent schedulers); no artifact claims
+            # otherwise yet, so a GPU with another SM count is refused (Store.serve_num_sms).
+            "sm_count_independent": False,
+            "fa4_key": out["fa4_key"],
+            "stub": bool(out.get("stub")),
+            "compile_seconds": round(out["compile_seconds"], 3),
+            "representative_call": call.to_dict(),
+            "requested_by": {"spec": need["spec"], "layer": need["layer"]},
+            "toolchain": toolchain,
+            "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        }
+    )
 
 
 def write_spec_index(store: Store, spec: Spec, plan: Plan) -> None:
@@ -221,7 +246,9 @@ def write_spec_index(store: Store, spec: Spec, plan: Plan) -> None:
     doc = {
         "spec": spec.to_dict(),
         "variants": ids,
-        "unsupported": [{"layer": u.layer, "reason": u.reason} for u in plan.unsupported if u.spec == spec.name],
+        "unsupported": [
+            {"layer": u.layer, "reason": u.reason} for u in plan.unsupported if u.spec == spec.name
+        ],
     }
     data = (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
     path = store.spec_index(spec.name)
@@ -282,8 +309,19 @@ def build(
     for r in results:
         if progress:
             progress(len(results), total, r)
-    args = [(str(target), toolchain, {"variant": n.variant.to_dict(), "call": n.call.to_dict(),
-                                      "spec": n.spec, "layer": n.layer}) for n in pending]
+    args = [
+        (
+            str(target),
+            toolchain,
+            {
+                "variant": n.variant.to_dict(),
+                "call": n.call.to_dict(),
+                "spec": n.spec,
+                "layer": n.layer,
+            },
+        )
+        for n in pending
+    ]
     if pending:
         if jobs <= 1:
             _init_worker(arch, num_sms)
@@ -295,8 +333,12 @@ def build(
         else:
             import multiprocessing as mp
 
-            with ProcessPoolExecutor(max_workers=min(jobs, len(args)), mp_context=mp.get_context("spawn"),
-                                     initializer=_init_worker, initargs=(arch, num_sms)) as ex:
+            with ProcessPoolExecutor(
+                max_workers=min(jobs, len(args)),
+                mp_context=mp.get_context("spawn"),
+                initializer=_init_worker,
+                initargs=(arch, num_sms),
+            ) as ex:
                 futs = [ex.submit(build_one, *a) for a in args]
                 for f in as_completed(futs):
                     r = BuildResult(**f.result())

@@ -62,21 +62,49 @@ def _progress_enabled(as_json: bool) -> bool:
 
 @main.command()
 @click.option("--arch", default="sm90", show_default=True, type=click.Choice(sorted(C.ARCHS)))
-@click.option("--spec", "specs", multiple=True, help="Default spec name or TOML path (repeatable). Default: all shipped specs.")
-@click.option("--cache", help="Store root (default: the first writable $FA4AOT_CACHE_DIR layer, else the user cache dir).")
-@click.option("--jobs", "-j", default=max(1, (os.cpu_count() or 1)), show_default=True, type=click.IntRange(1, 256))
-@click.option("--num-sms", type=click.IntRange(1, 1024), help="SM count of the target GPU (default: 132 for sm90, 148 for sm100).")
-@click.option("--python", "python", help="Python minor of the serving runtime, e.g. 3.12 (default: this one).")
-@click.option("--from-misses", "misses", type=click.Path(dir_okay=False, exists=True), help="Also build the variants of a miss log (FA4AOT_MISS_LOG).")
+@click.option(
+    "--spec",
+    "specs",
+    multiple=True,
+    help="Default spec name or TOML path (repeatable). Default: all shipped specs.",
+)
+@click.option(
+    "--cache",
+    help="Store root (default: the first writable $FA4AOT_CACHE_DIR layer, else the user cache dir).",
+)
+@click.option(
+    "--jobs",
+    "-j",
+    default=max(1, (os.cpu_count() or 1)),
+    show_default=True,
+    type=click.IntRange(1, 256),
+)
+@click.option(
+    "--num-sms",
+    type=click.IntRange(1, 1024),
+    help="SM count of the target GPU (default: 132 for sm90, 148 for sm100).",
+)
+@click.option(
+    "--python", "python", help="Python minor of the serving runtime, e.g. 3.12 (default: this one)."
+)
+@click.option(
+    "--from-misses",
+    "misses",
+    type=click.Path(dir_okay=False, exists=True),
+    help="Also build the variants of a miss log (FA4AOT_MISS_LOG).",
+)
 @click.option("--dry-run", is_flag=True, help="List what would be built; compile nothing.")
 @click.option("--json", "as_json", is_flag=True)
 def build(arch, specs, cache, jobs, num_sms, python, misses, dry_run, as_json):
     """Cross-compile every variant the specs need into the store (no GPU needed)."""
-    from .build import build as run_build, plan_for
+    from .build import build as run_build
+    from .build import plan_for
     from .specs import resolve_specs
 
     if python is not None and not _valid_minor(python):
-        raise click.BadParameter(f"expected MAJOR.MINOR such as 3.12, got {python!r}", param_hint="--python")
+        raise click.BadParameter(
+            f"expected MAJOR.MINOR such as 3.12, got {python!r}", param_hint="--python"
+        )
     spec_list = resolve_specs(list(specs)) if (specs or not misses) else []
     plan = plan_for(spec_list, arch)
     if misses:
@@ -88,13 +116,17 @@ def build(arch, specs, cache, jobs, num_sms, python, misses, dry_run, as_json):
                 try:
                     call = representative_call(v)
                 except ValueError as e:  # the runtime meets input forms the builder cannot drive
-                    plan.unsupported.append(Unsupported("miss-log", Path(misses).name, f"{v.id}: {e}"))
+                    plan.unsupported.append(
+                        Unsupported("miss-log", Path(misses).name, f"{v.id}: {e}")
+                    )
                     continue
                 plan.needs.append(Need(v, call, "miss-log", Path(misses).name))
     root = Path(cache) if cache else None  # None: the first writable FA4AOT_CACHE_DIR layer
     if dry_run:
-        rows = [{"id": vid, "variant": n.variant.describe(), "spec": f"{n.spec}/{n.layer}"}
-                for vid, n in plan.variants().items()]
+        rows = [
+            {"id": vid, "variant": n.variant.describe(), "spec": f"{n.spec}/{n.layer}"}
+            for vid, n in plan.variants().items()
+        ]
         unsup = [{"spec": u.spec, "layer": u.layer, "reason": u.reason} for u in plan.unsupported]
         _emit(rows, as_json, ["id", "variant", "spec"], {"unsupported": unsup})
         return
@@ -104,20 +136,53 @@ def build(arch, specs, cache, jobs, num_sms, python, misses, dry_run, as_json):
     def progress(i, n, r):
         if show:
             mark = {"built": "+", "cached": "=", "failed": "!", "rebuilt": "~"}[r.status]
-            click.echo(f"\r[{i}/{n}] {mark} {r.description} ({r.seconds:.1f}s)".ljust(100), err=True,
-                       nl=(r.status == "failed" or i == n))
+            click.echo(
+                f"\r[{i}/{n}] {mark} {r.description} ({r.seconds:.1f}s)".ljust(100),
+                err=True,
+                nl=(r.status == "failed" or i == n),
+            )
 
-    store, plan, results = run_build(spec_list, arch=arch, root=root, num_sms=num_sms, python=python,
-                                     jobs=jobs, progress=progress, plan=plan)
+    store, plan, results = run_build(
+        spec_list,
+        arch=arch,
+        root=root,
+        num_sms=num_sms,
+        python=python,
+        jobs=jobs,
+        progress=progress,
+        plan=plan,
+    )
     wall = time.perf_counter() - t0
-    counts = {s: sum(r.status == s for r in results) for s in ("built", "rebuilt", "cached", "failed")}
-    rows = [{"id": r.id, "status": r.status, "variant": r.description, "seconds": round(r.seconds, 2),
-             "size": r.size, **({"error": r.error} if r.error else {})} for r in results]
-    unsup = [{"spec": u.spec, "layer": u.layer, "reason": u.reason, "served_by": u.served_by}
-             for u in plan.unsupported]
+    counts = {
+        s: sum(r.status == s for r in results) for s in ("built", "rebuilt", "cached", "failed")
+    }
+    rows = [
+        {
+            "id": r.id,
+            "status": r.status,
+            "variant": r.description,
+            "seconds": round(r.seconds, 2),
+            "size": r.size,
+            **({"error": r.error} if r.error else {}),
+        }
+        for r in results
+    ]
+    unsup = [
+        {"spec": u.spec, "layer": u.layer, "reason": u.reason, "served_by": u.served_by}
+        for u in plan.unsupported
+    ]
     if as_json:
-        _emit(rows, True, [], {"store": str(store.dir), "counts": counts, "unsupported": unsup,
-                               "wall_seconds": round(wall, 2)})
+        _emit(
+            rows,
+            True,
+            [],
+            {
+                "store": str(store.dir),
+                "counts": counts,
+                "unsupported": unsup,
+                "wall_seconds": round(wall, 2),
+            },
+        )
     else:
         for r in results:
             if r.status == "failed":
@@ -128,8 +193,10 @@ def build(arch, specs, cache, jobs, num_sms, python, misses, dry_run, as_json):
         if counts["built"] + counts["rebuilt"] + counts["failed"] == 0:
             click.echo(f"nothing to build: all {counts['cached']} variants are in {store.dir}")
         else:
-            click.echo(f"built {counts['built'] + counts['rebuilt']}, cached {counts['cached']}, "
-                       f"failed {counts['failed']} in {wall:.1f}s -> {store.dir}")
+            click.echo(
+                f"built {counts['built'] + counts['rebuilt']}, cached {counts['cached']}, "
+                f"failed {counts['failed']} in {wall:.1f}s -> {store.dir}"
+            )
     if counts["failed"]:
         sys.exit(1)
 
@@ -167,24 +234,69 @@ def ls_cmd(cache, as_json):
     rows = []
     for s, vid, a, specs in _all_artifacts(_root(cache)):
         if isinstance(a, CorruptArtifact):
-            rows.append({"id": vid, "arch": s.toolchain.get("arch"), "spec": ",".join(specs), "error": str(a)})
+            rows.append(
+                {
+                    "id": vid,
+                    "arch": s.toolchain.get("arch"),
+                    "spec": ",".join(specs),
+                    "error": str(a),
+                }
+            )
             continue
         v = Variant.from_dict(a.record["variant"])
-        rows.append({
-            "id": vid, "arch": v.arch, "spec": ",".join(specs) or a.record["requested_by"]["spec"],
-            "dtype": v.dtype, "head_dims": f"{v.head_dim}/{v.head_dim_v}", "ratio": v.qhead_per_kvhead,
-            "mask": v.mask, "regime": f"{v.layout}/{v.phase}" + ("/b>256" if v.cu_hint else ""),
-            "page": ("tile_n=" + str(v.tile.n) if v.paged_tma else "other") if v.paged else "",
-            "lse": "yes" if v.return_lse else "", "size": a.size, "store": s.dir.name,
-        })
+        rows.append(
+            {
+                "id": vid,
+                "arch": v.arch,
+                "spec": ",".join(specs) or a.record["requested_by"]["spec"],
+                "dtype": v.dtype,
+                "head_dims": f"{v.head_dim}/{v.head_dim_v}",
+                "ratio": v.qhead_per_kvhead,
+                "mask": v.mask,
+                "regime": f"{v.layout}/{v.phase}" + ("/b>256" if v.cu_hint else ""),
+                "page": ("tile_n=" + str(v.tile.n) if v.paged_tma else "other") if v.paged else "",
+                "lse": "yes" if v.return_lse else "",
+                "size": a.size,
+                "store": s.dir.name,
+            }
+        )
     from .blocks import block_size_rows
 
     blocks = block_size_rows(_root(cache))
-    _emit(rows, as_json, ["id", "arch", "spec", "dtype", "head_dims", "ratio", "mask", "regime", "page", "lse", "size"],
-          {"block_sizes": blocks})
+    _emit(
+        rows,
+        as_json,
+        [
+            "id",
+            "arch",
+            "spec",
+            "dtype",
+            "head_dims",
+            "ratio",
+            "mask",
+            "regime",
+            "page",
+            "lse",
+            "size",
+        ],
+        {"block_sizes": blocks},
+    )
     if not as_json and blocks:
         click.echo("")
-        _emit(blocks, False, ["spec", "layer", "arch", "head_dim", "tile_n", "served_page_sizes", "tma_page_size", "preferred"])
+        _emit(
+            blocks,
+            False,
+            [
+                "spec",
+                "layer",
+                "arch",
+                "head_dim",
+                "tile_n",
+                "served_page_sizes",
+                "tma_page_size",
+                "preferred",
+            ],
+        )
 
 
 @main.command()
@@ -192,7 +304,9 @@ def ls_cmd(cache, as_json):
 @click.option("--cache", help="Store root.")
 def inspect(artifact_id, cache):
     """Print an artifact's record (JSON)."""
-    matches = [(s, a) for s, vid, a, _ in _all_artifacts(_root(cache)) if vid.startswith(artifact_id)]
+    matches = [
+        (s, a) for s, vid, a, _ in _all_artifacts(_root(cache)) if vid.startswith(artifact_id)
+    ]
     if not matches:
         click.echo(f"error: no artifact {artifact_id!r} in {_root(cache)}", err=True)
         sys.exit(1)
@@ -207,7 +321,9 @@ def inspect(artifact_id, cache):
 
 
 @main.command()
-@click.option("--cache", help="Store root (default: every $FA4AOT_CACHE_DIR layer, else the user cache dir).")
+@click.option(
+    "--cache", help="Store root (default: every $FA4AOT_CACHE_DIR layer, else the user cache dir)."
+)
 @click.option("--json", "as_json", is_flag=True)
 def verify(cache, as_json):
     """Check every artifact's record and checksums; exit 1 on any problem. Reads only."""
@@ -217,7 +333,9 @@ def verify(cache, as_json):
     for root in [Path(cache)] if cache else default_roots():
         rows += [{**r, "layer": str(root)} for r in verify_root(root)]
     bad = sum(r["status"] != "ok" for r in rows)
-    _emit(rows, as_json, ["id", "store", "status", "error"], {"ok": len(rows) - bad, "corrupt": bad})
+    _emit(
+        rows, as_json, ["id", "store", "status", "error"], {"ok": len(rows) - bad, "corrupt": bad}
+    )
     if not as_json:
         click.echo(f"{len(rows) - bad} ok, {bad} with problems")
     if bad:
@@ -237,22 +355,43 @@ def specs_cmd(arch, specs, as_json):
     for s in resolve_specs(list(specs)):
         plan = plan_for([s], arch)
         for vid, n in plan.variants().items():
-            rows.append({"spec": s.name, "layer": n.layer, "id": vid, "variant": n.variant.describe(), "status": "needed"})
+            rows.append(
+                {
+                    "spec": s.name,
+                    "layer": n.layer,
+                    "id": vid,
+                    "variant": n.variant.describe(),
+                    "status": "needed",
+                }
+            )
         for u in plan.unsupported:
             via = f"; served by {u.served_by}" if u.served_by else ""
-            rows.append({"spec": s.name, "layer": u.layer, "id": "", "variant": "",
-                         "status": f"unsupported: {u.reason}{via}"})
+            rows.append(
+                {
+                    "spec": s.name,
+                    "layer": u.layer,
+                    "id": "",
+                    "variant": "",
+                    "status": f"unsupported: {u.reason}{via}",
+                }
+            )
     _emit(rows, as_json, ["spec", "layer", "id", "variant", "status"])
 
 
 @main.command()
 @click.option("--arch", default="sm90", show_default=True, type=click.Choice(sorted(C.ARCHS)))
-@click.option("--num-sms", type=click.IntRange(1, 1024), help="SM count of the GPU (default: the arch's).")
-@click.option("--dtype", default="bfloat16", show_default=True, type=click.Choice(["bfloat16", "float16"]))
+@click.option(
+    "--num-sms", type=click.IntRange(1, 1024), help="SM count of the GPU (default: the arch's)."
+)
+@click.option(
+    "--dtype", default="bfloat16", show_default=True, type=click.Choice(["bfloat16", "float16"])
+)
 @click.option("--heads", required=True, help="Query heads : KV heads, e.g. 20:1 or 32:8.")
 @click.option("--head-dim", type=click.IntRange(1, 1024), required=True)
 @click.option("--head-dim-v", type=click.IntRange(1, 1024))
-@click.option("--layout", default="dense", show_default=True, type=click.Choice(["dense", "varlen", "paged"]))
+@click.option(
+    "--layout", default="dense", show_default=True, type=click.Choice(["dense", "varlen", "paged"])
+)
 @click.option("--batch", default=1, show_default=True, type=click.IntRange(1))
 @click.option("--seqlen-q", default=1, show_default=True, type=click.IntRange(1))
 @click.option("--page-size", type=click.IntRange(1), help="KV page size (paged layout).")
@@ -261,10 +400,29 @@ def specs_cmd(arch, specs, as_json):
 @click.option("--lse", is_flag=True, help="The call returns the LSE.")
 @click.option("--sink", is_flag=True, help="The call passes float32 learnable sinks.")
 @click.option("--no-padding", is_flag=True, help="As with FA4AOT_PADDING=deny.")
-@click.option("--cache", help="Store root(s), ':'-separated (default: FA4AOT_CACHE_DIR / user cache).")
+@click.option(
+    "--cache", help="Store root(s), ':'-separated (default: FA4AOT_CACHE_DIR / user cache)."
+)
 @click.option("--json", "as_json", is_flag=True)
-def explain(arch, num_sms, dtype, heads, head_dim, head_dim_v, layout, batch, seqlen_q, page_size, causal,
-            window, lse, sink, no_padding, cache, as_json):
+def explain(
+    arch,
+    num_sms,
+    dtype,
+    heads,
+    head_dim,
+    head_dim_v,
+    layout,
+    batch,
+    seqlen_q,
+    page_size,
+    causal,
+    window,
+    lse,
+    sink,
+    no_padding,
+    cache,
+    as_json,
+):
     """How the runtime would serve a call: its variant, then an exact hit, a padding plan
     (with its cost) or the refusal. Exit 1 when nothing can serve it."""
     from .select import choose, nearest
@@ -275,33 +433,76 @@ def explain(arch, num_sms, dtype, heads, head_dim, head_dim_v, layout, batch, se
         hq, hk = (int(x) for x in heads.split(":"))
         assert hq > 0 and hk > 0 and hq % hk == 0
     except (ValueError, AssertionError):
-        raise click.BadParameter(f"expected Q:KV with KV dividing Q, e.g. 32:8; got {heads!r}", param_hint="--heads")
+        raise click.BadParameter(
+            f"expected Q:KV with KV dividing Q, e.g. 32:8; got {heads!r}", param_hint="--heads"
+        )
     if (layout == "paged") != (page_size is not None):
-        raise click.BadParameter("--page-size goes with --layout paged (and only with it)", param_hint="--page-size")
+        raise click.BadParameter(
+            "--page-size goes with --layout paged (and only with it)", param_hint="--page-size"
+        )
     num_sms = num_sms or C.DEFAULT_NUM_SMS[arch]
     varlen = layout != "dense"
-    feat = dict(dtype=dtype, head_dim=head_dim, head_dim_v=head_dim_v or head_dim, num_heads=hq, num_heads_kv=hk,
-                causal=causal, window_left=window, window_right=0 if (window is not None and causal) else None,
-                return_lse=lse, sink_dtype="float32" if sink else None, batch=batch,
-                seqlen_q=None if varlen else seqlen_q, total_q=batch * seqlen_q,
-                max_seqlen_q=seqlen_q if varlen else None, cu_seqlens_q=varlen, cu_seqlens_k=layout == "varlen",
-                seqused_k=layout == "paged", page_size=page_size)
+    feat = dict(
+        dtype=dtype,
+        head_dim=head_dim,
+        head_dim_v=head_dim_v or head_dim,
+        num_heads=hq,
+        num_heads_kv=hk,
+        causal=causal,
+        window_left=window,
+        window_right=0 if (window is not None and causal) else None,
+        return_lse=lse,
+        sink_dtype="float32" if sink else None,
+        batch=batch,
+        seqlen_q=None if varlen else seqlen_q,
+        total_q=batch * seqlen_q,
+        max_seqlen_q=seqlen_q if varlen else None,
+        cu_seqlens_q=varlen,
+        cu_seqlens_k=layout == "varlen",
+        seqused_k=layout == "paged",
+        page_size=page_size,
+    )
     want = features(arch=arch, **feat)
     roots = [Path(p) for p in cache.split(os.pathsep)] if cache else default_roots()
     avail = []
-    for s in find_serving_store(roots, {"arch": arch, "num_sms": num_sms,
-                                        **{k: v for k, v in runtime_expectation(arch, num_sms).items()
-                                           if k not in ("python",)}}):
-        avail += [Variant.from_dict(a.record["variant"]) for _, a in s.iter_artifacts()
-                  if not isinstance(a, Exception)]
-    why = C.unsupported_reason(arch, dtype, head_dim, head_dim_v or head_dim, qhead_per_kvhead=hq // hk)
+    for s in find_serving_store(
+        roots,
+        {
+            "arch": arch,
+            "num_sms": num_sms,
+            **{k: v for k, v in runtime_expectation(arch, num_sms).items() if k not in ("python",)},
+        },
+    ):
+        avail += [
+            Variant.from_dict(a.record["variant"])
+            for _, a in s.iter_artifacts()
+            if not isinstance(a, Exception)
+        ]
+    why = C.unsupported_reason(
+        arch, dtype, head_dim, head_dim_v or head_dim, qhead_per_kvhead=hq // hk
+    )
     choices = choose(arch, feat, avail, allow_padding=not no_padding)
-    doc = {"variant": want.to_dict(), "id": want.id, "description": want.describe(),
-           "fa4_unsupported": why,
-           "choices": [{"id": c.variant.id, "exact": c.exact, "ratio": c.ratio, "head_dim": c.head_dim,
-                        "head_dim_v": c.head_dim_v, "cost": round(c.cost, 3), "plan": c.describe(want)}
-                       for c in choices],
-           "nearest": [] if choices else [{"id": v.id, "description": v.describe()} for v in nearest(want, avail)]}
+    doc = {
+        "variant": want.to_dict(),
+        "id": want.id,
+        "description": want.describe(),
+        "fa4_unsupported": why,
+        "choices": [
+            {
+                "id": c.variant.id,
+                "exact": c.exact,
+                "ratio": c.ratio,
+                "head_dim": c.head_dim,
+                "head_dim_v": c.head_dim_v,
+                "cost": round(c.cost, 3),
+                "plan": c.describe(want),
+            }
+            for c in choices
+        ],
+        "nearest": []
+        if choices
+        else [{"id": v.id, "description": v.describe()} for v in nearest(want, avail)],
+    }
     if as_json:
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
     else:
@@ -321,14 +522,29 @@ def explain(arch, num_sms, dtype, heads, head_dim, head_dim_v, layout, batch, se
 
 
 @main.command()
-@click.option("--spec", "specs", multiple=True, help="Default spec name or TOML path (repeatable). Default: all.")
+@click.option(
+    "--spec",
+    "specs",
+    multiple=True,
+    help="Default spec name or TOML path (repeatable). Default: all.",
+)
 @click.option("--arch", default="sm90", show_default=True, type=click.Choice(sorted(C.ARCHS)))
-@click.option("--num-sms", type=click.IntRange(1, 1024), help="SM count of the target GPU (default: the arch's).")
+@click.option(
+    "--num-sms",
+    type=click.IntRange(1, 1024),
+    help="SM count of the target GPU (default: the arch's).",
+)
 @click.option("--python", "python", help="Python minor of the serving runtime (default: any).")
-@click.option("--cache", help="Store root(s), ':'-separated (default: FA4AOT_CACHE_DIR / user cache).")
-@click.option("--trace/--no-trace", default=True, show_default=True,
-              help="Also trace FA4's real entry points under fake tensors (no GPU, nothing compiled) "
-                   "and check the store holds FA4's exact compile keys (what fa4aot.install serves).")
+@click.option(
+    "--cache", help="Store root(s), ':'-separated (default: FA4AOT_CACHE_DIR / user cache)."
+)
+@click.option(
+    "--trace/--no-trace",
+    default=True,
+    show_default=True,
+    help="Also trace FA4's real entry points under fake tensors (no GPU, nothing compiled) "
+    "and check the store holds FA4's exact compile keys (what fa4aot.install serves).",
+)
 @click.option("--json", "as_json", is_flag=True)
 def coverage(specs, arch, num_sms, python, cache, trace, as_json):
     """Does the store cover the specs' serving envelopes? Each variant: hit, servable by padding
@@ -342,14 +558,22 @@ def coverage(specs, arch, num_sms, python, cache, trace, as_json):
     num_sms = num_sms or C.DEFAULT_NUM_SMS[arch]
     roots = [Path(p) for p in cache.split(os.pathsep)] if cache else default_roots()
     want_tc = build_toolchain(arch, num_sms, python)
-    check = [k for k in ("fa4", "cutlass_dsl", "cutlass_libs", "tvm_ffi", "arch", "num_sms") if want_tc.get(k)]
+    check = [
+        k
+        for k in ("fa4", "cutlass_dsl", "cutlass_libs", "tvm_ffi", "arch", "num_sms")
+        if want_tc.get(k)
+    ]
     if python:
         check.append("python")
     arts = []
     for root in roots:
         for s in stores_at(root):
             if all(s.toolchain.get(k) == want_tc[k] for k in check):
-                arts += [a for _, a in s.iter_artifacts() if not isinstance(a, Exception) and not a.record.get("stub")]
+                arts += [
+                    a
+                    for _, a in s.iter_artifacts()
+                    if not isinstance(a, Exception) and not a.record.get("stub")
+                ]
     avail = [Variant.from_dict(a.record["variant"]) for a in arts]
     keys = {(part, p["key"]) for a in arts for part, p in a.record["parts"].items()}
     spec_list = resolve_specs(list(specs))
@@ -366,14 +590,26 @@ def coverage(specs, arch, num_sms, python, cache, trace, as_json):
         for i, n in enumerate(needs):
             feat = _call_feat(n.call, arch)
             ch = choose(arch, feat, avail)
-            row = {"spec": spec.name, "layer": n.layer, "id": n.variant.id, "variant": n.variant.describe()}
+            row = {
+                "spec": spec.name,
+                "layer": n.layer,
+                "id": n.variant.id,
+                "variant": n.variant.describe(),
+            }
             if ch and ch[0].exact:
                 row["status"] = "hit"
                 if traced is not None:
-                    absent = [f"{name}" for name, ks in traced[i].items() for k in ks if (name, k) not in keys]
+                    absent = [
+                        f"{name}"
+                        for name, ks in traced[i].items()
+                        for k in ks
+                        if (name, k) not in keys
+                    ]
                     if absent:
                         row["status"] = "missing"
-                        row["detail"] = f"FA4 compile key(s) of {', '.join(absent)} not in the store"
+                        row["detail"] = (
+                            f"FA4 compile key(s) of {', '.join(absent)} not in the store"
+                        )
             elif ch:
                 row["status"] = "padding"
                 row["detail"] = ch[0].describe(n.variant)
@@ -383,31 +619,61 @@ def coverage(specs, arch, num_sms, python, cache, trace, as_json):
             missing += row["status"] == "missing"
             rows.append(row)
         for u in plan.unsupported:
-            rows.append({"spec": spec.name, "layer": u.layer, "id": "", "variant": "",
-                         "status": "unsupported", "detail": u.reason + (f"; served by {u.served_by}" if u.served_by else "")})
-    counts = {k: sum(r["status"] == k for r in rows) for k in ("hit", "padding", "missing", "unsupported")}
+            rows.append(
+                {
+                    "spec": spec.name,
+                    "layer": u.layer,
+                    "id": "",
+                    "variant": "",
+                    "status": "unsupported",
+                    "detail": u.reason + (f"; served by {u.served_by}" if u.served_by else ""),
+                }
+            )
+    counts = {
+        k: sum(r["status"] == k for r in rows) for k in ("hit", "padding", "missing", "unsupported")
+    }
     _emit(rows, as_json, ["spec", "layer", "id", "status", "variant", "detail"], {"counts": counts})
     if not as_json:
-        click.echo(f"{counts['hit']} hit, {counts['padding']} by padding, {counts['missing']} missing, "
-                   f"{counts['unsupported']} unsupported by FA4")
+        click.echo(
+            f"{counts['hit']} hit, {counts['padding']} by padding, {counts['missing']} missing, "
+            f"{counts['unsupported']} unsupported by FA4"
+        )
     if missing:
         sys.exit(1)
 
 
 def _call_feat(call, arch):
     varlen = call.layout != "dense"
-    return dict(dtype=call.dtype, head_dim=call.head_dim, head_dim_v=call.head_dim_v, num_heads=call.num_heads,
-                num_heads_kv=call.num_heads_kv, causal=call.causal, window_left=call.window_left,
-                window_right=call.window_right, return_lse=call.return_lse, sink_dtype=call.sink_dtype,
-                batch=call.batch, seqlen_q=None if varlen else call.seqlen_q, total_q=call.batch * call.seqlen_q,
-                max_seqlen_q=call.seqlen_q if varlen else None, cu_seqlens_q=varlen,
-                cu_seqlens_k=call.layout == "varlen", seqused_k=call.layout == "paged", page_size=call.page_size)
+    return dict(
+        dtype=call.dtype,
+        head_dim=call.head_dim,
+        head_dim_v=call.head_dim_v,
+        num_heads=call.num_heads,
+        num_heads_kv=call.num_heads_kv,
+        causal=call.causal,
+        window_left=call.window_left,
+        window_right=call.window_right,
+        return_lse=call.return_lse,
+        sink_dtype=call.sink_dtype,
+        batch=call.batch,
+        seqlen_q=None if varlen else call.seqlen_q,
+        total_q=call.batch * call.seqlen_q,
+        max_seqlen_q=call.seqlen_q if varlen else None,
+        cu_seqlens_q=varlen,
+        cu_seqlens_k=call.layout == "varlen",
+        seqused_k=call.layout == "paged",
+        page_size=call.page_size,
+    )
 
 
 @main.command()
-@click.option("--enable", "action", flag_value="enable", help="Write the .pth hook into site-packages.")
+@click.option(
+    "--enable", "action", flag_value="enable", help="Write the .pth hook into site-packages."
+)
 @click.option("--disable", "action", flag_value="disable", help="Remove it.")
-@click.option("--status", "action", flag_value="status", default=True, help="Show where it is (default).")
+@click.option(
+    "--status", "action", flag_value="status", default=True, help="Show where it is (default)."
+)
 def hook(action):
     """Manage the site-packages hook that runs fa4aot.install() when FA4AOT_INSTALL is set."""
     import sysconfig
@@ -419,7 +685,9 @@ def hook(action):
         from .store import atomic_write
 
         atomic_write(path, PTH_LINE.encode())
-        click.echo(f"enabled: {path} (set FA4AOT_INSTALL=error|warn|jit in the server's environment)")
+        click.echo(
+            f"enabled: {path} (set FA4AOT_INSTALL=error|warn|jit in the server's environment)"
+        )
     elif action == "disable":
         existed = path.exists()
         path.unlink(missing_ok=True)
@@ -431,7 +699,9 @@ def hook(action):
 @main.command()
 @click.argument("output", type=click.Path(dir_okay=False))
 @click.option("--cache", help="Store root (default: the $FA4AOT_CACHE_DIR layers, in order).")
-@click.option("--store", "store_name", help="Fingerprint directory (or a prefix) when there are several.")
+@click.option(
+    "--store", "store_name", help="Fingerprint directory (or a prefix) when there are several."
+)
 @click.option("--json", "as_json", is_flag=True)
 def pack(output, cache, store_name, as_json):
     """Write one store to a tar archive (.tar, .tar.gz, .tar.xz) for `fa4aot unpack` elsewhere.
@@ -440,8 +710,9 @@ def pack(output, cache, store_name, as_json):
     from .store import default_roots
 
     res = run_pack([Path(cache)] if cache else default_roots(), Path(output), store_name)
-    rows = [{"id": i, "status": "packed"} for i in res.artifacts] + \
-        [{"id": r["id"], "status": "skipped", "error": r["error"]} for r in res.skipped]
+    rows = [{"id": i, "status": "packed"} for i in res.artifacts] + [
+        {"id": r["id"], "status": "skipped", "error": r["error"]} for r in res.skipped
+    ]
     if as_json:
         _emit(rows, True, [], {"archive": str(res.path), "store": res.store})
     else:
@@ -454,7 +725,10 @@ def pack(output, cache, store_name, as_json):
 
 @main.command()
 @click.argument("archive", type=click.Path(exists=True, dir_okay=False))
-@click.option("--cache", help="Store root to import into (default: the first writable $FA4AOT_CACHE_DIR layer).")
+@click.option(
+    "--cache",
+    help="Store root to import into (default: the first writable $FA4AOT_CACHE_DIR layer).",
+)
 @click.option("--json", "as_json", is_flag=True)
 def unpack(archive, cache, as_json):
     """Import an archive from `fa4aot pack`. Every member and checksum is checked first: an
@@ -468,8 +742,10 @@ def unpack(archive, cache, as_json):
     if as_json:
         _emit(res.rows, True, [], {"store": str(res.store), "counts": counts})
     else:
-        click.echo(f"added {counts['added']}, replaced {counts['replaced']} (corrupt), "
-                   f"already present {counts['present']} -> {res.store}")
+        click.echo(
+            f"added {counts['added']}, replaced {counts['replaced']} (corrupt), "
+            f"already present {counts['present']} -> {res.store}"
+        )
 
 
 if __name__ == "__main__":

@@ -23,11 +23,15 @@ def configure(arch: str, num_sms: int) -> None:
     """Set the cross-compile target. Must run before the first FA4 import in this process."""
     global _CONFIGURED
     if _CONFIGURED is not None and _CONFIGURED != (arch, num_sms):
-        raise RuntimeError(f"this process already targets {_CONFIGURED}; use one process per target")
+        raise RuntimeError(
+            f"this process already targets {_CONFIGURED}; use one process per target"
+        )
     if _CONFIGURED is None and "flash_attn.cute" in sys.modules:
         # FA4 fixes its target arch and its disk-cache setting when it is imported
-        raise RuntimeError("flash_attn.cute was imported before fa4aot.compiler.configure(): "
-                           "configure the cross-compile target first (one process per target)")
+        raise RuntimeError(
+            "flash_attn.cute was imported before fa4aot.compiler.configure(): "
+            "configure the cross-compile target first (one process per target)"
+        )
     num = arch[2:]
     # FA4's own disk cache must stay off: trace() clears FA4's caches, which with it enabled
     # would delete the user's cached kernels, and keys could be served from disk unseen.
@@ -54,18 +58,23 @@ def _fa4():
 
 def _caches():
     _, I = _fa4()
-    return {"fwd": I._flash_attn_fwd.compile_cache, "tile_cumsum": I._compute_tile_cumsum.compile_cache,
-            "blocks_to_batch": I._compute_blocks_to_batch.compile_cache}
+    return {
+        "fwd": I._flash_attn_fwd.compile_cache,
+        "tile_cumsum": I._compute_tile_cumsum.compile_cache,
+        "blocks_to_batch": I._compute_blocks_to_batch.compile_cache,
+    }
 
 
 def key_repr(key: Any) -> str:
     """A readable, stable rendering of an FA4 compile key (it holds cutlass type objects)."""
+
     def r(x):
         if isinstance(x, tuple):
             return "(" + ", ".join(r(i) for i in x) + ("," if len(x) == 1 else "") + ")"
         if isinstance(x, type):
             return x.__name__
         return repr(x)
+
     return r(key)
 
 
@@ -80,10 +89,15 @@ def fake_call(call: Call):
     hq, hk, d, dv = call.num_heads, call.num_heads_kv, call.head_dim, call.head_dim_v
     with FakeTensorMode():
         dev = "cuda"
-        kw: dict[str, Any] = dict(causal=call.causal, window_size=(call.window_left, call.window_right),
-                                  return_lse=call.return_lse)
+        kw: dict[str, Any] = dict(
+            causal=call.causal,
+            window_size=(call.window_left, call.window_right),
+            return_lse=call.return_lse,
+        )
         if call.sink_dtype:
-            kw["learnable_sink"] = torch.empty(hq, dtype=getattr(torch, call.sink_dtype), device=dev)
+            kw["learnable_sink"] = torch.empty(
+                hq, dtype=getattr(torch, call.sink_dtype), device=dev
+            )
         if call.layout == "dense":
             q = torch.empty(b, sq, hq, d, dtype=dt, device=dev)
             k = torch.empty(b, sk, hk, d, dtype=dt, device=dev)
@@ -95,14 +109,19 @@ def fake_call(call: Call):
         if call.layout == "varlen":
             k = torch.empty(b * sk, hk, d, dtype=dt, device=dev)
             v = torch.empty(b * sk, hk, dv, dtype=dt, device=dev)
-            kw.update(cu_seqlens_k=torch.empty(b + 1, dtype=torch.int32, device=dev), max_seqlen_k=sk)
+            kw.update(
+                cu_seqlens_k=torch.empty(b + 1, dtype=torch.int32, device=dev), max_seqlen_k=sk
+            )
         else:
             p = call.page_size
             npages = -(-sk // p)
             k = torch.empty(b * npages, p, hk, d, dtype=dt, device=dev)
             v = torch.empty(b * npages, p, hk, dv, dtype=dt, device=dev)
-            kw.update(page_table=torch.empty(b, npages, dtype=torch.int32, device=dev),
-                      seqused_k=torch.empty(b, dtype=torch.int32, device=dev), max_seqlen_k=sk)
+            kw.update(
+                page_table=torch.empty(b, npages, dtype=torch.int32, device=dev),
+                seqused_k=torch.empty(b, dtype=torch.int32, device=dev),
+                max_seqlen_k=sk,
+            )
         fa.flash_attn_varlen_func(q, k, v, **kw)
 
 
@@ -136,11 +155,15 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
     seconds = time.perf_counter() - t0
     fwd = got["fwd"]
     if len(fwd) != 1:
-        raise RuntimeError(f"expected one forward kernel for {variant.describe()}, FA4 compiled {len(fwd)}")
+        raise RuntimeError(
+            f"expected one forward kernel for {variant.describe()}, FA4 compiled {len(fwd)}"
+        )
     helpers = {n: got[n] for n in SHIPPED_HELPERS}
     for name, entries in helpers.items():
         if variant.cu_hint != bool(entries):
-            raise RuntimeError(f"{name} helper presence disagrees with cu_hint for {variant.describe()}")
+            raise RuntimeError(
+                f"{name} helper presence disagrees with cu_hint for {variant.describe()}"
+            )
     parts: dict[str, Any] = {}
     for name, entries in [("fwd", fwd), *helpers.items()]:
         for key, fn in entries:
@@ -160,7 +183,10 @@ def runtime_library_dirs() -> list[str]:
 
     from . import runtime_lib
 
-    return [str(Path(runtime_lib.find_runtime_lib()).parent), str(Path(tvm_ffi.__file__).parent / "lib")]
+    return [
+        str(Path(runtime_lib.find_runtime_lib()).parent),
+        str(Path(tvm_ffi.__file__).parent / "lib"),
+    ]
 
 
 def jit_flash_attn_func(*args, **kwargs):
@@ -242,13 +268,25 @@ def variant_from_fa4_key(key, arch: str) -> Variant | None:
         sink = key[24]
         paged = bool(key[21])
         return Variant(
-            arch=arch, dtype=_CUTE_DTYPES[key[3].__name__], head_dim=int(key[4]), head_dim_v=int(key[5]),
-            qhead_per_kvhead=int(key[6]), causal=causal, local=not causal and (has_wl or has_wr),
-            has_window_left=has_wl, has_window_right=has_wr, return_lse=not key[16],
+            arch=arch,
+            dtype=_CUTE_DTYPES[key[3].__name__],
+            head_dim=int(key[4]),
+            head_dim_v=int(key[5]),
+            qhead_per_kvhead=int(key[6]),
+            causal=causal,
+            local=not causal and (has_wl or has_wr),
+            has_window_left=has_wl,
+            has_window_right=has_wr,
+            return_lse=not key[16],
             sink_dtype=None if sink is None else _CUTE_DTYPES[sink.__name__],
-            cu_seqlens_q=not key[17], cu_seqlens_k=not key[18], seqused_q=not key[19],
-            seqused_k=not key[20], paged=paged, paged_tma=bool(key[37]) if paged else None,
-            cu_hint=bool(key[51]), static_persistent=bool(key[55]),
+            cu_seqlens_q=not key[17],
+            cu_seqlens_k=not key[18],
+            seqused_q=not key[19],
+            seqused_k=not key[20],
+            paged=paged,
+            paged_tma=bool(key[37]) if paged else None,
+            cu_hint=bool(key[51]),
+            static_persistent=bool(key[55]),
         )
     except (IndexError, KeyError, AttributeError, TypeError):
         return None
@@ -301,11 +339,14 @@ class _Installed:
             raise ArtifactMissing(
                 f"fa4aot.install(on_miss='error'): FA4 needs a {name} kernel the store does not hold "
                 f"(FA4 compile key {rendered}); nothing was compiled. Check coverage with: fa4aot "
-                f"coverage --spec <your spec>; record misses with FA4AOT_MISS_LOG and rebuild")
+                f"coverage --spec <your spec>; record misses with FA4AOT_MISS_LOG and rebuild"
+            )
         if self.on_miss == "warn":
             import logging
 
-            logging.getLogger("fa4aot").warning("fa4aot: %s miss, FA4 compiles it: %s", name, rendered)
+            logging.getLogger("fa4aot").warning(
+                "fa4aot: %s miss, FA4 compiles it: %s", name, rendered
+            )
 
 
 def _device_arch() -> tuple[str, int]:
@@ -327,7 +368,8 @@ class _CompileMonitor:
         if self.state.on_miss == "error":
             raise CompileAttempt(
                 "fa4aot.install(on_miss='error'): flash_attn.cute tried to compile a kernel; "
-                "a serving process must not compile. Build it ahead of time (fa4aot build).")
+                "a serving process must not compile. Build it ahead of time (fa4aot build)."
+            )
 
     def __call__(self, *args, **kwargs):
         self._check()

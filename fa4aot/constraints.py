@@ -66,7 +66,7 @@ def unsupported_reason(
 # Forward features upstream FA4 (4.0.0b36) implements only on sm100: the alternative to name.
 SM100_ONLY_FEATURES = {
     "fp8": "FP8 (e4m3/e5m2) Q/K/V; on sm90 keep the KV cache in bfloat16/float16, or use FA3's "
-           "FP8 kernels (flash_attn_interface) or FlashInfer",
+    "FP8 kernels (flash_attn_interface) or FlashInfer",
     "mla": "MLA absorbed attention (head_dim_v 512, qv); on sm90 use FlashMLA or FlashInfer's MLA",
     "split_kv": "split-KV (num_splits > 1); on sm90 FA4 runs num_splits=1 and fa4aot builds that",
 }
@@ -115,7 +115,12 @@ def resolve_window(
     causal: bool, window_left: int | None, window_right: int | None
 ) -> tuple[bool, bool, int | None, int | None]:
     """FA4's `_resolve_causal_local_window`: -> (causal, local, window_left, window_right)."""
-    if window_left is not None and window_right is not None and window_left < 0 and window_right < 0:
+    if (
+        window_left is not None
+        and window_right is not None
+        and window_left < 0
+        and window_right < 0
+    ):
         window_left = window_right = None
     if causal:
         window_right = 0

@@ -26,7 +26,9 @@ from .store import default_roots
 ON_MISS = ("error", "warn", "jit")
 
 
-def install(cache=None, on_miss: str = "error", *, arch: str | None = None, num_sms: int | None = None):
+def install(
+    cache=None, on_miss: str = "error", *, arch: str | None = None, num_sms: int | None = None
+):
     """Serve flash_attn.cute's kernels from the store. Returns counters (hits, compiles, misses).
 
     arch/num_sms default to GPU 0's; pass them to install on a machine with no GPU (tests)."""

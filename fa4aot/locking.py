@@ -39,15 +39,41 @@ from typing import Iterator
 
 from .errors import BuildError
 
-LOCAL_FS = frozenset({
-    "ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "ramfs", "zfs", "f2fs", "jfs", "reiserfs",
-    "bcachefs", "nilfs2", "overlay", "devtmpfs", "hfsplus", "apfs", "ufs",
-})
+LOCAL_FS = frozenset(
+    {
+        "ext2",
+        "ext3",
+        "ext4",
+        "xfs",
+        "btrfs",
+        "tmpfs",
+        "ramfs",
+        "zfs",
+        "f2fs",
+        "jfs",
+        "reiserfs",
+        "bcachefs",
+        "nilfs2",
+        "overlay",
+        "devtmpfs",
+        "hfsplus",
+        "apfs",
+        "ufs",
+    }
+)
 # Object-store mounts emulate rename by copy + delete: a reader can see half a directory.
-NO_ATOMIC_RENAME_FS = frozenset({
-    "fuse.s3fs", "fuse.gcsfuse", "fuse.goofys", "fuse.mountpoint-s3", "fuse.rclone",
-    "fuse.blobfuse", "fuse.blobfuse2", "fuse.geesefs",
-})
+NO_ATOMIC_RENAME_FS = frozenset(
+    {
+        "fuse.s3fs",
+        "fuse.gcsfuse",
+        "fuse.goofys",
+        "fuse.mountpoint-s3",
+        "fuse.rclone",
+        "fuse.blobfuse",
+        "fuse.blobfuse2",
+        "fuse.geesefs",
+    }
+)
 
 
 class LockTimeout(BuildError):
@@ -95,8 +121,10 @@ def write_refusal(directory: Path) -> str | None:
     """Why builds must not write under `directory` (None: they may)."""
     kind = fs_type(directory)
     if kind in NO_ATOMIC_RENAME_FS:
-        return (f"{directory} is on {kind}, which has no atomic rename: readers could see "
-                "half-published artifacts. Build on a local disk, then `fa4aot pack` / `unpack`.")
+        return (
+            f"{directory} is on {kind}, which has no atomic rename: readers could see "
+            "half-published artifacts. Build on a local disk, then `fa4aot pack` / `unpack`."
+        )
     return None
 
 
@@ -110,8 +138,10 @@ def hold(path: Path, timeout: float, mode: str | None = None) -> Iterator[None]:
 
 def _wait(deadline: float, delay: float, path: Path, holder: str = "") -> float:
     if time.monotonic() >= deadline:
-        raise LockTimeout(f"{path}: still held{' by ' + holder if holder else ''}; "
-                          "another build is running or stuck (kill it, then retry)")
+        raise LockTimeout(
+            f"{path}: still held{' by ' + holder if holder else ''}; "
+            "another build is running or stuck (kill it, then retry)"
+        )
     time.sleep(delay)
     return min(delay * 2, 0.1)
 
@@ -269,8 +299,14 @@ def clear_if_stale(path: Path) -> bool:
 
 @contextmanager
 def _marker(path: Path, timeout: float) -> Iterator[None]:
-    me = json.dumps({"machine": _machine(), "pid": os.getpid(),
-                     "start": _start_time(os.getpid()), "nonce": secrets.token_hex(8)})
+    me = json.dumps(
+        {
+            "machine": _machine(),
+            "pid": os.getpid(),
+            "start": _start_time(os.getpid()),
+            "nonce": secrets.token_hex(8),
+        }
+    )
     deadline, delay = time.monotonic() + timeout, 0.002
     while not _try_create(path, me):
         seen = _read(str(path))

@@ -40,7 +40,9 @@ def record_miss(variant: Variant, path: str | None = None) -> bool:
             existing = read_misses(path)
             if variant.id in {v.id for v in existing} or len(existing) >= _max_lines():
                 return False
-            line = json.dumps({"id": variant.id, "variant": variant.to_dict()}, sort_keys=True) + "\n"
+            line = (
+                json.dumps({"id": variant.id, "variant": variant.to_dict()}, sort_keys=True) + "\n"
+            )
             fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
             try:
                 # a writer killed mid-line left no newline: ours must not be glued to its tail

@@ -63,8 +63,12 @@ def _arch_of(device: torch.device) -> tuple[str, int]:
 class Runtime:
     """Serves calls from a layered store. Thread-safe; loads each artifact once per process."""
 
-    def __init__(self, roots: list[Path] | None = None, on_miss: str | None = None,
-                 allow_unsafe_dirs: bool | None = None):
+    def __init__(
+        self,
+        roots: list[Path] | None = None,
+        on_miss: str | None = None,
+        allow_unsafe_dirs: bool | None = None,
+    ):
         self.roots = [Path(r) for r in roots] if roots else default_roots()
         self.on_miss = on_miss or os.environ.get("FA4AOT_ON_MISS", "error")
         if self.on_miss not in ON_MISS:
@@ -132,7 +136,9 @@ class Runtime:
                 self._modules[art.id] = (fwd, helper, art)
             fwd, helper, art = self._modules[art.id]
             hp = art.record["parts"].get("tile_cumsum", {})
-            return _Plan(variant, fwd, helper, bool(hp.get("cu_seqlens")), bool(hp.get("seqused")), art)
+            return _Plan(
+                variant, fwd, helper, bool(hp.get("cu_seqlens")), bool(hp.get("seqused")), art
+            )
 
     def miss(self, variant: Variant, num_sms: int, allow_padding: bool) -> None:
         from .missing import record_miss
@@ -200,8 +206,10 @@ def _prep(t: torch.Tensor, name: str, contiguous_ok: bool) -> torch.Tensor:
     if contiguous_ok:
         # FA4's maybe_contiguous does the same; the copy is the price of a strided input.
         return t.clone(memory_format=torch.contiguous_format)
-    raise _fail(f"{name} must have a 16-byte aligned base, a contiguous last dim and 16-byte "
-                f"aligned strides (got strides {tuple(t.stride())}); pass .contiguous()")
+    raise _fail(
+        f"{name} must have a 16-byte aligned base, a contiguous last dim and 16-byte "
+        f"aligned strides (got strides {tuple(t.stride())}); pass .contiguous()"
+    )
 
 
 def _int_vec(t: Any, name: str, n: int | None, device: int) -> torch.Tensor:
@@ -222,7 +230,9 @@ def _check_qkv(q, k, v) -> int:
     """Checks shared by both entry points; -> q's device index (-1: not CUDA, refused later,
     after every other check, so that input checks are testable on a CPU). On the hot path:
     every attribute is read once."""
-    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
+    if not (
+        isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
+    ):
         bad = next(n for n, t in (("q", q), ("k", k), ("v", v)) if not isinstance(t, torch.Tensor))
         raise _fail(f"{bad} must be a torch.Tensor, got {type(locals()[bad]).__name__}")
     dq = q.get_device()
@@ -236,8 +246,10 @@ def _check_qkv(q, k, v) -> int:
         raise _fail(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     qs, ks, vs = q.shape, k.shape, v.shape
     if len(qs) < 3 or len(ks) < 3 or len(vs) < 3:  # found by fuzzing: 0-d/1-d inputs hit IndexError
-        raise _fail(f"q, k, v must be (..., heads, head_dim), got shapes {tuple(qs)}, "
-                    f"{tuple(ks)}, {tuple(vs)}")
+        raise _fail(
+            f"q, k, v must be (..., heads, head_dim), got shapes {tuple(qs)}, "
+            f"{tuple(ks)}, {tuple(vs)}"
+        )
     if qs[-1] != ks[-1]:
         raise _fail(f"q and k head_dim differ: {qs[-1]} vs {ks[-1]}")
     hq, hk = qs[-2], ks[-2]
@@ -270,8 +282,10 @@ def _sink(learnable_sink, hq: int, device: int) -> str | None:
     if not isinstance(learnable_sink, torch.Tensor) or learnable_sink.dtype not in _SINK_DTYPES:
         raise _fail("learnable_sink must be a float32/bfloat16/float16 tensor")
     if tuple(learnable_sink.shape) != (hq,) or learnable_sink.get_device() != device:
-        raise _fail(f"learnable_sink must have shape ({hq},) on device {device}, got "
-                    f"{tuple(learnable_sink.shape)} on {learnable_sink.device}")
+        raise _fail(
+            f"learnable_sink must have shape ({hq},) on device {device}, got "
+            f"{tuple(learnable_sink.shape)} on {learnable_sink.device}"
+        )
     return _SINK_DTYPES[learnable_sink.dtype]
 
 
@@ -287,7 +301,9 @@ def _resolve(rt: Runtime, fkey: tuple, feat_kwargs: dict, device, allow_padding:
     if why:
         raise UnsupportedVariant(why)
     variant = features(arch=arch, **feat_kwargs)
-    why = C.unsupported_reason(arch, feat_kwargs["dtype"], feat_kwargs["head_dim"], feat_kwargs["head_dim_v"])
+    why = C.unsupported_reason(
+        arch, feat_kwargs["dtype"], feat_kwargs["head_dim"], feat_kwargs["head_dim_v"]
+    )
     plan = None if why else rt.plan(variant, sms)
     if plan is None and allow_padding:
         from .select import choose
@@ -297,13 +313,16 @@ def _resolve(rt: Runtime, fkey: tuple, feat_kwargs: dict, device, allow_padding:
             inner = rt.plan(choices[0].variant, sms)
             if inner is not None:
                 plan = replace(inner, pad=choices[0])
-                log.debug("fa4aot: %s served by %s", variant.describe(), choices[0].describe(variant))
+                log.debug(
+                    "fa4aot: %s served by %s", variant.describe(), choices[0].describe(variant)
+                )
     if plan is None and why:
         raise UnsupportedVariant(f"{variant.describe()}: {why}")
     if plan is None:
         return None  # caller decides (miss policy)
     _, _, plan.window_left, plan.window_right = C.resolve_window(
-        feat_kwargs["causal"], feat_kwargs["window_left"], feat_kwargs["window_right"])
+        feat_kwargs["causal"], feat_kwargs["window_left"], feat_kwargs["window_right"]
+    )
     rt._plans[fkey] = plan
     return plan
 
@@ -344,8 +363,10 @@ def flash_attn_func(
     dq = _check_qkv(q, k, v)
     qs, ks, vs = q.shape, k.shape, v.shape
     if len(qs) != 4 or len(ks) != 4 or len(vs) != 4:
-        raise _fail(f"flash_attn_func takes 4-D q/k/v (batch, seqlen, heads, head_dim), got "
-                    f"{q.dim()}-D/{k.dim()}-D/{v.dim()}-D; use flash_attn_varlen_func for packed inputs")
+        raise _fail(
+            f"flash_attn_func takes 4-D q/k/v (batch, seqlen, heads, head_dim), got "
+            f"{q.dim()}-D/{k.dim()}-D/{v.dim()}-D; use flash_attn_varlen_func for packed inputs"
+        )
     b, sq, hq, d = qs
     _, sk, hk, dv = vs
     if ks[0] != b or ks[1] != sk or vs[0] != b:
@@ -360,23 +381,72 @@ def flash_attn_func(
     pad_ok = rt.padding if padding is None else bool(padding)
     if not (_aligned(q) and _aligned(k) and _aligned(v)):
         q, k, v = _prep(q, "q", pad_ok), _prep(k, "k", pad_ok), _prep(v, "v", pad_ok)
-    fkey = ("dense", q.dtype, d, dv, hq // hk, bool(causal), wl, wr,
-            return_lse, sink_dt, min(sq, 193), dq, pad_ok)
+    fkey = (
+        "dense",
+        q.dtype,
+        d,
+        dv,
+        hq // hk,
+        bool(causal),
+        wl,
+        wr,
+        return_lse,
+        sink_dt,
+        min(sq, 193),
+        dq,
+        pad_ok,
+    )
     plan = rt._plans.get(fkey)
     if plan is None:
         _require_cuda(dq, q)
         dev = q.device
-        feat = dict(dtype=_DTYPES[q.dtype], head_dim=d, head_dim_v=dv, num_heads=hq, num_heads_kv=hk,
-                    causal=bool(causal), window_left=wl, window_right=wr, return_lse=return_lse,
-                    sink_dtype=sink_dt, batch=b, seqlen_q=sq, total_q=b * sq, max_seqlen_q=None)
+        feat = dict(
+            dtype=_DTYPES[q.dtype],
+            head_dim=d,
+            head_dim_v=dv,
+            num_heads=hq,
+            num_heads_kv=hk,
+            causal=bool(causal),
+            window_left=wl,
+            window_right=wr,
+            return_lse=return_lse,
+            sink_dtype=sink_dt,
+            batch=b,
+            seqlen_q=sq,
+            total_q=b * sq,
+            max_seqlen_q=None,
+        )
         plan = _resolve(rt, fkey, feat, dev, pad_ok)
         if plan is None:
-            return _on_miss(rt, fkey, feat, dev, "jit_flash_attn_func", (q, k, v),
-                            dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
-                                 learnable_sink=learnable_sink, return_lse=return_lse), pad_ok)
+            return _on_miss(
+                rt,
+                fkey,
+                feat,
+                dev,
+                "jit_flash_attn_func",
+                (q, k, v),
+                dict(
+                    softmax_scale=softmax_scale,
+                    causal=causal,
+                    window_size=window_size,
+                    learnable_sink=learnable_sink,
+                    return_lse=return_lse,
+                ),
+                pad_ok,
+            )
     if plan.pad is not None:
-        return _padded(flash_attn_func, plan.pad, q, k, v, hk, learnable_sink, softmax_scale,
-                       dict(causal=causal, window_size=window_size, return_lse=return_lse), varlen=False)
+        return _padded(
+            flash_attn_func,
+            plan.pad,
+            q,
+            k,
+            v,
+            hk,
+            learnable_sink,
+            softmax_scale,
+            dict(causal=causal, window_size=window_size, return_lse=return_lse),
+            varlen=False,
+        )
     out = q.new_empty((b, sq, hq, dv))
     lse = q.new_empty((b, hq, sq), dtype=torch.float32) if return_lse else None
     if sq == 0 or sk == 0 or b == 0:
@@ -385,8 +455,26 @@ def flash_attn_func(
         softmax_scale = 1.0 / math.sqrt(d)
     if learnable_sink is not None and learnable_sink.stride(0) != 1:
         learnable_sink = learnable_sink.contiguous()
-    plan.fwd(q, k, v, out, lse, float(softmax_scale), None, None, None, None, None,
-             plan.window_left, plan.window_right, learnable_sink, None, _NO_AUX, None, None)
+    plan.fwd(
+        q,
+        k,
+        v,
+        out,
+        lse,
+        float(softmax_scale),
+        None,
+        None,
+        None,
+        None,
+        None,
+        plan.window_left,
+        plan.window_right,
+        learnable_sink,
+        None,
+        _NO_AUX,
+        None,
+        None,
+    )
     return out, lse
 
 
@@ -419,7 +507,9 @@ def _padded(entry, choice, q, k, v, hk, sink, softmax_scale, kw, varlen):
     if sink is not None:
         # padded heads' sinks: any finite value (their rows are cropped); 0 keeps them tame
         sinkp = torch.nn.functional.pad(sink.reshape(hk, r), (0, r2 - r)).reshape(hk * r2)
-    out, lse = entry(qp, kp, vp, softmax_scale=softmax_scale, learnable_sink=sinkp, padding=False, **kw)
+    out, lse = entry(
+        qp, kp, vp, softmax_scale=softmax_scale, learnable_sink=sinkp, padding=False, **kw
+    )
     lead = out.shape[:-2]
     out = out.reshape(*lead, hk, r2, choice.head_dim_v)[..., :r, :dv].reshape(*lead, hq, dv)
     if lse is not None:
@@ -436,7 +526,9 @@ def _empty(out, lse, sink, varlen):
         if sink is None:
             lse.fill_(float("-inf"))
         else:
-            lse.copy_(sink[:, None].expand_as(lse) if varlen else sink[None, :, None].expand_as(lse))
+            lse.copy_(
+                sink[:, None].expand_as(lse) if varlen else sink[None, :, None].expand_as(lse)
+            )
     return out, lse
 
 
@@ -473,7 +565,9 @@ def flash_attn_varlen_func(
     varlen_q = cu_seqlens_q is not None
     if varlen_q:
         if q.dim() != 3:
-            raise _fail(f"with cu_seqlens_q, q must be (total_q, heads, head_dim), got {tuple(q.shape)}")
+            raise _fail(
+                f"with cu_seqlens_q, q must be (total_q, heads, head_dim), got {tuple(q.shape)}"
+            )
         if not isinstance(cu_seqlens_q, torch.Tensor):
             raise _fail("cu_seqlens_q must be an int32 tensor")
         batch = cu_seqlens_q.shape[0] - 1 if cu_seqlens_q.dim() == 1 else -1
@@ -484,29 +578,43 @@ def flash_attn_varlen_func(
         sq_dense = None
     else:
         if q.dim() != 4:
-            raise _fail(f"without cu_seqlens_q, q must be (batch, seqlen, heads, head_dim), got {tuple(q.shape)}")
+            raise _fail(
+                f"without cu_seqlens_q, q must be (batch, seqlen, heads, head_dim), got {tuple(q.shape)}"
+            )
         batch, sq_dense, hq, d = q.shape
         total_q = batch * sq_dense
-    if max_seqlen_q is not None and (isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, int) or max_seqlen_q < 0):
+    if max_seqlen_q is not None and (
+        isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, int) or max_seqlen_q < 0
+    ):
         raise _fail(f"max_seqlen_q must be a non-negative host int or None, got {max_seqlen_q!r}")
     if seqused_q is not None:
         _int_vec(seqused_q, "seqused_q", batch, dev)
     paged = page_table is not None
     if paged:
         if cu_seqlens_k is not None:
-            raise _fail("page_table and cu_seqlens_k cannot be combined: pass KV lengths as seqused_k")
+            raise _fail(
+                "page_table and cu_seqlens_k cannot be combined: pass KV lengths as seqused_k"
+            )
         if not isinstance(page_table, torch.Tensor) or page_table.dtype != torch.int32:
-            raise _fail(f"page_table must be an int32 tensor, got {getattr(page_table, 'dtype', type(page_table).__name__)}")
+            raise _fail(
+                f"page_table must be an int32 tensor, got {getattr(page_table, 'dtype', type(page_table).__name__)}"
+            )
         if page_table.dim() != 2 or page_table.shape[0] != batch:
-            raise _fail(f"page_table must have shape ({batch}, max_pages), got {tuple(page_table.shape)}")
+            raise _fail(
+                f"page_table must have shape ({batch}, max_pages), got {tuple(page_table.shape)}"
+            )
         if page_table.get_device() != dev:
             raise _fail(f"page_table is on {page_table.device}, q is on device {dev}")
         if page_table.stride(-1) != 1 and page_table.shape[-1] > 1:
             raise _fail("page_table must be contiguous in its last dimension")
-        if page_table.data_ptr() % 4 or (page_table.shape[0] > 1 and page_table.stride(0) < page_table.shape[1]):
+        if page_table.data_ptr() % 4 or (
+            page_table.shape[0] > 1 and page_table.stride(0) < page_table.shape[1]
+        ):
             raise _fail("page_table rows must not overlap; pass page_table.contiguous()")
         if k.dim() != 4 or v.dim() != 4:
-            raise _fail(f"paged k/v must be (num_pages, page_size, kv_heads, head_dim), got {tuple(k.shape)}")
+            raise _fail(
+                f"paged k/v must be (num_pages, page_size, kv_heads, head_dim), got {tuple(k.shape)}"
+            )
         num_pages, page_size, hk, _ = k.shape
         if tuple(v.shape[:3]) != (num_pages, page_size, hk):
             raise _fail(f"k {tuple(k.shape)} and v {tuple(v.shape)} page layouts differ")
@@ -517,10 +625,14 @@ def flash_attn_varlen_func(
         page_size = None
         if cu_seqlens_k is not None:
             if k.dim() != 3 or v.dim() != 3:
-                raise _fail(f"with cu_seqlens_k, k/v must be (total_k, kv_heads, head_dim), got {tuple(k.shape)}")
+                raise _fail(
+                    f"with cu_seqlens_k, k/v must be (total_k, kv_heads, head_dim), got {tuple(k.shape)}"
+                )
             _int_vec(cu_seqlens_k, "cu_seqlens_k", batch + 1, dev)
         elif k.dim() != 4 or v.dim() != 4 or k.shape[0] != batch:
-            raise _fail(f"without cu_seqlens_k or page_table, k/v must be (batch={batch}, seqlen, heads, dim), got {tuple(k.shape)}")
+            raise _fail(
+                f"without cu_seqlens_k or page_table, k/v must be (batch={batch}, seqlen, heads, dim), got {tuple(k.shape)}"
+            )
         if k.shape[:-1] != v.shape[:-1]:
             raise _fail(f"k {tuple(k.shape)} and v {tuple(v.shape)} differ")
         hk = k.shape[-2]
@@ -531,39 +643,113 @@ def flash_attn_varlen_func(
     wl, wr = _window(window_size)
     sink_dt = _sink(learnable_sink, hq, dev)
     return_lse = bool(return_lse)
-    eff_q = (max_seqlen_q if max_seqlen_q is not None else (total_q if varlen_q else sq_dense))
+    eff_q = max_seqlen_q if max_seqlen_q is not None else (total_q if varlen_q else sq_dense)
     rt = default_runtime()
     pad_ok = rt.padding if padding is None else bool(padding)
-    fkey = ("varlen", q.dtype, d, dv, hq // hk, bool(causal), wl, wr, return_lse, sink_dt,
-            varlen_q, cu_seqlens_k is not None, seqused_q is not None, seqused_k is not None,
-            page_size, batch > C.BIN_BATCH_SEARCH_THRESH, max_seqlen_q is None, min(eff_q, 193), dev, pad_ok)
+    fkey = (
+        "varlen",
+        q.dtype,
+        d,
+        dv,
+        hq // hk,
+        bool(causal),
+        wl,
+        wr,
+        return_lse,
+        sink_dt,
+        varlen_q,
+        cu_seqlens_k is not None,
+        seqused_q is not None,
+        seqused_k is not None,
+        page_size,
+        batch > C.BIN_BATCH_SEARCH_THRESH,
+        max_seqlen_q is None,
+        min(eff_q, 193),
+        dev,
+        pad_ok,
+    )
     if not (_aligned(q) and _aligned(k) and _aligned(v)):
         q, k, v = _prep(q, "q", pad_ok), _prep(k, "k", pad_ok), _prep(v, "v", pad_ok)
     plan = rt._plans.get(fkey)
     if plan is None:
         _require_cuda(dev, q)
         dev = q.device
-        feat = dict(dtype=_DTYPES[q.dtype], head_dim=d, head_dim_v=dv, num_heads=hq, num_heads_kv=hk,
-                    causal=bool(causal), window_left=wl, window_right=wr, return_lse=return_lse,
-                    sink_dtype=sink_dt, batch=batch, seqlen_q=sq_dense, total_q=total_q,
-                    max_seqlen_q=max_seqlen_q, cu_seqlens_q=varlen_q,
-                    cu_seqlens_k=cu_seqlens_k is not None, seqused_q=seqused_q is not None,
-                    seqused_k=seqused_k is not None, page_size=page_size)
+        feat = dict(
+            dtype=_DTYPES[q.dtype],
+            head_dim=d,
+            head_dim_v=dv,
+            num_heads=hq,
+            num_heads_kv=hk,
+            causal=bool(causal),
+            window_left=wl,
+            window_right=wr,
+            return_lse=return_lse,
+            sink_dtype=sink_dt,
+            batch=batch,
+            seqlen_q=sq_dense,
+            total_q=total_q,
+            max_seqlen_q=max_seqlen_q,
+            cu_seqlens_q=varlen_q,
+            cu_seqlens_k=cu_seqlens_k is not None,
+            seqused_q=seqused_q is not None,
+            seqused_k=seqused_k is not None,
+            page_size=page_size,
+        )
         plan = _resolve(rt, fkey, feat, dev, pad_ok)
         if plan is None:
-            return _on_miss(rt, fkey, feat, dev, "jit_flash_attn_varlen_func", (q, k, v), dict(
-                cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-                max_seqlen_k=max_seqlen_k, seqused_q=seqused_q, seqused_k=seqused_k,
-                page_table=page_table, softmax_scale=softmax_scale, causal=causal,
-                window_size=window_size, learnable_sink=learnable_sink, return_lse=return_lse), pad_ok)
+            return _on_miss(
+                rt,
+                fkey,
+                feat,
+                dev,
+                "jit_flash_attn_varlen_func",
+                (q, k, v),
+                dict(
+                    cu_seqlens_q=cu_seqlens_q,
+                    cu_seqlens_k=cu_seqlens_k,
+                    max_seqlen_q=max_seqlen_q,
+                    max_seqlen_k=max_seqlen_k,
+                    seqused_q=seqused_q,
+                    seqused_k=seqused_k,
+                    page_table=page_table,
+                    softmax_scale=softmax_scale,
+                    causal=causal,
+                    window_size=window_size,
+                    learnable_sink=learnable_sink,
+                    return_lse=return_lse,
+                ),
+                pad_ok,
+            )
     if plan.pad is not None:
-        return _padded(flash_attn_varlen_func, plan.pad, q, k, v, hk, learnable_sink, softmax_scale,
-                       dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-                            max_seqlen_k=max_seqlen_k, seqused_q=seqused_q, seqused_k=seqused_k,
-                            page_table=page_table, causal=causal, window_size=window_size,
-                            return_lse=return_lse), varlen=varlen_q)
+        return _padded(
+            flash_attn_varlen_func,
+            plan.pad,
+            q,
+            k,
+            v,
+            hk,
+            learnable_sink,
+            softmax_scale,
+            dict(
+                cu_seqlens_q=cu_seqlens_q,
+                cu_seqlens_k=cu_seqlens_k,
+                max_seqlen_q=max_seqlen_q,
+                max_seqlen_k=max_seqlen_k,
+                seqused_q=seqused_q,
+                seqused_k=seqused_k,
+                page_table=page_table,
+                causal=causal,
+                window_size=window_size,
+                return_lse=return_lse,
+            ),
+            varlen=varlen_q,
+        )
     out = q.new_empty((*q.shape[:-1], dv))
-    lse = q.new_empty((hq, total_q) if varlen_q else (batch, hq, sq_dense), dtype=torch.float32) if return_lse else None
+    lse = (
+        q.new_empty((hq, total_q) if varlen_q else (batch, hq, sq_dense), dtype=torch.float32)
+        if return_lse
+        else None
+    )
     if total_q == 0 or seqlen_k == 0:
         return _empty(out, lse, learnable_sink, varlen=varlen_q)
     if softmax_scale is None:
@@ -573,13 +759,42 @@ def flash_attn_varlen_func(
     cu_total = None
     if plan.tile_cumsum is not None:
         cu_total = cu_seqlens_q.new_empty(batch + 1) if varlen_q else seqused_q.new_empty(batch + 1)
-        plan.tile_cumsum(cu_total, None, cu_seqlens_q if plan.helper_cu else None,
-                         seqused_q if plan.helper_seqused else None, None, None)
-    plan.fwd(q, k, v, out, lse, float(softmax_scale), cu_seqlens_q, cu_seqlens_k, seqused_q,
-             seqused_k, page_table, plan.window_left, plan.window_right, learnable_sink, None, _NO_AUX,
-             cu_total, None)
+        plan.tile_cumsum(
+            cu_total,
+            None,
+            cu_seqlens_q if plan.helper_cu else None,
+            seqused_q if plan.helper_seqused else None,
+            None,
+            None,
+        )
+    plan.fwd(
+        q,
+        k,
+        v,
+        out,
+        lse,
+        float(softmax_scale),
+        cu_seqlens_q,
+        cu_seqlens_k,
+        seqused_q,
+        seqused_k,
+        page_table,
+        plan.window_left,
+        plan.window_right,
+        learnable_sink,
+        None,
+        _NO_AUX,
+        cu_total,
+        None,
+    )
     return out, lse
 
 
-__all__ = ["Runtime", "flash_attn_func", "flash_attn_varlen_func", "default_runtime", "reset",
-           "Fa4aotError"]
+__all__ = [
+    "Runtime",
+    "flash_attn_func",
+    "flash_attn_varlen_func",
+    "default_runtime",
+    "reset",
+    "Fa4aotError",
+]

@@ -40,8 +40,10 @@ class Choice:
             parts.append(f"head_dim {want.head_dim} -> {self.head_dim}")
         if self.head_dim_v != want.head_dim_v:
             parts.append(f"head_dim_v {want.head_dim_v} -> {self.head_dim_v}")
-        return (f"padded ({', '.join(parts)}; {self.cost:.2f}x the work): "
-                f"{self.variant.describe()} (id {self.variant.id})")
+        return (
+            f"padded ({', '.join(parts)}; {self.cost:.2f}x the work): "
+            f"{self.variant.describe()} (id {self.variant.id})"
+        )
 
 
 def _call_features(feat: dict, ratio: int, head_dim: int, head_dim_v: int) -> dict:
@@ -51,8 +53,9 @@ def _call_features(feat: dict, ratio: int, head_dim: int, head_dim_v: int) -> di
     return f
 
 
-def choose(arch: str, feat: dict, available: Iterable[Variant], *, allow_padding: bool = True
-           ) -> list[Choice]:
+def choose(
+    arch: str, feat: dict, available: Iterable[Variant], *, allow_padding: bool = True
+) -> list[Choice]:
     """Every way to serve the call `feat` (kwargs of variants.features, minus arch) from
     `available`, cheapest first. Empty: nothing cached can serve it."""
     avail = {v.id: v for v in available}
@@ -62,8 +65,11 @@ def choose(arch: str, feat: dict, available: Iterable[Variant], *, allow_padding
     if not allow_padding:
         return []
     r, d, dv = want.qhead_per_kvhead, want.head_dim, want.head_dim_v
-    shapes = {(v.qhead_per_kvhead, v.head_dim, v.head_dim_v) for v in avail.values()
-              if v.arch == arch and v.dtype == want.dtype}
+    shapes = {
+        (v.qhead_per_kvhead, v.head_dim, v.head_dim_v)
+        for v in avail.values()
+        if v.arch == arch and v.dtype == want.dtype
+    }
     out = []
     for r2, d2, dv2 in shapes:
         if r2 < r or d2 < d or dv2 < dv or (r2, d2, dv2) == (r, d, dv):
@@ -90,8 +96,9 @@ def nearest(want: Variant, available: Iterable[Variant], n: int = 3) -> list[Var
     return sorted(cands, key=lambda v: (dist(v), v.id))[:n]
 
 
-def padded_target_for_unsupported(arch: str, dtype: str, head_dim: int, head_dim_v: int
-                                  ) -> tuple[int, int, float] | None:
+def padded_target_for_unsupported(
+    arch: str, dtype: str, head_dim: int, head_dim_v: int
+) -> tuple[int, int, float] | None:
     """For a head dim FA4 cannot run on `arch`, the nearest larger supported one, with its cost."""
     best = None
     for d2 in range(head_dim, 513, 8):

@@ -152,20 +152,39 @@ def _serving(src: str, d: Any, attention: tuple[Attention, ...]) -> Serving:
     for t in tp:
         for a in attention:
             if a.num_q_heads % t:
-                raise _fail(src, "serving.tp", f"{t} does not divide {a.name}'s {a.num_q_heads} query heads")
+                raise _fail(
+                    src, "serving.tp", f"{t} does not divide {a.name}'s {a.num_q_heads} query heads"
+                )
             # engines shard KV heads evenly, or replicate them when TP exceeds them (vLLM)
             hk = a.num_kv_heads
             if (hk % t) if hk >= t else (t % hk):
-                raise _fail(src, "serving.tp", f"{t} neither divides nor is a multiple of {a.name}'s "
-                                               f"{hk} KV heads")
-    layouts = _list(src, "serving.layouts", d.get("layouts", list(dflt.layouts)),
-                    lambda f, x: _choice(src, f, x, LAYOUTS))
-    phases = _list(src, "serving.phases", d.get("phases", list(dflt.phases)),
-                   lambda f, x: _choice(src, f, x, PHASES))
+                raise _fail(
+                    src,
+                    "serving.tp",
+                    f"{t} neither divides nor is a multiple of {a.name}'s {hk} KV heads",
+                )
+    layouts = _list(
+        src,
+        "serving.layouts",
+        d.get("layouts", list(dflt.layouts)),
+        lambda f, x: _choice(src, f, x, LAYOUTS),
+    )
+    phases = _list(
+        src,
+        "serving.phases",
+        d.get("phases", list(dflt.phases)),
+        lambda f, x: _choice(src, f, x, PHASES),
+    )
     max_batch = _int(src, "serving.max_batch", d.get("max_batch", dflt.max_batch), 1, 1 << 20)
-    max_context = _int(src, "serving.max_context", d.get("max_context", dflt.max_context), 1, 1 << 24)
-    pages = _list(src, "serving.page_sizes", d.get("page_sizes", list(dflt.page_sizes)),
-                  lambda f, x: _page_size(src, f, x))
+    max_context = _int(
+        src, "serving.max_context", d.get("max_context", dflt.max_context), 1, 1 << 24
+    )
+    pages = _list(
+        src,
+        "serving.page_sizes",
+        d.get("page_sizes", list(dflt.page_sizes)),
+        lambda f, x: _page_size(src, f, x),
+    )
     spec_len = _int(src, "serving.speculative", d.get("speculative", dflt.speculative), 1, 64)
     lse = _choice(src, "serving.return_lse", d.get("return_lse", dflt.return_lse), LSE_CHOICES)
     return Serving(tp, layouts, phases, max_batch, max_context, pages, spec_len, lse)
@@ -215,7 +234,9 @@ def default_spec_names() -> list[str]:
 def load_default(name: str) -> Spec:
     f = resources.files("fa4aot").joinpath("specs").joinpath(f"{name}.toml")
     if not f.is_file():
-        raise SpecError(f"{name}: no such spec file or default spec; defaults: {', '.join(default_spec_names())}")
+        raise SpecError(
+            f"{name}: no such spec file or default spec; defaults: {', '.join(default_spec_names())}"
+        )
     return parse_spec(f.read_text(), f"fa4aot/specs/{name}.toml")
 
 

@@ -21,6 +21,7 @@ store in a read-only image layer serves as-is.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -93,7 +94,9 @@ def build_toolchain(arch: str, num_sms: int, python: str | None = None) -> dict[
 
 
 def fingerprint_dir(tc: dict[str, Any]) -> str:
-    h = hashlib.sha256(canonical_json({k: tc[k] for k in FINGERPRINT_FIELDS}).encode()).hexdigest()[:12]
+    h = hashlib.sha256(canonical_json({k: tc[k] for k in FINGERPRINT_FIELDS}).encode()).hexdigest()[
+        :12
+    ]
     return f"{tc['arch']}-{tc['num_sms']}sm-py{tc['python'].replace('.', '')}-{h}"
 
 
@@ -112,8 +115,11 @@ def runtime_expectation(arch: str, num_sms: int) -> dict[str, Any]:
 
 
 def mismatches(tc: dict[str, Any], expected: dict[str, Any]) -> list[str]:
-    return [f"{k}: store has {tc.get(k)!r}, this process needs {v!r}"
-            for k, v in expected.items() if tc.get(k) != v]
+    return [
+        f"{k}: store has {tc.get(k)!r}, this process needs {v!r}"
+        for k, v in expected.items()
+        if tc.get(k) != v
+    ]
 
 
 def default_roots() -> list[Path]:
@@ -154,10 +160,12 @@ def build_root(roots: list[Path]) -> Path:
         if reason is None:
             return Path(r)
         why.append(f"{r}: {reason}")
-    raise BuildError("no writable store layer to build into:\n  "
-                     + "\n  ".join(why or ["(no layers)"])
-                     + "\nput a writable directory first in FA4AOT_CACHE_DIR (e.g. "
-                     "FA4AOT_CACHE_DIR=/var/cache/fa4aot:<read-only layers>) or pass --cache DIR")
+    raise BuildError(
+        "no writable store layer to build into:\n  "
+        + "\n  ".join(why or ["(no layers)"])
+        + "\nput a writable directory first in FA4AOT_CACHE_DIR (e.g. "
+        "FA4AOT_CACHE_DIR=/var/cache/fa4aot:<read-only layers>) or pass --cache DIR"
+    )
 
 
 def sha256_file(path: Path) -> str:
@@ -199,13 +207,16 @@ def temp_is_orphaned(name: str, mtime: float, max_age_s: float = 86400.0) -> boo
     return time.time() - mtime > max_age_s
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """temp file in the same directory + fsync + os.replace: readers see all or nothing."""
+@contextlib.contextmanager
+def atomic_output(path: Path):
+    """Yield a binary file in `path`'s directory; on success it is fsynced and renamed onto
+    `path` (readers see all or nothing), on any failure removed. A process killed in between
+    leaves only a `.<name>.<owner>.tmp` file, which builds sweep."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{owner_tag()}", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             os.fchmod(f.fileno(), 0o666 & ~_umask())  # mkstemp's 0600 would hide shared stores
-            f.write(data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -215,6 +226,11 @@ def atomic_write(path: Path, data: bytes) -> None:
         except OSError:
             pass
         raise
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    with atomic_output(path) as f:
+        f.write(data)
 
 
 def fsync_dir(path: Path) -> None:
@@ -283,8 +299,9 @@ class Artifact:
             raise CorruptArtifact(f"{self.dir}: a test stub, not a kernel")
         why = None if allow_unsafe_dirs else self.unsafe_reason()
         if why:
-            raise CorruptArtifact(f"refusing to load native code: {why} "
-                                  "(set FA4AOT_ALLOW_UNSAFE_DIRS=1 to override)")
+            raise CorruptArtifact(
+                f"refusing to load native code: {why} (set FA4AOT_ALLOW_UNSAFE_DIRS=1 to override)"
+            )
         self.verify()
 
     def unsafe_reason(self) -> str | None:
@@ -306,8 +323,9 @@ class Artifact:
 
 
 def record_digest(rec: dict[str, Any]) -> str:
-    return hashlib.sha256(canonical_json({k: v for k, v in rec.items()
-                                          if k != "record_sha256"}).encode()).hexdigest()
+    return hashlib.sha256(
+        canonical_json({k: v for k, v in rec.items() if k != "record_sha256"}).encode()
+    ).hexdigest()
 
 
 def seal_record(rec: dict[str, Any]) -> dict[str, Any]:
@@ -316,11 +334,16 @@ def seal_record(rec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _part_ok(p: Any) -> bool:
-    return (isinstance(p, dict)
-            and isinstance(p.get("file"), str) and NAME_RE.fullmatch(p["file"]) is not None
-            and p["file"] != RECORD
-            and isinstance(p.get("sha256"), str) and _HEX64.fullmatch(p["sha256"]) is not None
-            and type(p.get("size")) is int and p["size"] >= 0)
+    return (
+        isinstance(p, dict)
+        and isinstance(p.get("file"), str)
+        and NAME_RE.fullmatch(p["file"]) is not None
+        and p["file"] != RECORD
+        and isinstance(p.get("sha256"), str)
+        and _HEX64.fullmatch(p["sha256"]) is not None
+        and type(p.get("size")) is int
+        and p["size"] >= 0
+    )
 
 
 def parse_record(text: str | bytes, where: str) -> dict[str, Any]:
@@ -333,11 +356,14 @@ def parse_record(text: str | bytes, where: str) -> dict[str, Any]:
     except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise CorruptArtifact(f"{where}: record is not valid JSON: {type(e).__name__}") from None
     if isinstance(rec, dict) and rec.get("format") != RECORD_FORMAT:
-        raise CorruptArtifact(f"{where}: record format {rec.get('format')!r}, this fa4aot reads "
-                              f"{RECORD_FORMAT}; rebuild (fa4aot build replaces it)")
+        raise CorruptArtifact(
+            f"{where}: record format {rec.get('format')!r}, this fa4aot reads "
+            f"{RECORD_FORMAT}; rebuild (fa4aot build replaces it)"
+        )
     ok = (
         isinstance(rec, dict)
-        and isinstance(rec.get("id"), str) and NAME_RE.fullmatch(rec["id"]) is not None
+        and isinstance(rec.get("id"), str)
+        and NAME_RE.fullmatch(rec["id"]) is not None
         and isinstance(rec.get("variant"), dict)
         and isinstance(rec.get("toolchain"), dict)
         and isinstance(rec.get("parts"), dict)
@@ -447,13 +473,15 @@ class Store:
             home = None
         if home != self.dir.name:
             raise CorruptArtifact(
-                f"{d}: record was built for toolchain {home}, not {self.dir.name}")
+                f"{d}: record was built for toolchain {home}, not {self.dir.name}"
+            )
         if self.serve_num_sms is not None and rec.get("sm_count_independent") is not True:
             raise FingerprintMismatch(
                 f"{d}: num_sms: built for {self.toolchain['num_sms']} SMs, this GPU has "
                 f"{self.serve_num_sms}, and its record does not prove it SM-count independent. "
                 f"Rebuild with: fa4aot build --arch {self.toolchain['arch']} "
-                f"--num-sms {self.serve_num_sms}")
+                f"--num-sms {self.serve_num_sms}"
+            )
         return rec
 
     def record_format(self, vid: str) -> Any:
@@ -508,9 +536,14 @@ def read_toolchain(d: Path) -> dict[str, Any]:
     try:
         raw = where.read_bytes()[:MAX_RECORD_BYTES]
         tc = json.loads(raw)
-        ok = (isinstance(tc, dict) and all(k in tc for k in FINGERPRINT_FIELDS)
-              and isinstance(tc["arch"], str) and isinstance(tc["python"], str)
-              and type(tc["num_sms"]) is int and fingerprint_dir(tc) == d.name)
+        ok = (
+            isinstance(tc, dict)
+            and all(k in tc for k in FINGERPRINT_FIELDS)
+            and isinstance(tc["arch"], str)
+            and isinstance(tc["python"], str)
+            and type(tc["num_sms"]) is int
+            and fingerprint_dir(tc) == d.name
+        )
     except FileNotFoundError:
         raise CorruptArtifact(f"{where}: missing") from None
     except OSError as e:
@@ -574,7 +607,8 @@ def find_serving_store(roots: list[Path], expected: dict[str, Any]) -> list[Stor
             "no store built for this toolchain/GPU:\n  "
             + "\n  ".join(skew + [str(e) for _, e in broken])
             + "\nrebuild with: fa4aot build --arch {a} --num-sms {n} --python {p}".format(
-                a=expected.get("arch"), n=expected.get("num_sms"), p=expected.get("python"))
+                a=expected.get("arch"), n=expected.get("num_sms"), p=expected.get("python")
+            )
         )
     return found
 
@@ -590,8 +624,10 @@ def verify_root(root: Path) -> list[dict[str, Any]]:
             row = {"id": d.name, "store": s.dir.name, "status": "ok"}
             try:
                 if s.get(d.name, verify=True) is None:
-                    row.update(status="incomplete", error="no record.json: never served; "
-                               "fa4aot build replaces it")
+                    row.update(
+                        status="incomplete",
+                        error="no record.json: never served; fa4aot build replaces it",
+                    )
             except CorruptArtifact as e:
                 row.update(status="corrupt", error=str(e))
             rows.append(row)
@@ -616,8 +652,11 @@ def sweep_temp(store: Store) -> int:
         except OSError:
             continue
         for e in entries:
-            if d != store.dir / "tmp" and not (e.name.startswith(".") and e.name.endswith(".tmp")
-                                               or e.name.endswith((".new", ".stale"))):
+            if d != store.dir / "tmp" and not (
+                e.name.startswith(".")
+                and e.name.endswith(".tmp")
+                or e.name.endswith((".new", ".stale"))
+            ):
                 continue
             try:
                 if not temp_is_orphaned(e.name, e.lstat().st_mtime):

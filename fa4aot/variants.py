@@ -79,8 +79,14 @@ class Variant:
 
     def describe(self) -> str:
         parts = [
-            self.arch, self.dtype, f"hd{self.head_dim}" + (f"/{self.head_dim_v}" if self.head_dim_v != self.head_dim else ""),
-            f"ratio{self.qhead_per_kvhead}", self.mask, self.layout, self.phase,
+            self.arch,
+            self.dtype,
+            f"hd{self.head_dim}"
+            + (f"/{self.head_dim_v}" if self.head_dim_v != self.head_dim else ""),
+            f"ratio{self.qhead_per_kvhead}",
+            self.mask,
+            self.layout,
+            self.phase,
         ]
         if self.paged:
             parts.append("page=tile_n(TMA)" if self.paged_tma else "page!=tile_n")
@@ -99,7 +105,9 @@ class Variant:
     def from_dict(cls, d: dict) -> "Variant":
         names = set(cls.__dataclass_fields__)
         if set(d) != names:
-            raise ValueError(f"variant fields differ: missing {sorted(names - set(d))}, extra {sorted(set(d) - names)}")
+            raise ValueError(
+                f"variant fields differ: missing {sorted(names - set(d))}, extra {sorted(set(d) - names)}"
+            )
         return cls(**d)
 
 
@@ -146,10 +154,21 @@ def features(
         one_m_block and (not cu_seqlens_q or max_seqlen_q is not None)
     )
     return Variant(
-        arch=arch, dtype=dtype, head_dim=head_dim, head_dim_v=head_dim_v, qhead_per_kvhead=ratio,
-        causal=causal, local=local, has_window_left=wl is not None, has_window_right=wr is not None,
-        return_lse=return_lse, sink_dtype=sink_dtype,
-        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_q=seqused_q, seqused_k=seqused_k,
+        arch=arch,
+        dtype=dtype,
+        head_dim=head_dim,
+        head_dim_v=head_dim_v,
+        qhead_per_kvhead=ratio,
+        causal=causal,
+        local=local,
+        has_window_left=wl is not None,
+        has_window_right=wr is not None,
+        return_lse=return_lse,
+        sink_dtype=sink_dtype,
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k,
+        seqused_q=seqused_q,
+        seqused_k=seqused_k,
         paged=page_size is not None,
         paged_tma=None if page_size is None else C.paged_tma(arch, page_size, tile),
         cu_hint=varlen_q and batch > C.BIN_BATCH_SEARCH_THRESH,
@@ -180,14 +199,25 @@ class Call:
     def variant(self, arch: str) -> Variant:
         varlen = self.layout in ("varlen", "paged")
         return features(
-            arch=arch, dtype=self.dtype, head_dim=self.head_dim, head_dim_v=self.head_dim_v,
-            num_heads=self.num_heads, num_heads_kv=self.num_heads_kv, causal=self.causal,
-            window_left=self.window_left, window_right=self.window_right,
-            return_lse=self.return_lse, sink_dtype=self.sink_dtype,
-            batch=self.batch, seqlen_q=None if varlen else self.seqlen_q,
-            total_q=self.batch * self.seqlen_q, max_seqlen_q=self.seqlen_q if varlen else None,
-            cu_seqlens_q=varlen, cu_seqlens_k=self.layout == "varlen",
-            seqused_k=self.layout == "paged", page_size=self.page_size,
+            arch=arch,
+            dtype=self.dtype,
+            head_dim=self.head_dim,
+            head_dim_v=self.head_dim_v,
+            num_heads=self.num_heads,
+            num_heads_kv=self.num_heads_kv,
+            causal=self.causal,
+            window_left=self.window_left,
+            window_right=self.window_right,
+            return_lse=self.return_lse,
+            sink_dtype=self.sink_dtype,
+            batch=self.batch,
+            seqlen_q=None if varlen else self.seqlen_q,
+            total_q=self.batch * self.seqlen_q,
+            max_seqlen_q=self.seqlen_q if varlen else None,
+            cu_seqlens_q=varlen,
+            cu_seqlens_k=self.layout == "varlen",
+            seqused_k=self.layout == "paged",
+            page_size=self.page_size,
         )
 
     def to_dict(self) -> dict:
@@ -253,8 +283,14 @@ def _probe_calls(spec: Spec, att: Attention, arch: str) -> list[Call]:
     ratios = sorted({(att.num_q_heads // t) // max(1, att.num_kv_heads // t) for t in sv.tp})
     window = _window(att)
     long_q = min(sv.max_context, 4096)
-    phases_q = {"decode": sorted({1, sv.speculative}), "prefill": [max(2, sv.speculative + 1), long_q]}
-    batches = sorted({1, sv.max_batch} | ({C.BIN_BATCH_SEARCH_THRESH + 1} if sv.max_batch > C.BIN_BATCH_SEARCH_THRESH else set()))
+    phases_q = {
+        "decode": sorted({1, sv.speculative}),
+        "prefill": [max(2, sv.speculative + 1), long_q],
+    }
+    batches = sorted(
+        {1, sv.max_batch}
+        | ({C.BIN_BATCH_SEARCH_THRESH + 1} if sv.max_batch > C.BIN_BATCH_SEARCH_THRESH else set())
+    )
     calls = []
     for r in ratios:
         for layout in sv.layouts:
@@ -264,13 +300,25 @@ def _probe_calls(spec: Spec, att: Attention, arch: str) -> list[Call]:
                     for b in batches if layout != "dense" else [1]:
                         for p in pages:
                             for lse in lses:
-                                calls.append(Call(
-                                    layout=layout, batch=b, seqlen_q=sq, seqlen_k=max(sq, 256),
-                                    num_heads=r, num_heads_kv=1, head_dim=att.head_dim,
-                                    head_dim_v=att.head_dim_v, dtype=att.dtype, causal=att.causal,
-                                    window_left=window[0], window_right=window[1], return_lse=lse,
-                                    sink_dtype="float32" if att.sinks else None, page_size=p,
-                                ))
+                                calls.append(
+                                    Call(
+                                        layout=layout,
+                                        batch=b,
+                                        seqlen_q=sq,
+                                        seqlen_k=max(sq, 256),
+                                        num_heads=r,
+                                        num_heads_kv=1,
+                                        head_dim=att.head_dim,
+                                        head_dim_v=att.head_dim_v,
+                                        dtype=att.dtype,
+                                        causal=att.causal,
+                                        window_left=window[0],
+                                        window_right=window[1],
+                                        return_lse=lse,
+                                        sink_dtype="float32" if att.sinks else None,
+                                        page_size=p,
+                                    )
+                                )
     return calls
 
 
@@ -279,7 +327,10 @@ def enumerate_variants(spec: Spec, arch: str) -> Plan:
     plan = Plan()
     for att in spec.attention:
         reason = C.unsupported_reason(
-            arch, att.dtype, att.head_dim, att.head_dim_v,
+            arch,
+            att.dtype,
+            att.head_dim,
+            att.head_dim_v,
             qhead_per_kvhead=att.num_q_heads // att.num_kv_heads,
         )
         if reason:
@@ -290,9 +341,14 @@ def enumerate_variants(spec: Spec, arch: str) -> Plan:
                 plan.unsupported.append(Unsupported(spec.name, att.name, reason))
                 continue
             d2, dv2, cost = target
-            plan.unsupported.append(Unsupported(
-                spec.name, att.name, reason,
-                f"padding head dims {att.head_dim}/{att.head_dim_v} -> {d2}/{dv2} ({cost:.2f}x the work)"))
+            plan.unsupported.append(
+                Unsupported(
+                    spec.name,
+                    att.name,
+                    reason,
+                    f"padding head dims {att.head_dim}/{att.head_dim_v} -> {d2}/{dv2} ({cost:.2f}x the work)",
+                )
+            )
             att = replace(att, head_dim=d2, head_dim_v=dv2)
         seen = set()
         for call in _probe_calls(spec, att, arch):
@@ -340,11 +396,26 @@ def representative_call(v: Variant) -> Call:
     page = None
     if v.paged:
         page = tile.n if v.paged_tma else (16 if tile.n != 16 else 32)
-    call = Call(layout=layout, batch=C.BIN_BATCH_SEARCH_THRESH + 1 if v.cu_hint else 1, seqlen_q=sq,
-                seqlen_k=max(sq, 256), num_heads=r, num_heads_kv=1, head_dim=v.head_dim,
-                head_dim_v=v.head_dim_v, dtype=v.dtype, causal=causal, window_left=wl,
-                window_right=wr, return_lse=v.return_lse, sink_dtype=v.sink_dtype, page_size=page)
+    call = Call(
+        layout=layout,
+        batch=C.BIN_BATCH_SEARCH_THRESH + 1 if v.cu_hint else 1,
+        seqlen_q=sq,
+        seqlen_k=max(sq, 256),
+        num_heads=r,
+        num_heads_kv=1,
+        head_dim=v.head_dim,
+        head_dim_v=v.head_dim_v,
+        dtype=v.dtype,
+        causal=causal,
+        window_left=wl,
+        window_right=wr,
+        return_lse=v.return_lse,
+        sink_dtype=v.sink_dtype,
+        page_size=page,
+    )
     if call.variant(v.arch) != v:
-        raise ValueError(f"no representative call for {v.describe()}: the public varlen layouts "
-                         "(cu_seqlens_q + cu_seqlens_k, or cu_seqlens_q + page_table + seqused_k) do not produce it")
+        raise ValueError(
+            f"no representative call for {v.describe()}: the public varlen layouts "
+            "(cu_seqlens_q + cu_seqlens_k, or cu_seqlens_q + page_table + seqused_k) do not produce it"
+        )
     return call

@@ -21,7 +21,9 @@ def attention_ref(q, k, v, lq, lk, *, causal, window_left=None, sink=None, scale
     s = torch.einsum("bqhd,bkhd->bhqk", q.float(), kf) * scale
     i = torch.arange(Sq, device=q.device)[None, :, None] + (lk - lq)[:, None, None]  # (b, Sq, 1)
     j = torch.arange(k.shape[1], device=q.device)[None, None, :]
-    mask = (j >= lk[:, None, None]) | (torch.arange(Sq, device=q.device)[None, :, None] >= lq[:, None, None])
+    mask = (j >= lk[:, None, None]) | (
+        torch.arange(Sq, device=q.device)[None, :, None] >= lq[:, None, None]
+    )
     if causal:
         mask = mask | (j > i)
     if window_left is not None:
@@ -49,7 +51,7 @@ def pad_ragged(x, cu, lengths, max_len):
     for i in range(b):
         n = lengths[i]
         if n:
-            out[i, :n] = x[cu[i]:cu[i] + n]
+            out[i, :n] = x[cu[i] : cu[i] + n]
     return out
 
 

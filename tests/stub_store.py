@@ -44,25 +44,49 @@ def write_spec(d: Path, text: str = TINY_SPEC, name: str = "tiny.toml") -> Path:
 
 def stub_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FA4AOT_")}
-    env.update(FA4AOT_STUB_COMPILER="1", FA4AOT_STUB_DELAY="0.02", FA4AOT_PROGRESS="0",
-               PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))
+    env.update(
+        FA4AOT_STUB_COMPILER="1",
+        FA4AOT_STUB_DELAY="0.02",
+        FA4AOT_PROGRESS="0",
+        PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+    )
     env.update(extra)
     return env
 
 
 def cli(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([PY, "-m", "fa4aot.cli", *args], env=env or stub_env(), cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [PY, "-m", "fa4aot.cli", *args],
+        env=env or stub_env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def popen_cli(*args: str, env: dict | None = None, **kw) -> subprocess.Popen:
-    return subprocess.Popen([PY, "-m", "fa4aot.cli", *args], env=env or stub_env(), cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    return subprocess.Popen(
+        [PY, "-m", "fa4aot.cli", *args],
+        env=env or stub_env(),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
 
 
 def popen_py(code: str, *args: str, env: dict | None = None, **kw) -> subprocess.Popen:
-    return subprocess.Popen([PY, "-c", code, *args], env=env or stub_env(), cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    return subprocess.Popen(
+        [PY, "-c", code, *args],
+        env=env or stub_env(),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
 
 
 def build_stub(root: Path, spec: Path, monkeypatch, **kw):
@@ -72,8 +96,9 @@ def build_stub(root: Path, spec: Path, monkeypatch, **kw):
 
     monkeypatch.setenv("FA4AOT_STUB_COMPILER", "1")
     monkeypatch.setenv("FA4AOT_STUB_DELAY", "0")
-    store, plan, results = build([load_spec(spec)], arch=kw.pop("arch", "sm90"), root=root,
-                                 jobs=1, **kw)
+    store, plan, results = build(
+        [load_spec(spec)], arch=kw.pop("arch", "sm90"), root=root, jobs=1, **kw
+    )
     assert all(r.status in ("built", "cached") for r in results), results
     return store, results
 
@@ -95,7 +120,6 @@ def artifact_dirs(store) -> list[Path]:
     return sorted(base.iterdir()) if base.is_dir() else []
 
 
-
 _RO_PROBE: bool | None = None
 
 
@@ -106,14 +130,22 @@ def _can_mount_readonly(scratch: Path) -> bool:
 
         d = Path(scratch) / "ro-probe"
         d.mkdir(exist_ok=True)
-        script = f'mount --bind "{d}" "{d}" && mount -o remount,ro,bind "{d}" "{d}" && ! touch "{d}/x"'
-        _RO_PROBE = bool(shutil.which("unshare")) and subprocess.run(
-            ["unshare", "-m", "sh", "-c", script], capture_output=True).returncode == 0
+        script = (
+            f'mount --bind "{d}" "{d}" && mount -o remount,ro,bind "{d}" "{d}" && ! touch "{d}/x"'
+        )
+        _RO_PROBE = (
+            bool(shutil.which("unshare"))
+            and subprocess.run(
+                ["unshare", "-m", "sh", "-c", script], capture_output=True
+            ).returncode
+            == 0
+        )
     return _RO_PROBE
 
 
-def run_readonly(argv: list[str], ro_paths: list[Path], env: dict, scratch: Path,
-                 timeout: float = 120) -> subprocess.CompletedProcess:
+def run_readonly(
+    argv: list[str], ro_paths: list[Path], env: dict, scratch: Path, timeout: float = 120
+) -> subprocess.CompletedProcess:
     """Run `argv` with `ro_paths` read-only, for real: file modes for a normal user, a read-only
     bind mount in a private mount namespace for root (whom modes do not stop). Skips the test
     where neither is possible."""
@@ -123,15 +155,25 @@ def run_readonly(argv: list[str], ro_paths: list[Path], env: dict, scratch: Path
         for p in ro_paths:
             subprocess.run(["chmod", "-R", "a-w", str(p)], check=True)
         try:
-            return subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True,
-                                  timeout=timeout)
+            return subprocess.run(
+                argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout
+            )
         finally:
             for p in ro_paths:
                 subprocess.run(["chmod", "-R", "u+w", str(p)], check=True)
     if not _can_mount_readonly(scratch):
-        pytest.skip("running as root without a private mount namespace: cannot make a "
-                    "directory read-only for this process")
-    mounts = "".join(f'mount --bind "{p}" "{p}" && mount -o remount,ro,bind "{p}" "{p}" && '
-                     for p in ro_paths)
-    return subprocess.run(["unshare", "-m", "sh", "-c", mounts + 'exec "$@"', "sh", *argv],
-                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+        pytest.skip(
+            "running as root without a private mount namespace: cannot make a "
+            "directory read-only for this process"
+        )
+    mounts = "".join(
+        f'mount --bind "{p}" "{p}" && mount -o remount,ro,bind "{p}" "{p}" && ' for p in ro_paths
+    )
+    return subprocess.run(
+        ["unshare", "-m", "sh", "-c", mounts + 'exec "$@"', "sh", *argv],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

@@ -57,7 +57,9 @@ def _write(path: Path, members, mode: str = "w") -> Path:
 def _info(name: str, type_=tarfile.REGTYPE, data: bytes | None = b"x", **kw) -> tuple:
     ti = tarfile.TarInfo(name)
     ti.type = type_
-    ti.size = len(data) if (data is not None and type_ in (tarfile.REGTYPE, tarfile.AREGTYPE)) else 0
+    ti.size = (
+        len(data) if (data is not None and type_ in (tarfile.REGTYPE, tarfile.AREGTYPE)) else 0
+    )
     for k, v in kw.items():
         setattr(ti, k, v)
     return ti, data if ti.size else None
@@ -120,8 +122,12 @@ def _hostile(fp: str, vid: str) -> dict:
         "symlink part": [_info(part, tarfile.SYMTYPE, None, linkname="/etc/passwd")],
         "symlink dir": [_info(f"{fp}/artifacts/{vid}x", tarfile.SYMTYPE, None, linkname="/etc")],
         "hard link": [_info(part, tarfile.LNKTYPE, None, linkname="/etc/passwd")],
-        "char device": [_info(f"{fp}/artifacts/{vid}/fwd.so", tarfile.CHRTYPE, None, devmajor=1, devminor=3)],
-        "block device": [_info(f"{fp}/artifacts/{vid}/fwd.so", tarfile.BLKTYPE, None, devmajor=8, devminor=0)],
+        "char device": [
+            _info(f"{fp}/artifacts/{vid}/fwd.so", tarfile.CHRTYPE, None, devmajor=1, devminor=3)
+        ],
+        "block device": [
+            _info(f"{fp}/artifacts/{vid}/fwd.so", tarfile.BLKTYPE, None, devmajor=8, devminor=0)
+        ],
         "fifo": [_info(f"{fp}/artifacts/{vid}/fwd.so", tarfile.FIFOTYPE, None)],
         "contiguous file": [_info(part, tarfile.CONTTYPE, b"x")],
         "backslash": [_info(f"{fp}/specs/..\\..\\evil.json")],
@@ -175,11 +181,22 @@ def _resealed(data: bytes, **changes) -> bytes:
 CONTENT = {
     "part bytes changed": ("fwd.so", lambda d: d[:-1] + bytes([d[-1] ^ 1]), "sha256 differs"),
     "part truncated": ("fwd.so", lambda d: d[:100], "size"),
-    "record edited": ("record.json", lambda d: d.replace(b'"tile_m": 128', b'"tile_m": 64'), "own sha256"),
-    "record of another toolchain": ("record.json", lambda d: _resealed(d, toolchain={"arch": "sm90"}),
-                                    "built for toolchain"),
+    "record edited": (
+        "record.json",
+        lambda d: d.replace(b'"tile_m": 128', b'"tile_m": 64'),
+        "own sha256",
+    ),
+    "record of another toolchain": (
+        "record.json",
+        lambda d: _resealed(d, toolchain={"arch": "sm90"}),
+        "built for toolchain",
+    ),
     "record not json": ("record.json", lambda d: b"\x80\x04pickle", "not valid JSON"),
-    "toolchain edited": ("toolchain.json", lambda d: d.replace(b"132", b"114"), "not a valid toolchain"),
+    "toolchain edited": (
+        "toolchain.json",
+        lambda d: d.replace(b"132", b"114"),
+        "not a valid toolchain",
+    ),
     "spec index not an object": ("tiny.json", lambda d: b"[]", "not a JSON object"),
 }
 
@@ -209,8 +226,16 @@ def test_artifact_without_record_or_with_extra_files_imports_nothing(tmp_path, p
 
 def test_truncated_garbage_and_oversized_archives(tmp_path, packed, monkeypatch):
     data = packed.read_bytes()
-    for i, blob in enumerate([data[: len(data) // 2], data[:10], os.urandom(5000), b"",
-                              b"\x1f\x8b" + os.urandom(100), b"\xfd7zXZ\x00" + os.urandom(50)]):
+    for i, blob in enumerate(
+        [
+            data[: len(data) // 2],
+            data[:10],
+            os.urandom(5000),
+            b"",
+            b"\x1f\x8b" + os.urandom(100),
+            b"\xfd7zXZ\x00" + os.urandom(50),
+        ]
+    ):
         p = tmp_path / f"g{i}.tar.gz"
         p.write_bytes(blob)
         with pytest.raises(UnsafeArchive):
@@ -230,17 +255,47 @@ def test_unpack_into_no_writable_layer_is_a_build_error(tmp_path, packed):
 
 # -- fuzzing -------------------------------------------------------------------------------
 
-_component = st.sampled_from(["sm90-132sm-py311-abc", "artifacts", "specs", "toolchain.json",
-                              "record.json", "fwd.so", "x.json", "..", ".", "", "a b", "/", "\\",
-                              "\u00e9", "v1", "locks"]) | st.text(max_size=6)
+_component = st.sampled_from(
+    [
+        "sm90-132sm-py311-abc",
+        "artifacts",
+        "specs",
+        "toolchain.json",
+        "record.json",
+        "fwd.so",
+        "x.json",
+        "..",
+        ".",
+        "",
+        "a b",
+        "/",
+        "\\",
+        "\u00e9",
+        "v1",
+        "locks",
+    ]
+) | st.text(max_size=6)
 _name = st.lists(_component, min_size=1, max_size=5).map("/".join) | st.text(max_size=20)
-_type = st.sampled_from([tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.DIRTYPE, tarfile.SYMTYPE,
-                         tarfile.LNKTYPE, tarfile.CHRTYPE, tarfile.BLKTYPE, tarfile.FIFOTYPE,
-                         tarfile.CONTTYPE, tarfile.GNUTYPE_SPARSE])
+_type = st.sampled_from(
+    [
+        tarfile.REGTYPE,
+        tarfile.AREGTYPE,
+        tarfile.DIRTYPE,
+        tarfile.SYMTYPE,
+        tarfile.LNKTYPE,
+        tarfile.CHRTYPE,
+        tarfile.BLKTYPE,
+        tarfile.FIFOTYPE,
+        tarfile.CONTTYPE,
+        tarfile.GNUTYPE_SPARSE,
+    ]
+)
 _member = st.tuples(_name, _type, st.binary(max_size=64), st.text(max_size=10))
 
 
-@settings(max_examples=600, deadline=2000, suppress_health_check=list(HealthCheck), derandomize=True)
+@settings(
+    max_examples=600, deadline=2000, suppress_health_check=list(HealthCheck), derandomize=True
+)
 @given(st.lists(_member, max_size=8))
 def test_fuzz_unpack_only_typed_errors_and_nothing_outside_its_root(members):
     with tempfile.TemporaryDirectory() as tmp:
@@ -266,8 +321,9 @@ def test_fuzz_unpack_only_typed_errors_and_nothing_outside_its_root(members):
             A.unpack(arc, [dst])
         except (UnsafeArchive, BuildError):
             pass
-        outside = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*")
-                         if not str(p).startswith(str(dst)))
+        outside = sorted(
+            str(p.relative_to(tmp)) for p in tmp.rglob("*") if not str(p).startswith(str(dst))
+        )
         assert outside == ["a.tar", "root"]
         assert not [p for p in dst.iterdir() if p.name.startswith(".unpack")]
 

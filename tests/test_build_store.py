@@ -17,21 +17,7 @@ from fa4aot.store import CACHEDIR_TAG, Store, build_toolchain, fingerprint_dir
 from fa4aot.variants import Call, Variant, enumerate_variants
 
 ARCH, SMS = "sm90", 132
-TINY = """
-name = "tiny"
-model = "test/tiny"
-
-[[attention]]
-name = "full"
-num_q_heads = 2
-num_kv_heads = 1
-head_dim = 64
-
-[serving]
-layouts = ["dense"]
-phases = ["decode"]
-return_lse = "both"
-"""
+TINY = (Path(__file__).parent / "specs" / "tiny.toml").read_text()
 # four variants, for the stub-compiled tests: decode and prefill, with and without LSE
 TINY4 = TINY.replace('phases = ["decode"]', 'phases = ["decode", "prefill"]')
 

@@ -12,21 +12,7 @@ from click.testing import CliRunner
 import fa4aot.build as B
 from fa4aot.cli import main
 
-TINY = """
-name = "tiny"
-model = "test/tiny"
-
-[[attention]]
-name = "full"
-num_q_heads = 2
-num_kv_heads = 1
-head_dim = 64
-
-[serving]
-layouts = ["dense"]
-phases = ["decode"]
-return_lse = "both"
-"""
+TINY = (Path(__file__).parent / "specs" / "tiny.toml").read_text()
 
 
 @pytest.fixture

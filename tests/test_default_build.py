@@ -22,7 +22,9 @@ def _store():
     for s in stores_at(CACHE):
         if s.toolchain == tc:
             return s
-    pytest.skip(f"no default build in {CACHE} for this toolchain: run the README's build command first")
+    pytest.skip(
+        f"no default build in {CACHE} for this toolchain: run the README's build command first"
+    )
 
 
 def test_default_build_covers_every_default_spec():
@@ -34,7 +36,9 @@ def test_default_build_covers_every_default_spec():
     doc = json.loads(r.output)
     assert doc["counts"]["missing"] == 0 and doc["counts"]["padding"] == 0
     assert doc["counts"]["hit"] >= 98
-    assert [(u["spec"], u["layer"]) for u in doc["rows"] if u["status"] == "unsupported"] == [("gemma-4", "full")]
+    assert [(u["spec"], u["layer"]) for u in doc["rows"] if u["status"] == "unsupported"] == [
+        ("gemma-4", "full")
+    ]
 
 
 def test_default_build_verifies_and_is_a_noop_second_time():
@@ -45,7 +49,11 @@ def test_default_build_verifies_and_is_a_noop_second_time():
     r = CliRunner().invoke(main, ["build", "--cache", str(CACHE), "--json"])
     assert r.exit_code == 0, r.output[-2000:]
     doc = json.loads(r.output)
-    assert doc["counts"]["built"] == 0 and doc["counts"]["failed"] == 0 and doc["counts"]["cached"] >= 98
+    assert (
+        doc["counts"]["built"] == 0
+        and doc["counts"]["failed"] == 0
+        and doc["counts"]["cached"] >= 98
+    )
     after = {p: p.stat().st_mtime_ns for p in s.dir.rglob("*") if p.is_file()}
     assert before == after, "a no-op build wrote into the store"
 
@@ -57,6 +65,21 @@ def test_default_build_block_sizes():
     _store()
     bs = fa4aot.supported_block_sizes("sm90", "bfloat16", 128, qhead_per_kvhead=4, cache=CACHE)
     assert bs.tma == (128,) and bs.any_size
-    assert fa4aot.preferred_block_size("sm90", "bfloat16", 256, qhead_per_kvhead=2, window=1024, cache=CACHE) == 64
-    assert fa4aot.preferred_block_size("sm90", "bfloat16", 64, qhead_per_kvhead=8, window=128,
-                                       sink_dtype="float32", cache=CACHE) == 128
+    assert (
+        fa4aot.preferred_block_size(
+            "sm90", "bfloat16", 256, qhead_per_kvhead=2, window=1024, cache=CACHE
+        )
+        == 64
+    )
+    assert (
+        fa4aot.preferred_block_size(
+            "sm90",
+            "bfloat16",
+            64,
+            qhead_per_kvhead=8,
+            window=128,
+            sink_dtype="float32",
+            cache=CACHE,
+        )
+        == 128
+    )

@@ -11,27 +11,14 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 pytestmark = pytest.mark.slow
 
-TINY = textwrap.dedent("""
-    name = "tiny"
-    [[attention]]
-    name = "full"
-    num_q_heads = 4
-    num_kv_heads = 2
-    head_dim = 64
-    causal = true
-    [serving]
-    tp = [1]
-    layouts = ["dense"]
-    phases = ["decode"]
-    max_batch = 4
-    return_lse = "both"
-""")
+TINY = (Path(__file__).parent / "specs" / "tiny.toml").read_text()
 
 
 @pytest.fixture(scope="module")
@@ -49,10 +36,9 @@ def tiny_store(tmp_path_factory):
 
 
 def _fake_dense(sq, lse=False):
+    import flash_attn.cute as fa
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
-
-    import flash_attn.cute as fa
 
     with FakeTensorMode():
         q = torch.empty(2, sq, 4, 64, dtype=torch.bfloat16, device="cuda")
@@ -71,12 +57,14 @@ def test_variant_from_fa4_key_matches_every_default_variant():
     import cutlass.cute as cute
 
     real = cute.compile
-    cute.compile = lambda *a, **k: (lambda *x, **y: None)
+    cute.compile = lambda *a, **k: lambda *x, **y: None
     try:
         for n in plan_for(resolve_specs(None), "sm90").variants().values():
             got = compiler.trace(n.call)
             assert len(got["fwd"]) == 1
-            assert compiler.variant_from_fa4_key(got["fwd"][0][0], "sm90") == n.variant, n.variant.describe()
+            assert compiler.variant_from_fa4_key(got["fwd"][0][0], "sm90") == n.variant, (
+                n.variant.describe()
+            )
     finally:
         cute.compile = real
         for c in compiler._caches().values():
@@ -138,17 +126,23 @@ def test_coverage_hit_then_missing(tiny_store, tmp_path):
     from fa4aot.cli import main
 
     root, spec_file = tiny_store
-    r = CliRunner().invoke(main, ["coverage", "--spec", str(spec_file), "--cache", str(root), "--json"])
+    r = CliRunner().invoke(
+        main, ["coverage", "--spec", str(spec_file), "--cache", str(root), "--json"]
+    )
     assert r.exit_code == 0, r.output
     doc = json.loads(r.output)
     assert doc["counts"] == {"hit": 2, "padding": 0, "missing": 0, "unsupported": 0}
     bigger = tmp_path / "tiny2.toml"
     bigger.write_text(TINY.replace('phases = ["decode"]', 'phases = ["decode", "prefill"]'))
-    r = CliRunner().invoke(main, ["coverage", "--spec", str(bigger), "--cache", str(root), "--json"])
+    r = CliRunner().invoke(
+        main, ["coverage", "--spec", str(bigger), "--cache", str(root), "--json"]
+    )
     assert r.exit_code == 1
     doc = json.loads(r.output)
     assert doc["counts"]["hit"] == 2 and doc["counts"]["missing"] == 2
-    assert {row["variant"].split()[6] for row in doc["rows"] if row["status"] == "missing"} == {"prefill"}
+    assert {row["variant"].split()[6] for row in doc["rows"] if row["status"] == "missing"} == {
+        "prefill"
+    }
 
 
 def test_coverage_reports_padding(tiny_store, tmp_path):
@@ -156,8 +150,12 @@ def test_coverage_reports_padding(tiny_store, tmp_path):
 
     root, _ = tiny_store
     spec = tmp_path / "pad.toml"
-    spec.write_text(TINY.replace("head_dim = 64", "head_dim = 56").replace('name = "tiny"', 'name = "pad"'))
-    r = CliRunner().invoke(main, ["coverage", "--spec", str(spec), "--cache", str(root), "--json", "--no-trace"])
+    spec.write_text(
+        TINY.replace("head_dim = 64", "head_dim = 56").replace('name = "tiny"', 'name = "pad"')
+    )
+    r = CliRunner().invoke(
+        main, ["coverage", "--spec", str(spec), "--cache", str(root), "--json", "--no-trace"]
+    )
     assert r.exit_code == 0, r.output
     doc = json.loads(r.output)
     assert doc["counts"]["padding"] == 2
@@ -184,10 +182,21 @@ def test_autoinstall_hook_installs_when_fa4_is_imported(tiny_store):
     pth = root.parent / "hook.pth"
     pth.write_text(PTH_LINE)
     env = dict(os.environ, FA4AOT_INSTALL="error", FA4AOT_CACHE_DIR=str(root))
-    r = subprocess.run([sys.executable, "-c", code, str(pth)], capture_output=True, text=True, env=env)
+    r = subprocess.run(
+        [sys.executable, "-c", code, str(pth)], capture_output=True, text=True, env=env
+    )
     assert r.returncode == 0 and "installed" in r.stdout, r.stderr[-2000:]
     env.pop("FA4AOT_INSTALL")
-    r = subprocess.run([sys.executable, "-c", "import os; exec(open(os.sys.argv[1]).read()); import sys; "
-                        "assert 'fa4aot' not in sys.modules; print('inert')", str(pth)],
-                       capture_output=True, text=True, env=env)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import os; exec(open(os.sys.argv[1]).read()); import sys; "
+            "assert 'fa4aot' not in sys.modules; print('inert')",
+            str(pth),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert "inert" in r.stdout, r.stderr[-2000:]

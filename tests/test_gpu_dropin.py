@@ -22,8 +22,12 @@ def _calls():
     """(name, fn, args, kwargs) over the default specs: dense/varlen/paged, decode/prefill, b>256."""
     dt = torch.bfloat16
     out = []
-    for name, hq, hk, d, window, sinks in [("llama8b", 32, 8, 128, None, False), ("mistral", 32, 8, 128, 4096, False),
-                                           ("gpt-oss", 64, 8, 64, 128, True), ("gemma4", 32, 16, 256, 1024, False)]:
+    for name, hq, hk, d, window, sinks in [
+        ("llama8b", 32, 8, 128, None, False),
+        ("mistral", 32, 8, 128, 4096, False),
+        ("gpt-oss", 64, 8, 64, 128, True),
+        ("gemma4", 32, 16, 256, 1024, False),
+    ]:
         kw = dict(causal=True)
         if window:
             kw["window_size"] = (window, 0)
@@ -39,15 +43,33 @@ def _calls():
             sk = 200
             cu_k = torch.arange(b + 1, device="cuda", dtype=torch.int32) * sk
             k, v = (torch.randn(b * sk, hk, d, device="cuda", dtype=dt) for _ in range(2))
-            out.append((f"{name} varlen b{b} sq{sq}", "flash_attn_varlen_func", (q, k, v),
-                        dict(kw, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=sq, max_seqlen_k=sk)))
+            out.append(
+                (
+                    f"{name} varlen b{b} sq{sq}",
+                    "flash_attn_varlen_func",
+                    (q, k, v),
+                    dict(
+                        kw, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=sq, max_seqlen_k=sk
+                    ),
+                )
+            )
             for page in (16, 128):
                 npg = -(-sk // page)
-                kp, vp = (torch.randn(b * npg, page, hk, d, device="cuda", dtype=dt) for _ in range(2))
+                kp, vp = (
+                    torch.randn(b * npg, page, hk, d, device="cuda", dtype=dt) for _ in range(2)
+                )
                 table = torch.randperm(b * npg, device="cuda", dtype=torch.int32).reshape(b, npg)
                 used = torch.full((b,), sk, device="cuda", dtype=torch.int32)
-                out.append((f"{name} paged p{page} b{b} sq{sq}", "flash_attn_varlen_func", (q, kp, vp),
-                            dict(kw, cu_seqlens_q=cu_q, max_seqlen_q=sq, page_table=table, seqused_k=used)))
+                out.append(
+                    (
+                        f"{name} paged p{page} b{b} sq{sq}",
+                        "flash_attn_varlen_func",
+                        (q, kp, vp),
+                        dict(
+                            kw, cu_seqlens_q=cu_q, max_seqlen_q=sq, page_table=table, seqused_k=used
+                        ),
+                    )
+                )
     return out
 
 
@@ -70,7 +92,9 @@ def test_install_bitwise_equal_to_fa4_jit_zero_compiles():
     for (name, *_), (o1, l1), (o2, l2) in zip(calls, ours, theirs):
         assert not torch.isnan(o1).any(), name
         assert torch.equal(o1, o2), f"{name}: differs from FA4's JIT kernel"
-    print(f"{len(calls)} calls bit-identical, {counters.hits} kernels served from the store, 0 compiles")
+    print(
+        f"{len(calls)} calls bit-identical, {counters.hits} kernels served from the store, 0 compiles"
+    )
 
 
 def test_install_miss_raises_before_compiling():
@@ -80,7 +104,9 @@ def test_install_miss_raises_before_compiling():
 
     counters = fa4aot.install(on_miss="error")
     try:
-        q = torch.randn(1, 8, 24, 96, device="cuda", dtype=torch.bfloat16)  # hd96, ratio 3: not built
+        q = torch.randn(
+            1, 8, 24, 96, device="cuda", dtype=torch.bfloat16
+        )  # hd96, ratio 3: not built
         k = torch.randn(1, 8, 8, 96, device="cuda", dtype=torch.bfloat16)
         with pytest.raises(fa4aot.ArtifactMissing):
             fa.flash_attn_func(q, k, k, causal=True)

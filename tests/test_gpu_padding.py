@@ -21,9 +21,22 @@ pytestmark = pytest.mark.gpu
 
 # (q heads, kv heads, head_dim, lse): ratios 20, 10, 5 (GLM at TP1/2/4), 3, 6; head dims
 # 80/96/112 (-> 128) and 200 (-> 256)
-RATIO_CASES = [(20, 1, 128, True), (40, 2, 128, True), (10, 1, 128, True), (5, 1, 128, False),
-               (3, 1, 128, False), (6, 1, 128, False), (12, 2, 128, False)]
-HD_CASES = [(8, 2, 80, False), (8, 2, 96, False), (8, 2, 112, False), (4, 2, 200, True), (8, 4, 200, False)]
+RATIO_CASES = [
+    (20, 1, 128, True),
+    (40, 2, 128, True),
+    (10, 1, 128, True),
+    (5, 1, 128, False),
+    (3, 1, 128, False),
+    (6, 1, 128, False),
+    (12, 2, 128, False),
+]
+HD_CASES = [
+    (8, 2, 80, False),
+    (8, 2, 96, False),
+    (8, 2, 112, False),
+    (4, 2, 200, True),
+    (8, 4, 200, False),
+]
 
 
 def _padded_plans():
@@ -38,7 +51,9 @@ def _assert_padded(layout, hq, hk, d):
 
     plans = R.default_runtime()._plans
     hits = [p for k, p in plans.items() if k[0] == layout and k[2] == d and k[4] == hq // hk]
-    assert hits and all(p.pad is not None for p in hits), f"{layout} {hq}:{hk} hd{d} not served by padding"
+    assert hits and all(p.pad is not None for p in hits), (
+        f"{layout} {hq}:{hk} hd{d} not served by padding"
+    )
 
 
 @pytest.mark.parametrize("hq,hk,d,lse", RATIO_CASES + HD_CASES)
@@ -105,8 +120,14 @@ def test_cuda_graph_padded_decode_bitwise():
     table = torch.randperm(64, device="cuda", dtype=torch.int32)[: b * 4].reshape(b, 4)
     seqused = torch.randint(1, 4 * page, (b,), device="cuda", dtype=torch.int32)
     cu_q = torch.arange(b + 1, device="cuda", dtype=torch.int32)
-    kw = dict(cu_seqlens_q=cu_q, max_seqlen_q=1, page_table=table, seqused_k=seqused, causal=True,
-              return_lse=True)
+    kw = dict(
+        cu_seqlens_q=cu_q,
+        max_seqlen_q=1,
+        page_table=table,
+        seqused_k=seqused,
+        causal=True,
+        return_lse=True,
+    )
     eager_o, eager_l = fa4aot.flash_attn_varlen_func(q, kc, vc, **kw)
     assert any(p.pad is not None and p.pad.ratio == 32 for p in _padded_plans())
     s = torch.cuda.Stream()

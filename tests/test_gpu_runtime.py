@@ -31,7 +31,14 @@ LAYERS = [
     ("gemma-4", "sliding", 32, 16, 256, 1024, False, (False,)),
 ]
 TILE_M = {64: 192, 128: 128, 256: 128}
-TILE_N = {(64, False): 128, (64, True): 128, (128, False): 128, (128, True): 128, (256, False): 80, (256, True): 64}
+TILE_N = {
+    (64, False): 128,
+    (64, True): 128,
+    (128, False): 128,
+    (128, True): 128,
+    (256, False): 80,
+    (256, True): 64,
+}
 
 USED: set[str] = set()
 
@@ -60,7 +67,9 @@ def _check(out, lse, ref_out, ref_lse, lq, want_lse, tag):
         fin = torch.isfinite(ref_lse)
         assert torch.equal(torch.isfinite(lse), fin), f"{tag}: LSE -inf pattern differs"
         if fin.any():
-            lerr = ((lse[fin] - ref_lse[fin]).abs().max() / ref_lse[fin].abs().max().clamp_min(1)).item()
+            lerr = (
+                (lse[fin] - ref_lse[fin]).abs().max() / ref_lse[fin].abs().max().clamp_min(1)
+            ).item()
             assert lerr < LSE_TOL, f"{tag}: LSE err {lerr:.3e}"
     else:
         assert lse is None
@@ -96,19 +105,26 @@ def run_varlen(hq, hk, d, lq, lk, window, sinks, lse, page=None, max_q_hint=True
     cu_q = torch.tensor([0] + list(torch.tensor(lq).cumsum(0)), device="cuda", dtype=torch.int32)
     q = torch.randn(int(cu_q[-1]), hq, d, device="cuda", dtype=dt)
     sink = torch.randn(hq, device="cuda") if sinks else None
-    kw = dict(cu_seqlens_q=cu_q, max_seqlen_q=max(lq) if max_q_hint else None, causal=True,
-              return_lse=lse, learnable_sink=sink)
+    kw = dict(
+        cu_seqlens_q=cu_q,
+        max_seqlen_q=max(lq) if max_q_hint else None,
+        causal=True,
+        return_lse=lse,
+        learnable_sink=sink,
+    )
     if window is not None:
         kw["window_size"] = (window, 0)
     maxk = max(max(lk), 1)
     kp = torch.zeros(b, maxk, hk, d, device="cuda", dtype=dt)
     vp = torch.zeros(b, maxk, hk, d, device="cuda", dtype=dt)
     if page is None:
-        cu_k = torch.tensor([0] + list(torch.tensor(lk).cumsum(0)), device="cuda", dtype=torch.int32)
+        cu_k = torch.tensor(
+            [0] + list(torch.tensor(lk).cumsum(0)), device="cuda", dtype=torch.int32
+        )
         k = torch.randn(int(cu_k[-1]), hk, d, device="cuda", dtype=dt)
         v = torch.randn_like(k)
         for i, n in enumerate(lk):
-            kp[i, :n], vp[i, :n] = k[cu_k[i]:cu_k[i] + n], v[cu_k[i]:cu_k[i] + n]
+            kp[i, :n], vp[i, :n] = k[cu_k[i] : cu_k[i] + n], v[cu_k[i] : cu_k[i] + n]
         kw.update(cu_seqlens_k=cu_k, max_seqlen_k=maxk)
     else:
         npg = [max(1, -(-n // page)) for n in lk]
@@ -119,12 +135,16 @@ def run_varlen(hq, hk, d, lq, lk, window, sinks, lse, page=None, max_q_hint=True
         table = torch.zeros(b, max(npg), device="cuda", dtype=torch.int32)
         at = 0
         for i, n in enumerate(npg):
-            table[i, :n] = perm[at:at + n].to(torch.int32)
+            table[i, :n] = perm[at : at + n].to(torch.int32)
             at += n
             if lk[i]:
-                kp[i, :lk[i]] = k[table[i, :n].long()].reshape(-1, hk, d)[:lk[i]]
-                vp[i, :lk[i]] = v[table[i, :n].long()].reshape(-1, hk, d)[:lk[i]]
-        kw.update(page_table=table, seqused_k=torch.tensor(lk, device="cuda", dtype=torch.int32), max_seqlen_k=maxk)
+                kp[i, : lk[i]] = k[table[i, :n].long()].reshape(-1, hk, d)[: lk[i]]
+                vp[i, : lk[i]] = v[table[i, :n].long()].reshape(-1, hk, d)[: lk[i]]
+        kw.update(
+            page_table=table,
+            seqused_k=torch.tensor(lk, device="cuda", dtype=torch.int32),
+            max_seqlen_k=maxk,
+        )
     out, olse = fa4aot.flash_attn_varlen_func(q, k, v, **kw)
     lqt = torch.tensor(lq, device="cuda")
     lkt = torch.tensor(lk, device="cuda")
@@ -155,8 +175,18 @@ def _cases(layer):
     out = []
     long_k = 6000 if window == 4096 else 2048
     for lse in lses:
-        for b, sq, sk in [(1, 1, 1), (2, 1, 777), (2, 2, 300), (2, 4, 300), (2, tm, tm), (2, tm + 1, tm + 1),
-                          (1, 2048, 2048), (3, 16, 1000), (1, 1, long_k), (1, 256, long_k)]:
+        for b, sq, sk in [
+            (1, 1, 1),
+            (2, 1, 777),
+            (2, 2, 300),
+            (2, 4, 300),
+            (2, tm, tm),
+            (2, tm + 1, tm + 1),
+            (1, 2048, 2048),
+            (3, 16, 1000),
+            (1, 1, long_k),
+            (1, 256, long_k),
+        ]:
             out.append(("dense", (b, sq, sk), lse, None))
         for b in (1, 256, 257, 512):
             for sq in (1, 2, 4):
@@ -197,7 +227,9 @@ def test_gpu_case(layer, case):
     if kind == "dense":
         run_dense(hq, hk, d, *shape, window, sinks, lse)
     else:
-        run_varlen(hq, hk, d, *shape, window, sinks, lse, page=page, max_q_hint=kind != "varlen-nohint")
+        run_varlen(
+            hq, hk, d, *shape, window, sinks, lse, page=page, max_q_hint=kind != "varlen-nohint"
+        )
 
 
 @pytest.mark.parametrize("tp", [2, 8])

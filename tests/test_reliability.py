@@ -89,8 +89,10 @@ def _assert_clean(store: Store, n: int) -> None:
 def test_8_concurrent_builders_publish_each_artifact_exactly_once(tmp_path, spec, mode):
     root = tmp_path / "store"
     env = stub_env(FA4AOT_LOCK=mode, FA4AOT_STUB_DELAY="0.1")
-    procs = [popen_cli("build", "--spec", str(spec), "--cache", str(root), "-j", "1", "--json", env=env)
-             for _ in range(8)]
+    procs = [
+        popen_cli("build", "--spec", str(spec), "--cache", str(root), "-j", "1", "--json", env=env)
+        for _ in range(8)
+    ]
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0] * 8, [e for _, e in outs]
     by_id = _statuses([o for o, _ in outs])
@@ -117,8 +119,21 @@ def test_publication_is_exactly_once_even_when_the_lock_excludes_nothing(tmp_pat
     """A filesystem where flock silently succeeds: 8 builders all compile, one rename wins."""
     root = tmp_path / "store"
     env = stub_env(FA4AOT_STUB_DELAY="0.1")
-    procs = [popen_py(NO_LOCK_BUILD, "build", "--spec", str(spec), "--cache", str(root), "-j", "1",
-                      "--json", env=env) for _ in range(8)]
+    procs = [
+        popen_py(
+            NO_LOCK_BUILD,
+            "build",
+            "--spec",
+            str(spec),
+            "--cache",
+            str(root),
+            "-j",
+            "1",
+            "--json",
+            env=env,
+        )
+        for _ in range(8)
+    ]
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0] * 8, [e for _, e in outs]
     for vid, st in _statuses([o for o, _ in outs]).items():
@@ -167,8 +182,10 @@ json.dump(dict(loads=loads, errors=errors, partial=partial, scans=scans, seen=le
 def test_16_readers_never_see_a_partial_entry_while_a_build_adds_artifacts(tmp_path):
     root, stop = tmp_path / "store", tmp_path / "stop"
     env = stub_env(FA4AOT_STUB_DELAY="0.02")
-    readers = [popen_py(READER, str(root), str(stop), str(tmp_path / f"r{i}.json"), env=env)
-               for i in range(16)]
+    readers = [
+        popen_py(READER, str(root), str(stop), str(tmp_path / f"r{i}.json"), env=env)
+        for i in range(16)
+    ]
     for r in readers:
         assert r.stdout.readline().strip() == "ready"
     b = cli("build", "--spec", "llama-3.1-8b", "--cache", str(root), "-j", "2", "--json", env=env)
@@ -183,8 +200,10 @@ def test_16_readers_never_see_a_partial_entry_while_a_build_adds_artifacts(tmp_p
     assert sum(r["partial"] for r in res) == 0
     assert all(r["seen"] == n for r in res)  # each reader's last scan saw the whole store
     assert sum(r["scans"] for r in res) > 16 * 2  # they did read during the build
-    print(f"readers: 16, artifacts: {n}, verified loads: {sum(r['loads'] for r in res)}, "
-          f"scans: {sum(r['scans'] for r in res)}, errors: 0")
+    print(
+        f"readers: 16, artifacts: {n}, verified loads: {sum(r['loads'] for r in res)}, "
+        f"scans: {sum(r['scans'] for r in res)}, errors: 0"
+    )
 
 
 HOLDER = r"""
@@ -219,7 +238,9 @@ def test_lock_is_taken_over_at_once_after_its_holder_is_sigkilled(tmp_path, mode
 def test_marker_of_another_machine_is_stale_only_after_its_lease(tmp_path, monkeypatch):
     monkeypatch.setenv("FA4AOT_LOCK_LEASE_S", "1")
     lock = tmp_path / "y.lock"
-    lock.write_text(json.dumps({"machine": "elsewhere/boot/1", "pid": 1, "start": "", "nonce": "n"}))
+    lock.write_text(
+        json.dumps({"machine": "elsewhere/boot/1", "pid": 1, "start": "", "nonce": "n"})
+    )
     with pytest.raises(locking.LockTimeout):  # fresh lease: another host's live builder
         with locking.hold(lock, timeout=0.3, mode="marker"):
             pass
@@ -240,8 +261,15 @@ def test_marker_holder_keeps_its_lease_fresh(tmp_path, monkeypatch):
 
 
 def test_marker_staleness_rules():
-    me = json.loads(json.dumps({"machine": locking._machine(), "pid": os.getpid(),
-                                "start": locking._start_time(os.getpid())}))
+    me = json.loads(
+        json.dumps(
+            {
+                "machine": locking._machine(),
+                "pid": os.getpid(),
+                "start": locking._start_time(os.getpid()),
+            }
+        )
+    )
     now = time.time()
     assert not locking.holder_stale(json.dumps(me), now)
     assert not locking.holder_stale(json.dumps(me), now - 10_000)  # alive: age does not matter
@@ -262,14 +290,26 @@ tmpfs /mnt/nfs/tmp tmpfs rw 0 0
 
 def test_filesystem_detection_picks_the_lock_and_refuses_object_stores(monkeypatch):
     monkeypatch.delenv("FA4AOT_LOCK", raising=False)
-    cases = {"/": "ext4", "/home/u/cache": "ext4", "/mnt/nfs/a": "nfs4", "/mnt/nfs/deep dir/a": "nfs",
-             "/mnt/nfs/tmp/a": "tmpfs", "/mnt/nfsx": "ext4", "/mnt/s3/store": "fuse.s3fs"}
+    cases = {
+        "/": "ext4",
+        "/home/u/cache": "ext4",
+        "/mnt/nfs/a": "nfs4",
+        "/mnt/nfs/deep dir/a": "nfs",
+        "/mnt/nfs/tmp/a": "tmpfs",
+        "/mnt/nfsx": "ext4",
+        "/mnt/s3/store": "fuse.s3fs",
+    }
     for path, kind in cases.items():
         assert locking.fs_type(Path(path), MOUNTS) == kind, path
     assert "fuse.s3fs" in locking.NO_ATOMIC_RENAME_FS and "nfs4" not in locking.LOCAL_FS
     real = locking.fs_type
-    for kind, mode in (("ext4", "flock"), ("nfs4", "marker"), ("fuse.sshfs", "marker"),
-                       ("unknown", "marker"), ("lustre", "marker")):
+    for kind, mode in (
+        ("ext4", "flock"),
+        ("nfs4", "marker"),
+        ("fuse.sshfs", "marker"),
+        ("unknown", "marker"),
+        ("lustre", "marker"),
+    ):
         monkeypatch.setattr(locking, "fs_type", lambda p, m=None, k=kind: k)
         assert locking.lock_mode(Path("/x")) == mode
     monkeypatch.setattr(locking, "fs_type", lambda p, m=None: "fuse.s3fs")
@@ -290,17 +330,31 @@ def test_sigkill_at_any_moment_never_leaves_an_entry_the_loader_accepts(tmp_path
     locks); after each, every visible entry is whole and valid, and the next build completes the
     store and leaves no scratch."""
     rng = random.Random(20261129)
-    trials = [("fault", p, 1, "flock" if i % 2 else "marker") for i, p in enumerate(FAULT_POINTS * 2)]
-    trials += [("timer", rng.uniform(0.3, 1.2), 1 + i % 2, "marker" if i % 3 == 0 else "flock")
-               for i in range(14)]
+    trials = [
+        ("fault", p, 1, "flock" if i % 2 else "marker") for i, p in enumerate(FAULT_POINTS * 2)
+    ]
+    trials += [
+        ("timer", rng.uniform(0.3, 1.2), 1 + i % 2, "marker" if i % 3 == 0 else "flock")
+        for i in range(14)
+    ]
     killed, survived = [], 0
     for n, (kind, arg, jobs, mode) in enumerate(trials):
         root = tmp_path / f"s{n}"
         extra = {"FA4AOT_FAULT": arg} if kind == "fault" else {}
-        env = stub_env(FA4AOT_STUB_DELAY="0.25" if kind == "timer" else "0.05", FA4AOT_LOCK=mode,
-                       **extra)
-        p = popen_cli("build", "--spec", str(spec), "--cache", str(root), "-j", str(jobs),
-                      env=env, start_new_session=True)
+        env = stub_env(
+            FA4AOT_STUB_DELAY="0.25" if kind == "timer" else "0.05", FA4AOT_LOCK=mode, **extra
+        )
+        p = popen_cli(
+            "build",
+            "--spec",
+            str(spec),
+            "--cache",
+            str(root),
+            "-j",
+            str(jobs),
+            env=env,
+            start_new_session=True,
+        )
         if kind == "timer":
             try:
                 p.wait(timeout=arg)
@@ -318,18 +372,29 @@ def test_sigkill_at_any_moment_never_leaves_an_entry_the_loader_accepts(tmp_path
                 published += 1
         if kind == "fault" and arg == "published":
             assert published >= 1
-        r = cli("build", "--spec", str(spec), "--cache", str(root), "-j", "1", "--json",
-                env=stub_env(FA4AOT_STUB_DELAY="0", FA4AOT_LOCK=mode))
+        r = cli(
+            "build",
+            "--spec",
+            str(spec),
+            "--cache",
+            str(root),
+            "-j",
+            "1",
+            "--json",
+            env=stub_env(FA4AOT_STUB_DELAY="0", FA4AOT_LOCK=mode),
+        )
         assert r.returncode == 0, (n, r.stderr)
         st = [row["status"] for row in json.loads(r.stdout)["rows"]]
         assert st.count("cached") == published and st.count("built") == N_TINY - published
         _assert_clean(stores_at(root)[0], N_TINY)
         survived += published
-    print(f"crash trials: {len(killed)} SIGKILLed ({sum(k == 'fault' for k, _, _ in killed)} at "
-          f"named points, {sum(k == 'timer' for k, _, _ in killed)} at random times, "
-          f"{sum(j == 2 for _, j, _ in killed)} with 2 processes, "
-          f"{sum(m == 'marker' for _, _, m in killed)} with marker locks); "
-          f"{survived} artifacts published before a kill kept, 0 bad entries accepted")
+    print(
+        f"crash trials: {len(killed)} SIGKILLed ({sum(k == 'fault' for k, _, _ in killed)} at "
+        f"named points, {sum(k == 'timer' for k, _, _ in killed)} at random times, "
+        f"{sum(j == 2 for _, j, _ in killed)} with 2 processes, "
+        f"{sum(m == 'marker' for _, _, m in killed)} with marker locks); "
+        f"{survived} artifacts published before a kill kept, 0 bad entries accepted"
+    )
     assert len(killed) >= 20
 
 
@@ -345,8 +410,9 @@ def test_a_killed_builders_scratch_is_swept_but_a_live_ones_is_not(built):
     (built.dir / "specs" / f".tiny.json.{host}~{dead.pid}~zz.tmp").write_text("torn")
     (tmp / f"abc.otherhost~{dead.pid}~x3").mkdir()  # another machine's, recent: kept
     assert sweep_temp(built) == 2
-    assert sorted(p.name for p in tmp.iterdir()) == sorted([f"abc.{owner_tag()}x2",
-                                                            f"abc.otherhost~{dead.pid}~x3"])
+    assert sorted(p.name for p in tmp.iterdir()) == sorted(
+        [f"abc.{owner_tag()}x2", f"abc.otherhost~{dead.pid}~x3"]
+    )
 
 
 # -- 3. integrity ---------------------------------------------------------------------------
@@ -391,8 +457,17 @@ def test_sha256_check_costs_well_under_1ms_per_100kb_artifact(tmp_path, built):
     part.write_bytes(os.urandom(100 * 1024))
     from fa4aot.store import sha256_file
 
-    reseal(d, parts={"fwd": {"file": "fwd.so", "key": "stub", "size": 100 * 1024,
-                             "sha256": sha256_file(part)}})
+    reseal(
+        d,
+        parts={
+            "fwd": {
+                "file": "fwd.so",
+                "key": "stub",
+                "size": 100 * 1024,
+                "sha256": sha256_file(part),
+            }
+        },
+    )
     art = built.get(d.name, verify=False)
     times = []
     for _ in range(300):
@@ -432,7 +507,7 @@ def test_every_bit_flip_and_truncation_of_a_record_is_detected(built):
             with pytest.raises(CorruptArtifact):
                 built.get(d.name, verify=False)
             f.seek(i)
-            f.write(good[i:i + 1])
+            f.write(good[i : i + 1])
             f.flush()
             n += 1
     for cut in rng.sample(range(body), 20):
@@ -469,7 +544,7 @@ def test_bit_flips_and_truncations_of_an_artifact_are_detected_and_never_loaded(
             with pytest.raises(CorruptArtifact):
                 Runtime([built.root]).plan(_variant(d), 132)
             f.seek(i)
-            f.write(good[i:i + 1])
+            f.write(good[i : i + 1])
             f.flush()
             n += 1
     for c in cuts:
@@ -493,9 +568,16 @@ def test_build_quarantines_and_rebuilds_corrupt_entries_and_verify_reports_them(
     flip.write_bytes(b)
     (dirs[1] / RECORD).write_bytes((dirs[1] / RECORD).read_bytes()[:200])
     (dirs[2] / "fwd.so").unlink()
-    reseal(dirs[3], description="edited, resealed, but its part's sha256 no longer matches",
-           parts={"fwd": {**json.loads((dirs[3] / RECORD).read_text())["parts"]["fwd"],
-                          "sha256": "0" * 64}})
+    reseal(
+        dirs[3],
+        description="edited, resealed, but its part's sha256 no longer matches",
+        parts={
+            "fwd": {
+                **json.loads((dirs[3] / RECORD).read_text())["parts"]["fwd"],
+                "sha256": "0" * 64,
+            }
+        },
+    )
     (dirs[4] / RECORD).unlink()  # a record-less directory (an old builder's leftover)
     r = cli("verify", "--cache", str(built.root), "--json")
     assert r.returncode == 1
@@ -533,16 +615,32 @@ def test_verify_reports_a_broken_toolchain_file(built):
     (built.dir / "toolchain.json").write_text('{"arch": "sm90"}')
     r = cli("verify", "--cache", str(built.root), "--json")
     assert r.returncode == 1
-    assert json.loads(r.stdout)["rows"][0]["error"].endswith(f"not a valid toolchain for directory {built.dir.name}")
+    assert json.loads(r.stdout)["rows"][0]["error"].endswith(
+        f"not a valid toolchain for directory {built.dir.name}"
+    )
 
 
 # -- 4. version skew -----------------------------------------------------------------------
 
 
-FULL = {"fa4": "4.0.0b36", "cutlass_dsl": "4.8.1", "cutlass_libs": "cu13", "tvm_ffi": "0.1.15.post2",
-        "python": "3.12", "arch": "sm90", "num_sms": 132}
-OTHER = {"fa4": "4.0.0b37", "cutlass_dsl": "4.9.0", "cutlass_libs": "cu12", "tvm_ffi": "0.1.16",
-         "python": "3.11", "arch": "sm100", "num_sms": 114}
+FULL = {
+    "fa4": "4.0.0b36",
+    "cutlass_dsl": "4.8.1",
+    "cutlass_libs": "cu13",
+    "tvm_ffi": "0.1.15.post2",
+    "python": "3.12",
+    "arch": "sm90",
+    "num_sms": 132,
+}
+OTHER = {
+    "fa4": "4.0.0b37",
+    "cutlass_dsl": "4.9.0",
+    "cutlass_libs": "cu12",
+    "tvm_ffi": "0.1.16",
+    "python": "3.11",
+    "arch": "sm100",
+    "num_sms": 114,
+}
 
 
 def _store_with(root: Path, tc: dict) -> Store:
@@ -562,24 +660,35 @@ def test_a_store_of_another_toolchain_or_gpu_is_never_served(tmp_path, field):
         return
     with pytest.raises(FingerprintMismatch) as e:
         find_serving_store([tmp_path], expected)
-    assert f"{field}: store has {OTHER[field]!r}, this process needs {FULL[field]!r}" in str(e.value)
+    assert f"{field}: store has {OTHER[field]!r}, this process needs {FULL[field]!r}" in str(
+        e.value
+    )
 
 
 def test_runtime_expectation_names_every_installed_version(monkeypatch):
     from fa4aot import store as S
 
-    vers = {"flash-attn-4": "4.0.0b36", "nvidia-cutlass-dsl": "4.8.1",
-            "nvidia-cutlass-dsl-libs-cu13": "4.8.1", "apache-tvm-ffi": "0.1.15.post2"}
+    vers = {
+        "flash-attn-4": "4.0.0b36",
+        "nvidia-cutlass-dsl": "4.8.1",
+        "nvidia-cutlass-dsl-libs-cu13": "4.8.1",
+        "apache-tvm-ffi": "0.1.15.post2",
+    }
     monkeypatch.setattr(S, "_version", vers.get)
     exp = S.runtime_expectation("sm90", 114)
     assert {k: exp[k] for k in ("fa4", "cutlass_dsl", "cutlass_libs", "tvm_ffi", "num_sms")} == {
-        "fa4": "4.0.0b36", "cutlass_dsl": "4.8.1", "cutlass_libs": "cu13", "tvm_ffi": "0.1.15.post2",
-        "num_sms": 114}
+        "fa4": "4.0.0b36",
+        "cutlass_dsl": "4.8.1",
+        "cutlass_libs": "cu13",
+        "tvm_ffi": "0.1.15.post2",
+        "num_sms": 114,
+    }
     assert S.build_toolchain("sm90", 132)["cutlass_libs"] == "cu13"
 
 
-def test_a_132_sm_artifact_is_refused_on_a_114_sm_gpu_unless_proven_independent(tmp_path, spec,
-                                                                                monkeypatch, no_dlopen):
+def test_a_132_sm_artifact_is_refused_on_a_114_sm_gpu_unless_proven_independent(
+    tmp_path, spec, monkeypatch, no_dlopen
+):
     from fa4aot.runtime import Runtime
 
     store, _ = build_stub(tmp_path / "store", spec, monkeypatch)
@@ -683,8 +792,9 @@ print(json.dumps({"writes": writes, "served": served, "dlopen": dlopen, "codes":
 
 
 def _snapshot(root: Path) -> list:
-    return sorted((str(p.relative_to(root)), p.stat().st_mtime_ns, p.stat().st_size)
-                  for p in root.rglob("*"))
+    return sorted(
+        (str(p.relative_to(root)), p.stat().st_mtime_ns, p.stat().st_size) for p in root.rglob("*")
+    )
 
 
 def test_a_read_only_store_serves_and_nothing_tries_to_write_into_it(tmp_path, built, monkeypatch):
@@ -693,12 +803,17 @@ def test_a_read_only_store_serves_and_nothing_tries_to_write_into_it(tmp_path, b
     before = _snapshot(built.root)
     # every user, root included: an audit hook sees each attempt to write, whether or not the
     # filesystem would refuse it
-    r = subprocess.run([PY, "-c", RO_DRIVER, str(built.root)], env=env, capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run(
+        [PY, "-c", RO_DRIVER, str(built.root)], env=env, capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout.strip().splitlines()[-1])
-    assert doc == {"writes": [], "served": N_TINY, "dlopen": 1,
-                   "codes": {"ls": 0, "verify": 0, "inspect": 0}}
+    assert doc == {
+        "writes": [],
+        "served": N_TINY,
+        "dlopen": 1,
+        "codes": {"ls": 0, "verify": 0, "inspect": 0},
+    }
     assert _snapshot(built.root) == before
     # and on a store that really is read-only (mount or modes)
     r = run_readonly([PY, "-c", RO_DRIVER, str(built.root)], [built.root], env, tmp_path)
@@ -710,13 +825,18 @@ def test_building_with_only_read_only_layers_is_a_clear_build_error(tmp_path, bu
     other = tmp_path / "image2"
     other.mkdir()
     env = stub_env(FA4AOT_CACHE_DIR=f"{built.root}{os.pathsep}{other}")
-    r = run_readonly([PY, "-m", "fa4aot.cli", "build", "--spec", str(spec)], [built.root, other],
-                     env, tmp_path)
+    r = run_readonly(
+        [PY, "-m", "fa4aot.cli", "build", "--spec", str(spec)], [built.root, other], env, tmp_path
+    )
     assert r.returncode == 1
     assert "error: no writable store layer to build into" in r.stderr
     assert str(built.root) in r.stderr and str(other) in r.stderr
-    r = run_readonly([PY, "-m", "fa4aot.cli", "build", "--spec", str(spec), "--cache", str(built.root)],
-                     [built.root], env, tmp_path)
+    r = run_readonly(
+        [PY, "-m", "fa4aot.cli", "build", "--spec", str(spec), "--cache", str(built.root)],
+        [built.root],
+        env,
+        tmp_path,
+    )
     assert r.returncode == 1 and "no writable store layer" in r.stderr
 
 
@@ -751,7 +871,9 @@ return_lse = "both"
 """
 
 
-def test_writable_overlay_receives_builds_and_lookups_search_layers_in_order(tmp_path, spec, monkeypatch):
+def test_writable_overlay_receives_builds_and_lookups_search_layers_in_order(
+    tmp_path, spec, monkeypatch
+):
     from fa4aot.runtime import Runtime
 
     image, node = tmp_path / "image", tmp_path / "node"
@@ -760,12 +882,25 @@ def test_writable_overlay_receives_builds_and_lookups_search_layers_in_order(tmp
     before = _snapshot(image)
     big = write_spec(tmp_path, BIG_SPEC, "big.toml")
     env = stub_env(FA4AOT_CACHE_DIR=f"{node}{os.pathsep}{image}")
-    r = subprocess.run([PY, "-c", RO_DRIVER.split("sys.addaudithook(hook)")[0] + """
+    r = subprocess.run(
+        [
+            PY,
+            "-c",
+            RO_DRIVER.split("sys.addaudithook(hook)")[0]
+            + """
 sys.addaudithook(hook)
 from fa4aot.cli import main
 sys.argv = ["fa4aot", "build", "--spec", sys.argv[2], "--json"]
 main()
-""", str(image), str(big)], env=env, capture_output=True, text=True, timeout=120)
+""",
+            str(image),
+            str(big),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)["rows"]
     st = {x["id"]: x["status"] for x in rows}
@@ -784,18 +919,23 @@ main()
 
     first = sorted(in_image)[0]
     shutil.copytree(img_store.artifact_dir(first), node_store.artifact_dir(first))
-    assert Runtime([node, image]).find(_variant(node_store.artifact_dir(first)), 132).dir.parent.parent == node_store.dir
+    assert (
+        Runtime([node, image]).find(_variant(node_store.artifact_dir(first)), 132).dir.parent.parent
+        == node_store.dir
+    )
 
 
-def test_builds_go_to_the_first_writable_layer_even_when_a_read_only_one_comes_first(tmp_path, spec,
-                                                                                      monkeypatch):
+def test_builds_go_to_the_first_writable_layer_even_when_a_read_only_one_comes_first(
+    tmp_path, spec, monkeypatch
+):
     image, node = tmp_path / "image", tmp_path / "node"
     img_store, _ = build_stub(image, spec, monkeypatch)
     big = write_spec(tmp_path, BIG_SPEC, "big.toml")
     env = stub_env(FA4AOT_CACHE_DIR=f"{image}{os.pathsep}{node}")
     before = _snapshot(image)
-    r = run_readonly([PY, "-m", "fa4aot.cli", "build", "--spec", str(big), "--json"], [image], env,
-                     tmp_path)
+    r = run_readonly(
+        [PY, "-m", "fa4aot.cli", "build", "--spec", str(big), "--json"], [image], env, tmp_path
+    )
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["store"].startswith(str(node))
     assert _snapshot(image) == before
@@ -808,10 +948,18 @@ def test_nothing_on_the_load_path_unpickles():
     import re
 
     pkg = Path(__file__).resolve().parents[1] / "fa4aot"
-    for mod in ("store.py", "runtime.py", "runtime_lib.py", "archive.py", "locking.py", "errors.py"):
+    for mod in (
+        "store.py",
+        "runtime.py",
+        "runtime_lib.py",
+        "archive.py",
+        "locking.py",
+        "errors.py",
+    ):
         src = (pkg / mod).read_text()
-        assert not re.search(r"\b(pickle|cPickle|marshal|shelve|dill|torch\.load|yaml\.load|eval\(|exec\()",
-                             src), mod
+        assert not re.search(
+            r"\b(pickle|cPickle|marshal|shelve|dill|torch\.load|yaml\.load|eval\(|exec\()", src
+        ), mod
 
 
 def _other_writable(path: Path, mode: int) -> None:
@@ -827,10 +975,14 @@ def test_native_code_in_a_directory_others_can_write_is_refused(built, no_dlopen
     calls, Dlopen = no_dlopen
     d = artifact_dirs(built)[0]
     _make_real(d)
-    target = {"artifact dir": d, "store dir": built.dir, "root": built.root, "part": d / "fwd.so"}[which]
+    target = {"artifact dir": d, "store dir": built.dir, "root": built.root, "part": d / "fwd.so"}[
+        which
+    ]
     _other_writable(target, 0o775 if target.is_dir() else 0o664)
-    with pytest.raises(CorruptArtifact, match="refusing to load native code: .* group/world-writable "
-                                              "and owned by uid 4242"):
+    with pytest.raises(
+        CorruptArtifact,
+        match="refusing to load native code: .* group/world-writable and owned by uid 4242",
+    ):
         Runtime([built.root], allow_unsafe_dirs=False).plan(_variant(d), 132)
     assert calls == []
     with pytest.raises(Dlopen):  # explicitly allowed
@@ -838,7 +990,9 @@ def test_native_code_in_a_directory_others_can_write_is_refused(built, no_dlopen
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory to another user")
-def test_the_ownership_check_follows_symlinks_to_where_the_code_really_is(tmp_path, built, no_dlopen):
+def test_the_ownership_check_follows_symlinks_to_where_the_code_really_is(
+    tmp_path, built, no_dlopen
+):
     from fa4aot.runtime import Runtime
 
     shared = tmp_path / "shared"
@@ -872,11 +1026,14 @@ def test_world_writable_directory_without_sticky_bit_is_refused(built, no_dlopen
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-FUZZ = settings(max_examples=1000, deadline=1000, suppress_health_check=list(HealthCheck),
-                derandomize=True)
-_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
-                     lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
-                     max_leaves=20)
+FUZZ = settings(
+    max_examples=1000, deadline=1000, suppress_health_check=list(HealthCheck), derandomize=True
+)
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
+    max_leaves=20,
+)
 
 
 @pytest.fixture(scope="module")
@@ -931,7 +1088,14 @@ def test_fuzz_record_parser_mutated_records(good_record, data):
 
 
 def test_parser_survives_pathological_inputs():
-    for data in ("[" * 1_000_000, "1" * 10_000, '{"a":' * 200_000, b"\xff\xfe", "\ud800", "x" * (2 << 20)):
+    for data in (
+        "[" * 1_000_000,
+        "1" * 10_000,
+        '{"a":' * 200_000,
+        b"\xff\xfe",
+        "\ud800",
+        "x" * (2 << 20),
+    ):
         _parse_only_typed(data)
 
 
@@ -941,19 +1105,41 @@ def _tensor(shape, dt):
     return torch.zeros(shape, dtype=getattr(torch, dt))
 
 
-_t = st.builds(_tensor, st.lists(st.integers(0, 3), max_size=5),
-               st.sampled_from(["bfloat16", "float16", "float32", "int32", "int64", "bool",
-                                "float8_e4m3fn"]))
-_any = (_t | st.none() | st.integers(-3, 300) | st.text(max_size=3) | st.floats()
-        | st.tuples(st.integers(-2, 5) | st.none(), st.integers(-2, 5) | st.none()))
+_t = st.builds(
+    _tensor,
+    st.lists(st.integers(0, 3), max_size=5),
+    st.sampled_from(["bfloat16", "float16", "float32", "int32", "int64", "bool", "float8_e4m3fn"]),
+)
+_any = (
+    _t
+    | st.none()
+    | st.integers(-3, 300)
+    | st.text(max_size=3)
+    | st.floats()
+    | st.tuples(st.integers(-2, 5) | st.none(), st.integers(-2, 5) | st.none())
+)
 _KW = ["softmax_scale", "causal", "window_size", "learnable_sink", "return_lse"]
-_VKW = _KW + ["cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "seqused_q",
-              "seqused_k", "page_table"]
+_VKW = _KW + [
+    "cu_seqlens_q",
+    "cu_seqlens_k",
+    "max_seqlen_q",
+    "max_seqlen_k",
+    "seqused_q",
+    "seqused_k",
+    "page_table",
+]
 
 
-@settings(max_examples=1500, deadline=1000, suppress_health_check=list(HealthCheck), derandomize=True)
-@given(st.booleans(), _t | _any, _t | _any, _t | _any,
-       st.dictionaries(st.sampled_from(_VKW), _any | _t, max_size=6))
+@settings(
+    max_examples=1500, deadline=1000, suppress_health_check=list(HealthCheck), derandomize=True
+)
+@given(
+    st.booleans(),
+    _t | _any,
+    _t | _any,
+    _t | _any,
+    st.dictionaries(st.sampled_from(_VKW), _any | _t, max_size=6),
+)
 def test_fuzz_runtime_input_checks(varlen, q, k, v, kw):
     from fa4aot import runtime
 

@@ -11,6 +11,7 @@ import random
 import subprocess
 import sys
 from dataclasses import asdict, fields, replace
+from pathlib import Path
 
 import pytest
 
@@ -94,18 +95,7 @@ def test_enumeration_is_pure_and_deterministic():
 
 
 def test_small_spec_enumeration():
-    s = parse_spec("""
-name = "tiny"
-[[attention]]
-name = "full"
-num_q_heads = 2
-num_kv_heads = 1
-head_dim = 64
-[serving]
-layouts = ["dense"]
-phases = ["decode"]
-return_lse = "both"
-""")
+    s = parse_spec((Path(__file__).parent / "specs" / "tiny.toml").read_text())
     p = enumerate_variants(s, ARCH)
     vs = list(p.variants().values())
     assert len(vs) == 2
