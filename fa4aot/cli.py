@@ -378,6 +378,29 @@ def specs_cmd(arch, specs, as_json):
     _emit(rows, as_json, ["spec", "layer", "id", "variant", "status"])
 
 
+def _cached_artifacts(cache: str | None, arch: str, num_sms: int, python: str | None) -> list:
+    """Artifacts of every layer's store built by this machine's toolchain for (arch, SM count),
+    and for `python` when given (a build machine checks stores made for another interpreter)."""
+    from .store import build_toolchain, default_roots, stores_at
+
+    roots = [Path(p) for p in cache.split(os.pathsep)] if cache else default_roots()
+    want = build_toolchain(arch, num_sms, python)
+    keys = [
+        k
+        for k in ("fa4", "cutlass_dsl", "cutlass_libs", "tvm_ffi", "arch", "num_sms")
+        if want.get(k)
+    ]
+    keys += ["python"] if python else []
+    return [
+        a
+        for root in roots
+        for s in stores_at(root)
+        if all(s.toolchain.get(k) == want[k] for k in keys)
+        for _, a in s.iter_artifacts()
+        if not isinstance(a, Exception) and not a.record.get("stub")
+    ]
+
+
 @main.command()
 @click.option("--arch", default="sm90", show_default=True, type=click.Choice(sorted(C.ARCHS)))
 @click.option(
@@ -426,8 +449,7 @@ def explain(
     """How the runtime would serve a call: its variant, then an exact hit, a padding plan
     (with its cost) or the refusal. Exit 1 when nothing can serve it."""
     from .select import choose, nearest
-    from .store import default_roots, find_serving_store, runtime_expectation
-    from .variants import Variant, features
+    from .variants import Call, Variant, features
 
     try:
         hq, hk = (int(x) for x in heads.split(":"))
@@ -441,43 +463,29 @@ def explain(
             "--page-size goes with --layout paged (and only with it)", param_hint="--page-size"
         )
     num_sms = num_sms or C.DEFAULT_NUM_SMS[arch]
-    varlen = layout != "dense"
-    feat = dict(
-        dtype=dtype,
-        head_dim=head_dim,
-        head_dim_v=head_dim_v or head_dim,
+    call = Call(
+        layout=layout,
+        batch=batch,
+        seqlen_q=seqlen_q,
+        seqlen_k=seqlen_q,
         num_heads=hq,
         num_heads_kv=hk,
+        head_dim=head_dim,
+        head_dim_v=head_dim_v or head_dim,
+        dtype=dtype,
         causal=causal,
         window_left=window,
-        window_right=0 if (window is not None and causal) else None,
+        window_right=None if window is None else (0 if causal else window),
         return_lse=lse,
         sink_dtype="float32" if sink else None,
-        batch=batch,
-        seqlen_q=None if varlen else seqlen_q,
-        total_q=batch * seqlen_q,
-        max_seqlen_q=seqlen_q if varlen else None,
-        cu_seqlens_q=varlen,
-        cu_seqlens_k=layout == "varlen",
-        seqused_k=layout == "paged",
         page_size=page_size,
     )
+    feat = call.feature_kwargs()
     want = features(arch=arch, **feat)
-    roots = [Path(p) for p in cache.split(os.pathsep)] if cache else default_roots()
-    avail = []
-    for s in find_serving_store(
-        roots,
-        {
-            "arch": arch,
-            "num_sms": num_sms,
-            **{k: v for k, v in runtime_expectation(arch, num_sms).items() if k not in ("python",)},
-        },
-    ):
-        avail += [
-            Variant.from_dict(a.record["variant"])
-            for _, a in s.iter_artifacts()
-            if not isinstance(a, Exception)
-        ]
+    avail = [
+        Variant.from_dict(a.record["variant"])
+        for a in _cached_artifacts(cache, arch, num_sms, None)
+    ]
     why = C.unsupported_reason(
         arch, dtype, head_dim, head_dim_v or head_dim, qhead_per_kvhead=hq // hk
     )
@@ -552,28 +560,10 @@ def coverage(specs, arch, num_sms, python, cache, trace, as_json):
     from .build import plan_for
     from .select import choose
     from .specs import resolve_specs
-    from .store import build_toolchain, default_roots, stores_at
     from .variants import Variant
 
     num_sms = num_sms or C.DEFAULT_NUM_SMS[arch]
-    roots = [Path(p) for p in cache.split(os.pathsep)] if cache else default_roots()
-    want_tc = build_toolchain(arch, num_sms, python)
-    check = [
-        k
-        for k in ("fa4", "cutlass_dsl", "cutlass_libs", "tvm_ffi", "arch", "num_sms")
-        if want_tc.get(k)
-    ]
-    if python:
-        check.append("python")
-    arts = []
-    for root in roots:
-        for s in stores_at(root):
-            if all(s.toolchain.get(k) == want_tc[k] for k in check):
-                arts += [
-                    a
-                    for _, a in s.iter_artifacts()
-                    if not isinstance(a, Exception) and not a.record.get("stub")
-                ]
+    arts = _cached_artifacts(cache, arch, num_sms, python)
     avail = [Variant.from_dict(a.record["variant"]) for a in arts]
     keys = {(part, p["key"]) for a in arts for part, p in a.record["parts"].items()}
     spec_list = resolve_specs(list(specs))
@@ -588,7 +578,7 @@ def coverage(specs, arch, num_sms, python, cache, trace, as_json):
             compiler.configure(arch, num_sms)
             traced = compiler.trace_keys([n.call for n in needs])
         for i, n in enumerate(needs):
-            feat = _call_feat(n.call, arch)
+            feat = n.call.feature_kwargs()
             ch = choose(arch, feat, avail)
             row = {
                 "spec": spec.name,
@@ -640,30 +630,6 @@ def coverage(specs, arch, num_sms, python, cache, trace, as_json):
         )
     if missing:
         sys.exit(1)
-
-
-def _call_feat(call, arch):
-    varlen = call.layout != "dense"
-    return dict(
-        dtype=call.dtype,
-        head_dim=call.head_dim,
-        head_dim_v=call.head_dim_v,
-        num_heads=call.num_heads,
-        num_heads_kv=call.num_heads_kv,
-        causal=call.causal,
-        window_left=call.window_left,
-        window_right=call.window_right,
-        return_lse=call.return_lse,
-        sink_dtype=call.sink_dtype,
-        batch=call.batch,
-        seqlen_q=None if varlen else call.seqlen_q,
-        total_q=call.batch * call.seqlen_q,
-        max_seqlen_q=call.seqlen_q if varlen else None,
-        cu_seqlens_q=varlen,
-        cu_seqlens_k=call.layout == "varlen",
-        seqused_k=call.layout == "paged",
-        page_size=call.page_size,
-    )
 
 
 @main.command()

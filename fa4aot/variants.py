@@ -196,10 +196,10 @@ class Call:
     sink_dtype: str | None
     page_size: int | None = None
 
-    def variant(self, arch: str) -> Variant:
+    def feature_kwargs(self) -> dict:
+        """The call's static features: `features()` arguments, less the arch."""
         varlen = self.layout in ("varlen", "paged")
-        return features(
-            arch=arch,
+        return dict(
             dtype=self.dtype,
             head_dim=self.head_dim,
             head_dim_v=self.head_dim_v,
@@ -219,6 +219,9 @@ class Call:
             seqused_k=self.layout == "paged",
             page_size=self.page_size,
         )
+
+    def variant(self, arch: str) -> Variant:
+        return features(arch=arch, **self.feature_kwargs())
 
     def to_dict(self) -> dict:
         return asdict(self)
