@@ -40,6 +40,8 @@ def main():
         ("dense decode b8 sk4096", 8, 4096, None),
         ("paged decode b32 sk2048 p128", 32, 2048, 128),
         ("dense decode b64 sk1024", 64, 1024, None),
+        ("dense decode b64 sk8192", 64, 8192, None),
+        ("paged decode b128 sk4096 p128", 128, 4096, 128),
     ]:
         q = torch.randn(b, 1, hk * r, d, device="cuda", dtype=dt)
         if page is None:
