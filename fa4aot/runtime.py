@@ -37,6 +37,9 @@ _DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 _SINK_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 ON_MISS = ("error", "warn", "jit")
 _NO_AUX = (None, None)  # FA4's AuxData(tensors=None, scalars=None): a compile-time value
+# The decode/prefill choice depends on the query length only up to the largest tile_m (192):
+# plan-cache keys clamp it there, so prefill calls of every length share one entry.
+_Q_KEY_CAP = 193
 
 
 @dataclass
@@ -392,7 +395,7 @@ def flash_attn_func(
         wr,
         return_lse,
         sink_dt,
-        min(sq, 193),
+        min(sq, _Q_KEY_CAP),
         dq,
         pad_ok,
     )
@@ -664,7 +667,7 @@ def flash_attn_varlen_func(
         page_size,
         batch > C.BIN_BATCH_SEARCH_THRESH,
         max_seqlen_q is None,
-        min(eff_q, 193),
+        min(eff_q, _Q_KEY_CAP),
         dev,
         pad_ok,
     )
