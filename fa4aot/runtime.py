@@ -263,6 +263,39 @@ def _check_qkv(q, k, v) -> int:
     return dq
 
 
+def _check_outputs(q, out, lse, out_shape: tuple, lse_shape: tuple, dq: int) -> None:
+    """Caller-owned output buffers are written in place, never copied: check them fully."""
+    if out is not None:
+        if (
+            not isinstance(out, torch.Tensor)
+            or tuple(out.shape) != tuple(out_shape)
+            or out.dtype is not q.dtype
+            or out.get_device() != dq
+        ):
+            raise _fail(
+                f"out must be a {q.dtype} tensor of shape {tuple(out_shape)} on q's device, "
+                f"got {getattr(out, 'dtype', type(out).__name__)} {tuple(getattr(out, 'shape', ()))}"
+            )
+        if not _aligned(out):
+            raise _fail(
+                "out must have a 16-byte aligned base, a contiguous last dim and 16-byte "
+                f"aligned strides (got strides {tuple(out.stride())})"
+            )
+    if lse is not None:
+        if (
+            not isinstance(lse, torch.Tensor)
+            or tuple(lse.shape) != tuple(lse_shape)
+            or lse.dtype is not torch.float32
+            or lse.get_device() != dq
+        ):
+            raise _fail(
+                f"lse must be a float32 tensor of shape {tuple(lse_shape)} on q's device, "
+                f"got {getattr(lse, 'dtype', type(lse).__name__)} {tuple(getattr(lse, 'shape', ()))}"
+            )
+        if not lse.is_contiguous() or lse.data_ptr() % 4:
+            raise _fail("lse must be contiguous")
+
+
 def _require_cuda(dq: int, q) -> None:
     if dq < 0:
         raise _fail(f"q, k, v must be CUDA tensors, got device {q.device}")
@@ -330,7 +363,9 @@ def _resolve(rt: Runtime, fkey: tuple, feat_kwargs: dict, device, allow_padding:
     return plan
 
 
-def _on_miss(rt: Runtime, fkey, feat_kwargs, device, jit_fn, args, kwargs, allow_padding):
+def _on_miss(
+    rt: Runtime, fkey, feat_kwargs, device, jit_fn, args, kwargs, allow_padding, out=None, lse=None
+):
     arch, sms = _arch_of(device)
     variant = features(arch=arch, **feat_kwargs)
     if rt.on_miss == "error":
@@ -342,7 +377,14 @@ def _on_miss(rt: Runtime, fkey, feat_kwargs, device, jit_fn, args, kwargs, allow
         log.warning("fa4aot: no artifact for %s; compiling with FA4 (JIT)", variant.describe())
     from . import compiler
 
-    return getattr(compiler, jit_fn)(*args, **kwargs)
+    o, lse_ = getattr(compiler, jit_fn)(*args, **kwargs)
+    if out is not None:  # FA4's public functions take no output buffers: honour the caller's
+        out.copy_(o)
+        o = out
+    if lse is not None and lse_ is not None:
+        lse.copy_(lse_)
+        lse_ = lse
+    return o, lse_
 
 
 def flash_attn_func(
@@ -355,11 +397,15 @@ def flash_attn_func(
     learnable_sink: torch.Tensor | None = None,
     return_lse: bool = False,
     *,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
     padding: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Dense forward with FA4's calling convention: q (b, sq, hq, d), k/v (b, sk, hk, d[v]).
 
     Returns (out, lse): out (b, sq, hq, dv) in q's dtype, lse (b, hq, sq) float32 or None.
+    out / lse: caller-owned buffers to write into (as FA4's internal `_flash_attn_fwd` takes
+    them; e.g. for CUDA graphs); `lse` given implies return_lse.
     padding: allow serving the call from a padded variant (and copying inputs whose layout the
     kernel cannot take); None: FA4AOT_PADDING (default allow).
     """
@@ -379,7 +425,9 @@ def flash_attn_func(
     else:
         wl, wr = _window(window_size)
     sink_dt = None if learnable_sink is None else _sink(learnable_sink, hq, dq)
-    return_lse = bool(return_lse)
+    return_lse = bool(return_lse) or lse is not None
+    if out is not None or lse is not None:
+        _check_outputs(q, out, lse, (b, sq, hq, dv), (b, hq, sq), dq)
     rt = default_runtime()
     pad_ok = rt.padding if padding is None else bool(padding)
     if not (_aligned(q) and _aligned(k) and _aligned(v)):
@@ -436,6 +484,8 @@ def flash_attn_func(
                     return_lse=return_lse,
                 ),
                 pad_ok,
+                out,
+                lse,
             )
     if plan.pad is not None:
         return _padded(
@@ -449,9 +499,13 @@ def flash_attn_func(
             softmax_scale,
             dict(causal=causal, window_size=window_size, return_lse=return_lse),
             varlen=False,
+            out=out,
+            lse=lse,
         )
-    out = q.new_empty((b, sq, hq, dv))
-    lse = q.new_empty((b, hq, sq), dtype=torch.float32) if return_lse else None
+    if out is None:
+        out = q.new_empty((b, sq, hq, dv))
+    if lse is None and return_lse:
+        lse = q.new_empty((b, hq, sq), dtype=torch.float32)
     if sq == 0 or sk == 0 or b == 0:
         return _empty(out, lse, learnable_sink, varlen=False)
     if softmax_scale is None:
@@ -497,8 +551,9 @@ def _pad_last2(x: torch.Tensor, hk: int, r: int, r2: int, d2: int) -> torch.Tens
     return y.view(*lead, hk * r2, d2)
 
 
-def _padded(entry, choice, q, k, v, hk, sink, softmax_scale, kw, varlen):
-    """Run `entry` on padded inputs with the exact padded variant, crop O and LSE back."""
+def _padded(entry, choice, q, k, v, hk, sink, softmax_scale, kw, varlen, out=None, lse=None):
+    """Run `entry` on padded inputs with the exact padded variant, crop O and LSE back (into
+    the caller's buffers when given)."""
     hq, d, dv = q.shape[-2], q.shape[-1], v.shape[-1]
     r, r2 = hq // hk, choice.ratio
     if softmax_scale is None:
@@ -510,17 +565,23 @@ def _padded(entry, choice, q, k, v, hk, sink, softmax_scale, kw, varlen):
     if sink is not None:
         # padded heads' sinks: any finite value (their rows are cropped); 0 keeps them tame
         sinkp = torch.nn.functional.pad(sink.reshape(hk, r), (0, r2 - r)).reshape(hk * r2)
-    out, lse = entry(
+    po, pl = entry(
         qp, kp, vp, softmax_scale=softmax_scale, learnable_sink=sinkp, padding=False, **kw
     )
-    lead = out.shape[:-2]
-    out = out.reshape(*lead, hk, r2, choice.head_dim_v)[..., :r, :dv].reshape(*lead, hq, dv)
-    if lse is not None:
+    lead = po.shape[:-2]
+    o = po.reshape(*lead, hk, r2, choice.head_dim_v)[..., :r, :dv].reshape(*lead, hq, dv)
+    if out is not None:
+        out.copy_(o)
+        o = out
+    if pl is not None:
         if varlen:  # (hq2, total_q)
-            lse = lse.reshape(hk, r2, -1)[:, :r].reshape(hq, -1)
+            pl = pl.reshape(hk, r2, -1)[:, :r].reshape(hq, -1)
         else:  # (b, hq2, sq)
-            lse = lse.reshape(lse.shape[0], hk, r2, -1)[:, :, :r].reshape(lse.shape[0], hq, -1)
-    return out, lse
+            pl = pl.reshape(pl.shape[0], hk, r2, -1)[:, :, :r].reshape(pl.shape[0], hq, -1)
+        if lse is not None:
+            lse.copy_(pl)
+            pl = lse
+    return o, pl
 
 
 def _empty(out, lse, sink, varlen):
@@ -552,6 +613,8 @@ def flash_attn_varlen_func(
     learnable_sink: torch.Tensor | None = None,
     return_lse: bool = False,
     *,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
     padding: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Varlen / paged forward with FA4's calling convention.
@@ -563,6 +626,7 @@ def flash_attn_varlen_func(
     non-decreasing and end at the packed length; page_table entries index the KV pool and
     cover ceil(seqused_k / page_size) pages per sequence; seqused_k <= pages * page_size.
     Returns (out, lse): out like q with head_dim_v; lse (hq, total_q) float32 or None.
+    out / lse: caller-owned buffers, as in flash_attn_func.
     """
     dev = _check_qkv(q, k, v)
     varlen_q = cu_seqlens_q is not None
@@ -645,7 +709,16 @@ def flash_attn_varlen_func(
     dv = v.shape[-1]
     wl, wr = _window(window_size)
     sink_dt = _sink(learnable_sink, hq, dev)
-    return_lse = bool(return_lse)
+    return_lse = bool(return_lse) or lse is not None
+    if out is not None or lse is not None:
+        _check_outputs(
+            q,
+            out,
+            lse,
+            (*q.shape[:-1], dv),
+            (hq, total_q) if varlen_q else (batch, hq, sq_dense),
+            dev,
+        )
     eff_q = max_seqlen_q if max_seqlen_q is not None else (total_q if varlen_q else sq_dense)
     rt = default_runtime()
     pad_ok = rt.padding if padding is None else bool(padding)
@@ -722,6 +795,8 @@ def flash_attn_varlen_func(
                     return_lse=return_lse,
                 ),
                 pad_ok,
+                out,
+                lse,
             )
     if plan.pad is not None:
         return _padded(
@@ -746,13 +821,13 @@ def flash_attn_varlen_func(
                 return_lse=return_lse,
             ),
             varlen=varlen_q,
+            out=out,
+            lse=lse,
         )
-    out = q.new_empty((*q.shape[:-1], dv))
-    lse = (
-        q.new_empty((hq, total_q) if varlen_q else (batch, hq, sq_dense), dtype=torch.float32)
-        if return_lse
-        else None
-    )
+    if out is None:
+        out = q.new_empty((*q.shape[:-1], dv))
+    if lse is None and return_lse:
+        lse = q.new_empty((hq, total_q) if varlen_q else (batch, hq, sq_dense), dtype=torch.float32)
     if total_q == 0 or seqlen_k == 0:
         return _empty(out, lse, learnable_sink, varlen=varlen_q)
     if softmax_scale is None:

@@ -1,8 +1,8 @@
 """GPU correctness of every artifact of the default sm90 build (marker `gpu`).
 
 Run on an H200 with a store built by `fa4aot build` in FA4AOT_CACHE_DIR. Every case draws fresh
-random inputs, poisons the output with NaN first (the runtime allocates it: we check that no
-NaN survives), and compares output and LSE with an fp32 reference per sequence. The last test
+random inputs, hands the runtime output (and LSE) buffers filled with NaN (`out=`, `lse=`) and
+checks that none survives, and compares output and LSE with an fp32 reference per sequence. The last test
 checks that every artifact in the store was loaded and exercised by the cases before it.
 """
 
@@ -76,6 +76,21 @@ def _check(out, lse, ref_out, ref_lse, lq, want_lse, tag):
     return err
 
 
+def _poisoned(out_shape, lse_shape, lse):
+    """Output (and LSE) buffers filled with NaN, passed to the runtime: any element the kernel
+    does not write stays NaN and fails `_check`."""
+    bufs = {"out": torch.full(out_shape, float("nan"), device="cuda", dtype=torch.bfloat16)}
+    if lse:
+        bufs["lse"] = torch.full(lse_shape, float("nan"), device="cuda", dtype=torch.float32)
+    return bufs
+
+
+def _assert_written_in_place(out, olse, kw):
+    assert out.data_ptr() == kw["out"].data_ptr()
+    if "lse" in kw:
+        assert olse.data_ptr() == kw["lse"].data_ptr()
+
+
 def _heads(hq, hk, tp):
     return hq // tp, max(1, hk // tp)
 
@@ -90,7 +105,9 @@ def run_dense(hq, hk, d, b, sq, sk, window, sinks, lse):
     kw = dict(causal=True, return_lse=lse, learnable_sink=sink)
     if window is not None:
         kw["window_size"] = (window, 0)
+    kw.update(_poisoned((b, sq, hq, d), (b, hq, sq), lse))
     out, olse = fa4aot.flash_attn_func(q, k, v, **kw)
+    _assert_written_in_place(out, olse, kw)
     lq = torch.full((b,), sq, device="cuda")
     lk = torch.full((b,), sk, device="cuda")
     ro, rl = attention_ref(q, k, v, lq, lk, causal=True, window_left=window, sink=sink)
@@ -145,7 +162,9 @@ def run_varlen(hq, hk, d, lq, lk, window, sinks, lse, page=None, max_q_hint=True
             seqused_k=torch.tensor(lk, device="cuda", dtype=torch.int32),
             max_seqlen_k=maxk,
         )
+    kw.update(_poisoned((q.shape[0], hq, d), (hq, q.shape[0]), lse))
     out, olse = fa4aot.flash_attn_varlen_func(q, k, v, **kw)
+    _assert_written_in_place(out, olse, kw)
     lqt = torch.tensor(lq, device="cuda")
     lkt = torch.tensor(lk, device="cuda")
     qp = pad_ragged(q, cu_q.tolist(), lq, max(lq))

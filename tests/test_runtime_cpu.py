@@ -577,3 +577,45 @@ def test_block_size_rows_of_a_non_causal_layer(tmp_path, stub):
     assert bs.tma == (144,)
     (row,) = blocks.block_size_rows(tmp_path)
     assert (row["tile_n"], row["tma_page_size"], row["preferred"]) == (144, "144", 144)
+
+
+# caller-owned output buffers: written in place, so checked fully (and before "must be CUDA")
+@pytest.mark.parametrize(
+    "make_out,make_lse,match",
+    [
+        (lambda: t(2, 3, 4, 32), None, "out must be a torch.bfloat16 tensor of shape"),
+        (lambda: t(2, 3, 4, 64, dtype=torch.float16), None, "out must be a torch.bfloat16"),
+        (lambda: t(2, 3, 4, 128)[..., ::2], None, "out must have a 16-byte aligned base"),
+        (
+            None,
+            lambda: t(2, 4, 3, dtype=torch.float32)[:, :, :2],
+            "lse must be a float32 tensor of shape",
+        ),
+        (None, lambda: t(2, 4, 3), "lse must be a float32"),
+        (None, lambda: t(2, 3, 4, dtype=torch.float32).transpose(1, 2), "lse must be contiguous"),
+    ],
+)
+def test_dense_out_and_lse_buffers_checked(make_out, make_lse, match):
+    q, k, v = dense()
+    kw = {}
+    if make_out:
+        kw["out"] = make_out()
+    if make_lse:
+        kw["lse"] = make_lse()
+    with pytest.raises(ContractViolation, match=match):
+        fa4aot.flash_attn_func(q, k, v, **kw)
+
+
+def test_good_out_and_lse_buffers_reach_the_cuda_refusal():
+    q, k, v = dense()
+    out = t(2, 3, 4, 64)
+    lse = t(2, 4, 3, dtype=torch.float32)
+    with pytest.raises(ContractViolation, match="must be CUDA tensors"):
+        fa4aot.flash_attn_func(q, k, v, out=out, lse=lse)
+    q, k, v, kw = paged()
+    with pytest.raises(ContractViolation, match="must be CUDA tensors"):
+        fa4aot.flash_attn_varlen_func(
+            q, k, v, out=t(3, 4, 64), lse=t(4, 3, dtype=torch.float32), **kw
+        )
+    with pytest.raises(ContractViolation, match="lse must be a float32 tensor of shape \\(4, 3\\)"):
+        fa4aot.flash_attn_varlen_func(q, k, v, lse=t(3, 4, dtype=torch.float32), **kw)
