@@ -1,0 +1,123 @@
+"""Padding arithmetic on a CPU: `runtime._padded` pads q per KV group and the head dims, runs an
+entry point on the padded call, and crops O and LSE back. Here the entry point is an fp32
+reference attention, so the test checks the pad/crop bookkeeping (grouping of heads, the
+caller's softmax scale, sinks, LSE layout) exactly, with no GPU."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from reference import attention_ref
+
+from fa4aot.runtime import _pad_last2, _padded
+from fa4aot.select import Choice
+
+
+def _ref_dense(
+    q,
+    k,
+    v,
+    *,
+    softmax_scale,
+    learnable_sink=None,
+    padding=None,
+    causal=True,
+    window_size=(None, None),
+    return_lse=False,
+):
+    """fp32 attention in FA4's dense layout: q (b, sq, hq, d) -> (out (b, sq, hq, dv), lse (b, hq, sq))."""
+    assert padding is False  # the padded call must not pad again
+    b, sq = q.shape[:2]
+    sk = k.shape[1]
+    lq = torch.full((b,), sq)
+    lk = torch.full((b,), sk)
+    out, lse = attention_ref(
+        q,
+        k,
+        v,
+        lq,
+        lk,
+        causal=causal,
+        window_left=window_size[0],
+        sink=learnable_sink,
+        scale=softmax_scale,
+    )
+    return out, (lse if return_lse else None)
+
+
+def _choice(ratio, d, dv):
+    return Choice(variant=None, ratio=ratio, head_dim=d, head_dim_v=dv, cost=1.0, exact=False)
+
+
+@pytest.mark.parametrize(
+    "hq,hk,d,r2,d2",
+    [
+        (20, 1, 128, 32, 128),
+        (10, 2, 64, 16, 64),
+        (6, 2, 80, 4, 128),
+        (12, 4, 96, 8, 128),
+        (4, 2, 200, 2, 256),
+    ],
+)
+@pytest.mark.parametrize("sink", [False, True])
+def test_padded_equals_unpadded_reference(hq, hk, d, r2, d2, sink):
+    torch.manual_seed(hq * 1000 + d)
+    b, sq, sk = 2, 5, 37
+    q = torch.randn(b, sq, hq, d)
+    k = torch.randn(b, sk, hk, d)
+    v = torch.randn(b, sk, hk, d)
+    s = torch.randn(hq) if sink else None
+    out, lse = _padded(
+        _ref_dense,
+        _choice(r2, d2, d2),
+        q,
+        k,
+        v,
+        hk,
+        s,
+        None,
+        dict(causal=True, window_size=(None, None), return_lse=True),
+        varlen=False,
+    )
+    lens_q, lens_k = torch.full((b,), sq), torch.full((b,), sk)
+    ref_o, ref_l = attention_ref(
+        q, k, v, lens_q, lens_k, causal=True, sink=s, scale=1 / math.sqrt(d)
+    )
+    assert out.shape == (b, sq, hq, d) and lse.shape == (b, hq, sq)
+    torch.testing.assert_close(out, ref_o, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse, ref_l, rtol=1e-5, atol=1e-5)
+
+
+def test_padded_writes_into_caller_buffers():
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 3, 5, 64), torch.randn(1, 9, 1, 64), torch.randn(1, 9, 1, 64)
+    out = torch.full((1, 3, 5, 64), float("nan"))
+    lse = torch.full((1, 5, 3), float("nan"))
+    o, l = _padded(
+        _ref_dense,
+        _choice(8, 64, 64),
+        q,
+        k,
+        v,
+        1,
+        None,
+        None,
+        dict(causal=True, window_size=(None, None), return_lse=True),
+        varlen=False,
+        out=out,
+        lse=lse,
+    )
+    assert o is out and l is lse and not out.isnan().any() and not lse.isnan().any()
+
+
+def test_pad_last2_layout():
+    """Each KV group keeps its heads first, padded heads after them; padded columns are zero."""
+    x = torch.arange(2 * 6 * 3, dtype=torch.float32).reshape(2, 6, 3)  # (tokens, hk*r=2*3, d)
+    y = _pad_last2(x, hk=2, r=3, r2=4, d2=5)
+    assert y.shape == (2, 8, 5)
+    g = y.reshape(2, 2, 4, 5)
+    torch.testing.assert_close(g[:, :, :3, :3], x.reshape(2, 2, 3, 3))
+    assert (g[..., 3:] == 0).all()
+    assert _pad_last2(x, 2, 3, 3, 3) is x
