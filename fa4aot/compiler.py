@@ -219,14 +219,14 @@ class _StoreCache:
     rendering, `key_repr`) among the store's records and loaded with tvm-ffi; FA4 then calls
     the loaded function with exactly the arguments it would pass its own compiled one."""
 
-    def __init__(self, name, original, index, state):
-        self.name, self.original, self.index, self.state = name, original, index, state
+    def __init__(self, name: str, state: "_Installed"):
+        self.name, self.state = name, state
         self.cache: dict = {}
 
     def __contains__(self, key) -> bool:
         if key in self.cache:
             return True
-        hit = self.index.get((self.name, key_repr(key)))
+        hit = self.state.index.get((self.name, key_repr(key)))
         if hit is not None:
             self.cache[key] = self.state.load(hit)
             self.state.counters.hits += 1
@@ -410,7 +410,7 @@ def install(roots, on_miss: str, arch: str | None = None, num_sms: int | None = 
     for fn_name, part in _CACHE_OWNERS.items():
         fn = getattr(I, fn_name)
         saved["caches"][fn_name] = fn.compile_cache
-        fn.compile_cache = _StoreCache(part, fn.compile_cache, state.index, state)
+        fn.compile_cache = _StoreCache(part, state)
     cute.compile = _CompileMonitor(saved["compile"], state)
     _INSTALL = {"saved": saved, "state": state}
     return counters
