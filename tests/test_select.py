@@ -1,0 +1,97 @@
+"""Selection with padding (`fa4aot.select`): pure functions, checked on the CPU."""
+
+from __future__ import annotations
+
+from fa4aot.select import choose, nearest, padded_target_for_unsupported
+from fa4aot.variants import Call
+
+ARCH = "sm90"
+
+
+def call(hq=20, hk=1, d=128, layout="dense", sq=1, page=None, lse=False, causal=True):
+    return Call(
+        layout=layout,
+        batch=4,
+        seqlen_q=sq,
+        seqlen_k=256,
+        num_heads=hq,
+        num_heads_kv=hk,
+        head_dim=d,
+        head_dim_v=d,
+        dtype="bfloat16",
+        causal=causal,
+        window_left=None,
+        window_right=None,
+        return_lse=lse,
+        sink_dtype=None,
+        page_size=page,
+    )
+
+
+def test_exact_first():
+    c = call(hq=32)
+    avail = [c.variant(ARCH), call(hq=64).variant(ARCH)]
+    (best,) = choose(ARCH, c.feature_kwargs(), avail)
+    assert best.exact and best.cost == 1.0 and best.variant == c.variant(ARCH)
+
+
+def test_cheapest_padding_first_and_scale_by_work():
+    c = call(hq=20)
+    avail = [call(hq=64).variant(ARCH), call(hq=32).variant(ARCH), call(hq=16).variant(ARCH)]
+    got = choose(ARCH, c.feature_kwargs(), avail)
+    assert [x.ratio for x in got] == [32, 64]  # 16 < 20 can never serve it
+    assert got[0].cost == 32 / 20 and not got[0].exact
+
+
+def test_head_dim_padding_cost_counts_both_dims():
+    c = call(hq=4, d=80)
+    got = choose(ARCH, c.feature_kwargs(), [call(hq=4, d=128).variant(ARCH)])
+    assert got[0].head_dim == 128 and abs(got[0].cost - 256 / 160) < 1e-9
+
+
+def test_padding_recomputes_the_variant_of_the_padded_call():
+    """The padded call's regime and paged path are derived again, never copied: hd96 non-causal
+    has tile_n 144, hd128 has 128, so a 144-token page is TMA at hd96 but must go to the non-TMA
+    kernel at hd128; and 20:1 decode (20 rows <= tile_m 128) stays decode at 32:1, while 5 query
+    tokens (100 rows) become prefill at 32:1 (160 rows > 128)."""
+    c = call(hq=2, d=96, layout="paged", page=144, causal=False)
+    assert c.variant(ARCH).paged_tma is True
+    tma128 = call(hq=2, d=128, layout="paged", page=128, causal=False).variant(ARCH)
+    non_tma128 = call(hq=2, d=128, layout="paged", page=144, causal=False).variant(ARCH)
+    assert tma128.paged_tma and not non_tma128.paged_tma
+    assert choose(ARCH, c.feature_kwargs(), [tma128]) == []
+    (got,) = choose(ARCH, c.feature_kwargs(), [tma128, non_tma128])
+    assert got.variant == non_tma128
+
+    five = call(hq=20, sq=5)
+    assert five.variant(ARCH).phase == "decode"
+    decode32, prefill32 = call(hq=32, sq=1).variant(ARCH), call(hq=32, sq=5).variant(ARCH)
+    assert prefill32.phase == "prefill"
+    assert choose(ARCH, five.feature_kwargs(), [decode32]) == []
+    assert choose(ARCH, five.feature_kwargs(), [decode32, prefill32])[0].variant == prefill32
+
+
+def test_padding_denied_and_no_lse_mixing():
+    c = call(hq=20, lse=True)
+    avail = [call(hq=32, lse=False).variant(ARCH)]
+    assert choose(ARCH, c.feature_kwargs(), avail) == []  # LSE is part of the variant
+    assert choose(ARCH, call(hq=20).feature_kwargs(), avail, allow_padding=False) == []
+    assert choose(ARCH, call(hq=20).feature_kwargs(), avail)[0].ratio == 32
+
+
+def test_nearest_orders_by_differing_fields():
+    want = call(hq=20).variant(ARCH)
+    near = nearest(
+        want,
+        [
+            call(hq=32, d=64).variant(ARCH),
+            call(hq=32).variant(ARCH),
+            call(hq=32, layout="paged", page=16).variant(ARCH),
+        ],
+    )
+    assert near[0] == call(hq=32).variant(ARCH)
+
+
+def test_unsupported_head_dims_pad_to_the_nearest_supported():
+    assert padded_target_for_unsupported("sm100", "bfloat16", 200, 200) == (256, 256, 512 / 400)
+    assert padded_target_for_unsupported("sm90", "bfloat16", 512, 512) is None
