@@ -21,6 +21,7 @@ import pytest
 
 from stub_store import (
     PY,
+    TINY_SPEC,
     artifact_dirs,
     build_stub,
     cli,
@@ -851,24 +852,11 @@ def test_layer_writability_is_judged_without_touching_anything(tmp_path):
     assert build_root([f / "a", tmp_path / "ok"]) == tmp_path / "ok"
 
 
-BIG_SPEC = """
-name = "tiny"
-model = "test/tiny"
-
-[[attention]]
-name = "full"
-num_q_heads = 8
-num_kv_heads = 8
-head_dim = 128
-dtype = "bfloat16"
-causal = true
-
-[serving]
-layouts = ["dense", "varlen", "paged"]
-phases = ["decode", "prefill"]
-max_batch = 16
-return_lse = "both"
-"""
+# TINY_SPEC plus the paged layout
+BIG_SPEC = TINY_SPEC.replace(
+    'layouts = ["dense", "varlen"]', 'layouts = ["dense", "varlen", "paged"]'
+)
+assert BIG_SPEC != TINY_SPEC
 
 
 def test_writable_overlay_receives_builds_and_lookups_search_layers_in_order(
