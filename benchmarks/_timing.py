@@ -39,7 +39,7 @@ def eager_us(fn) -> float:
     return do_bench(fn, warmup=30, rep=200, return_mode="median") * 1e3
 
 
-def host_us(fn, n: int = 200, repeats: int = 9) -> tuple[float, list[float]]:
+def host_us(fn, n: int = 200, repeats: int = 15) -> tuple[float, list[float]]:
     """Host time per call: the GPU is first given ~100 ms of spinning (torch.cuda._sleep), so
     the calls' launches only queue behind it and the loop measures the host path alone."""
     for _ in range(20):

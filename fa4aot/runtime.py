@@ -215,6 +215,18 @@ def _prep(t: torch.Tensor, name: str, contiguous_ok: bool) -> torch.Tensor:
     )
 
 
+def _vec_ok(t: Any, n: int, device: int) -> bool:
+    """Hot-path test for an int32 (n,) vector on `device`, contiguous (False: `_int_vec` then
+    names what is wrong)."""
+    return (
+        type(t) is torch.Tensor
+        and t.dtype is torch.int32
+        and t.shape == (n,)
+        and t.get_device() == device
+        and (t.stride(0) == 1 or n < 2)
+    )
+
+
 def _int_vec(t: Any, name: str, n: int | None, device: int) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise _fail(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -227,6 +239,27 @@ def _int_vec(t: Any, name: str, n: int | None, device: int) -> torch.Tensor:
     if t.stride(0) != 1 and t.shape[0] > 1:
         raise _fail(f"{name} must be contiguous")
     return t
+
+
+def _check_page_table(page_table: Any, batch: int, dev: int) -> None:
+    """Names what is wrong with a page table that failed the hot-path test (or returns: a
+    non-contiguous table whose rows do not overlap is accepted)."""
+    if not isinstance(page_table, torch.Tensor) or page_table.dtype != torch.int32:
+        raise _fail(
+            f"page_table must be an int32 tensor, got {getattr(page_table, 'dtype', type(page_table).__name__)}"
+        )
+    if page_table.dim() != 2 or page_table.shape[0] != batch:
+        raise _fail(
+            f"page_table must have shape ({batch}, max_pages), got {tuple(page_table.shape)}"
+        )
+    if page_table.get_device() != dev:
+        raise _fail(f"page_table is on {page_table.device}, q is on device {dev}")
+    if page_table.stride(-1) != 1 and page_table.shape[-1] > 1:
+        raise _fail("page_table must be contiguous in its last dimension")
+    if page_table.data_ptr() % 4 or (
+        page_table.shape[0] > 1 and page_table.stride(0) < page_table.shape[1]
+    ):
+        raise _fail("page_table rows must not overlap; pass page_table.contiguous()")
 
 
 def _check_qkv(q, k, v) -> int:
@@ -640,7 +673,8 @@ def flash_attn_varlen_func(
         batch = cu_seqlens_q.shape[0] - 1 if cu_seqlens_q.dim() == 1 else -1
         if batch < 0:
             raise _fail(f"cu_seqlens_q must have shape (batch+1,), got {tuple(cu_seqlens_q.shape)}")
-        _int_vec(cu_seqlens_q, "cu_seqlens_q", batch + 1, dev)
+        if not _vec_ok(cu_seqlens_q, batch + 1, dev):
+            _int_vec(cu_seqlens_q, "cu_seqlens_q", batch + 1, dev)
         total_q, hq, d = q.shape
         sq_dense = None
     else:
@@ -654,7 +688,7 @@ def flash_attn_varlen_func(
         isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, int) or max_seqlen_q < 0
     ):
         raise _fail(f"max_seqlen_q must be a non-negative host int or None, got {max_seqlen_q!r}")
-    if seqused_q is not None:
+    if seqused_q is not None and not _vec_ok(seqused_q, batch, dev):
         _int_vec(seqused_q, "seqused_q", batch, dev)
     paged = page_table is not None
     if paged:
@@ -662,22 +696,15 @@ def flash_attn_varlen_func(
             raise _fail(
                 "page_table and cu_seqlens_k cannot be combined: pass KV lengths as seqused_k"
             )
-        if not isinstance(page_table, torch.Tensor) or page_table.dtype != torch.int32:
-            raise _fail(
-                f"page_table must be an int32 tensor, got {getattr(page_table, 'dtype', type(page_table).__name__)}"
-            )
-        if page_table.dim() != 2 or page_table.shape[0] != batch:
-            raise _fail(
-                f"page_table must have shape ({batch}, max_pages), got {tuple(page_table.shape)}"
-            )
-        if page_table.get_device() != dev:
-            raise _fail(f"page_table is on {page_table.device}, q is on device {dev}")
-        if page_table.stride(-1) != 1 and page_table.shape[-1] > 1:
-            raise _fail("page_table must be contiguous in its last dimension")
-        if page_table.data_ptr() % 4 or (
-            page_table.shape[0] > 1 and page_table.stride(0) < page_table.shape[1]
+        if not (
+            type(page_table) is torch.Tensor
+            and page_table.dtype is torch.int32
+            and page_table.dim() == 2
+            and page_table.shape[0] == batch
+            and page_table.get_device() == dev
+            and page_table.is_contiguous()
         ):
-            raise _fail("page_table rows must not overlap; pass page_table.contiguous()")
+            _check_page_table(page_table, batch, dev)
         if k.dim() != 4 or v.dim() != 4:
             raise _fail(
                 f"paged k/v must be (num_pages, page_size, kv_heads, head_dim), got {tuple(k.shape)}"
@@ -695,7 +722,8 @@ def flash_attn_varlen_func(
                 raise _fail(
                     f"with cu_seqlens_k, k/v must be (total_k, kv_heads, head_dim), got {tuple(k.shape)}"
                 )
-            _int_vec(cu_seqlens_k, "cu_seqlens_k", batch + 1, dev)
+            if not _vec_ok(cu_seqlens_k, batch + 1, dev):
+                _int_vec(cu_seqlens_k, "cu_seqlens_k", batch + 1, dev)
         elif k.dim() != 4 or v.dim() != 4 or k.shape[0] != batch:
             raise _fail(
                 f"without cu_seqlens_k or page_table, k/v must be (batch={batch}, seqlen, heads, dim), got {tuple(k.shape)}"
@@ -704,11 +732,14 @@ def flash_attn_varlen_func(
             raise _fail(f"k {tuple(k.shape)} and v {tuple(v.shape)} differ")
         hk = k.shape[-2]
         seqlen_k = k.shape[-3]
-    if seqused_k is not None:
+    if seqused_k is not None and not _vec_ok(seqused_k, batch, dev):
         _int_vec(seqused_k, "seqused_k", batch, dev)
     dv = v.shape[-1]
-    wl, wr = _window(window_size)
-    sink_dt = _sink(learnable_sink, hq, dev)
+    if window_size == (None, None):
+        wl = wr = None
+    else:
+        wl, wr = _window(window_size)
+    sink_dt = None if learnable_sink is None else _sink(learnable_sink, hq, dev)
     return_lse = bool(return_lse) or lse is not None
     if out is not None or lse is not None:
         _check_outputs(
