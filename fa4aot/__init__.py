@@ -14,8 +14,10 @@ from .errors import (
     CorruptArtifact,
     Fa4aotError,
     FingerprintMismatch,
+    MergeConflict,
     RuntimeLibraryMissing,
     SpecError,
+    UnsafeArchive,
     UnsupportedVariant,
 )
 
@@ -51,8 +53,10 @@ __all__ = [
     "CorruptArtifact",
     "Fa4aotError",
     "FingerprintMismatch",
+    "MergeConflict",
     "RuntimeLibraryMissing",
     "SpecError",
+    "UnsafeArchive",
     "UnsupportedVariant",
     *_LAZY,
 ]

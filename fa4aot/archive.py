@@ -307,6 +307,22 @@ def _check_staged(archive: Path, staged: Store) -> list[str]:
     return ids
 
 
+def import_artifact(target: Store, vid: str, staged: Path) -> str:
+    """Publish a complete, checked artifact directory `staged` (consumed) as `vid` of `target`,
+    under the artifact's lock. -> added | replaced (a corrupt copy was quarantined) | present."""
+    with locking.hold(target.lock_path(vid), timeout=LOCK_TIMEOUT_S):
+        status = "added"
+        try:
+            if target.get(vid) is not None:
+                return "present"
+        except CorruptArtifact:
+            target.move_aside(vid, "quarantine")
+            status = "replaced"
+        target.discard_unpublished(vid)
+        fsync_dir(staged)
+        return status if target.publish_dir(vid, staged) else "present"
+
+
 def unpack(archive: Path, roots: list[Path]) -> UnpackResult:
     """Import an archive written by `pack` into the first writable of `roots` (see module doc)."""
     archive = Path(archive)
@@ -330,20 +346,7 @@ def unpack(archive: Path, roots: list[Path]) -> UnpackResult:
         sweep_temp(target)  # staging of an unpack or build killed earlier
         res = UnpackResult(target.dir)
         for vid in ids:
-            with locking.hold(target.lock_path(vid), timeout=LOCK_TIMEOUT_S):
-                status = "added"
-                try:
-                    if target.get(vid) is not None:
-                        res.rows.append({"id": vid, "status": "present"})
-                        continue
-                except CorruptArtifact:
-                    target.move_aside(vid, "quarantine")
-                    status = "replaced"
-                target.discard_unpublished(vid)
-                fsync_dir(staged.artifact_dir(vid))
-                if not target.publish_dir(vid, staged.artifact_dir(vid)):
-                    status = "present"
-                res.rows.append({"id": vid, "status": status})
+            res.rows.append({"id": vid, "status": import_artifact(target, vid, staged.artifact_dir(vid))})
         for f in sorted((staged.dir / "specs").glob("*.json")):
             if not target.spec_index(f.stem).exists():  # a local index wins over an imported one
                 atomic_write(target.spec_index(f.stem), f.read_bytes())

@@ -26,6 +26,7 @@ from . import constraints as C
 from . import locking
 from .errors import BuildError, CorruptArtifact
 from .specs import Spec
+from .merge import shard as shard_ids
 from .store import (
     RECORD,
     RECORD_FORMAT,
@@ -271,6 +272,7 @@ def build(
     jobs: int = 1,
     progress: Callable[[int, int, BuildResult], None] | None = None,
     plan: Plan | None = None,
+    shard: tuple[int, int] | None = None,
 ) -> tuple[Store, Plan, list[BuildResult]]:
     """Build every variant the specs need that no layer holds. Never raises for one variant's
     failure (it is a `failed` result); raises BuildError when nothing can be built at all.
@@ -278,6 +280,9 @@ def build(
     `root` names the one store to build into; otherwise `layers` (default: FA4AOT_CACHE_DIR's)
     are searched in order and builds go to the first writable one (build_root). Nothing is
     written to any other layer.
+
+    `shard` (I, N): build only shard I of N of the variants (merge.shard); the spec indexes
+    still list every variant of each spec, so the shards' stores merge into the whole.
     """
     C.arch_number(arch)
     num_sms = num_sms or C.DEFAULT_NUM_SMS[arch]
@@ -293,6 +298,9 @@ def build(
     others = [Store(r, toolchain) for r in roots if r != target]
     plan = plan or plan_for(specs, arch)
     todo = plan.variants()
+    if shard is not None:
+        keep = set(shard_ids(list(todo), *shard))
+        todo = {vid: n for vid, n in todo.items() if vid in keep}
     results: list[BuildResult] = []
     pending = []
     for vid, need in todo.items():
@@ -322,6 +330,11 @@ def build(
         )
         for n in pending
     ]
+    if pending and os.environ.get("FA4AOT_STUB_COMPILER") != "1" and not toolchain["fa4"]:
+        raise BuildError(
+            "the builder needs FA4 and the CuTe DSL compiler: pip install 'fa4aot[build]' "
+            "(serving needs neither)"
+        )
     if pending:
         if jobs <= 1:
             _init_worker(arch, num_sms)

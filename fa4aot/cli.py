@@ -61,7 +61,13 @@ def _progress_enabled(as_json: bool) -> bool:
 
 
 @main.command()
-@click.option("--arch", default="sm90", show_default=True, type=click.Choice(sorted(C.ARCHS)))
+@click.option(
+    "--arch",
+    "archs",
+    multiple=True,
+    type=click.Choice(sorted(C.ARCHS)),
+    help="Target arch (repeatable: --arch sm90 --arch sm100). Default: sm90.",
+)
 @click.option(
     "--spec",
     "specs",
@@ -93,19 +99,69 @@ def _progress_enabled(as_json: bool) -> bool:
     type=click.Path(dir_okay=False, exists=True),
     help="Also build the variants of a miss log (FA4AOT_MISS_LOG).",
 )
+@click.option(
+    "--shard",
+    help="Build only shard I of N (0-based, e.g. 2/8) of each arch's variants; join the "
+    "shards' stores with `fa4aot merge`.",
+)
 @click.option("--dry-run", is_flag=True, help="List what would be built; compile nothing.")
 @click.option("--json", "as_json", is_flag=True)
-def build(arch, specs, cache, jobs, num_sms, python, misses, dry_run, as_json):
+def build(archs, specs, cache, jobs, num_sms, python, misses, shard, dry_run, as_json):
     """Cross-compile every variant the specs need into the store (no GPU needed)."""
-    from .build import build as run_build
-    from .build import plan_for
+    from .merge import parse_shard
     from .specs import resolve_specs
 
     if python is not None and not _valid_minor(python):
         raise click.BadParameter(
             f"expected MAJOR.MINOR such as 3.12, got {python!r}", param_hint="--python"
         )
+    if shard is not None:
+        try:
+            shard = parse_shard(shard)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--shard") from None
+    if num_sms is not None and len(set(archs)) > 1:
+        raise click.BadParameter("--num-sms applies to one arch; build each arch separately")
     spec_list = resolve_specs(list(specs)) if (specs or not misses) else []
+    rows, extra, failed = [], {"stores": [], "unsupported": [], "counts": {}}, False
+    t0 = time.perf_counter()
+    archs = list(dict.fromkeys(archs or ("sm90",)))
+    for arch in archs:
+        r, x, f = _build_arch(
+            arch, spec_list, cache, jobs, num_sms, python, misses, shard, dry_run, as_json,
+            label=f"{arch}: " if len(archs) > 1 else "",
+        )
+        rows += r
+        failed |= f
+        for k, v in x.items():
+            if k == "counts":
+                for c, n in v.items():
+                    extra["counts"][c] = extra["counts"].get(c, 0) + n
+            elif isinstance(v, list):
+                extra[k] = extra.get(k, []) + v
+            else:
+                extra["stores"].append(v)
+    if as_json:
+        if dry_run:
+            extra = {"unsupported": extra["unsupported"]}
+        else:
+            extra["wall_seconds"] = round(time.perf_counter() - t0, 2)
+            extra["store"] = extra["stores"][0] if len(extra["stores"]) == 1 else None
+        _emit(rows, True, [], extra)
+    elif dry_run:
+        _emit(rows, False, (["arch"] if len(archs) > 1 else []) + ["id", "variant", "spec"])
+    if failed:
+        sys.exit(1)
+
+
+def _build_arch(
+    arch, spec_list, cache, jobs, num_sms, python, misses, shard, dry_run, as_json, label
+):
+    """One arch of `fa4aot build`. -> (rows, extra, failed); prints the text report itself."""
+    from .build import build as run_build
+    from .build import plan_for
+    from .merge import shard as shard_ids
+
     plan = plan_for(spec_list, arch)
     if misses:
         from .missing import read_misses
@@ -121,15 +177,20 @@ def build(arch, specs, cache, jobs, num_sms, python, misses, dry_run, as_json):
                     )
                     continue
                 plan.needs.append(Need(v, call, "miss-log", Path(misses).name))
+    unsup = [
+        {"arch": arch, "spec": u.spec, "layer": u.layer, "reason": u.reason, "served_by": u.served_by}
+        for u in plan.unsupported
+    ]
     root = Path(cache) if cache else None  # None: the first writable FA4AOT_CACHE_DIR layer
     if dry_run:
+        todo = plan.variants()
+        keep = set(shard_ids(list(todo), *shard)) if shard else set(todo)
         rows = [
-            {"id": vid, "variant": n.variant.describe(), "spec": f"{n.spec}/{n.layer}"}
-            for vid, n in plan.variants().items()
+            {"arch": arch, "id": vid, "variant": n.variant.describe(), "spec": f"{n.spec}/{n.layer}"}
+            for vid, n in todo.items()
+            if vid in keep
         ]
-        unsup = [{"spec": u.spec, "layer": u.layer, "reason": u.reason} for u in plan.unsupported]
-        _emit(rows, as_json, ["id", "variant", "spec"], {"unsupported": unsup})
-        return
+        return rows, {"unsupported": unsup}, False
     show = _progress_enabled(as_json)
     t0 = time.perf_counter()
 
@@ -137,7 +198,7 @@ def build(arch, specs, cache, jobs, num_sms, python, misses, dry_run, as_json):
         if show:
             mark = {"built": "+", "cached": "=", "failed": "!", "rebuilt": "~"}[r.status]
             click.echo(
-                f"\r[{i}/{n}] {mark} {r.description} ({r.seconds:.1f}s)".ljust(100),
+                f"\r[{arch} {i}/{n}] {mark} {r.description} ({r.seconds:.1f}s)".ljust(100),
                 err=True,
                 nl=(r.status == "failed" or i == n),
             )
@@ -151,6 +212,7 @@ def build(arch, specs, cache, jobs, num_sms, python, misses, dry_run, as_json):
         jobs=jobs,
         progress=progress,
         plan=plan,
+        shard=shard,
     )
     wall = time.perf_counter() - t0
     counts = {
@@ -158,6 +220,7 @@ def build(arch, specs, cache, jobs, num_sms, python, misses, dry_run, as_json):
     }
     rows = [
         {
+            "arch": arch,
             "id": r.id,
             "status": r.status,
             "variant": r.description,
@@ -167,38 +230,23 @@ def build(arch, specs, cache, jobs, num_sms, python, misses, dry_run, as_json):
         }
         for r in results
     ]
-    unsup = [
-        {"spec": u.spec, "layer": u.layer, "reason": u.reason, "served_by": u.served_by}
-        for u in plan.unsupported
-    ]
-    if as_json:
-        _emit(
-            rows,
-            True,
-            [],
-            {
-                "store": str(store.dir),
-                "counts": counts,
-                "unsupported": unsup,
-                "wall_seconds": round(wall, 2),
-            },
-        )
-    else:
+    if not as_json:
         for r in results:
             if r.status == "failed":
                 click.echo(f"FAILED {r.id} {r.description}: {r.error}")
         for u in unsup:
             via = f"; served by {u['served_by']}" if u["served_by"] else ""
             click.echo(f"unsupported: {u['spec']}/{u['layer']} on {arch}: {u['reason']}{via}")
+        if shard:
+            label += f"shard {shard[0]}/{shard[1]}: "
         if counts["built"] + counts["rebuilt"] + counts["failed"] == 0:
-            click.echo(f"nothing to build: all {counts['cached']} variants are in {store.dir}")
+            click.echo(f"{label}nothing to build: all {counts['cached']} variants are in {store.dir}")
         else:
             click.echo(
-                f"built {counts['built'] + counts['rebuilt']}, cached {counts['cached']}, "
-                f"failed {counts['failed']} in {wall:.1f}s -> {store.dir}"
+                f"{label}built {counts['built'] + counts['rebuilt']}, cached "
+                f"{counts['cached']}, failed {counts['failed']} in {wall:.1f}s -> {store.dir}"
             )
-    if counts["failed"]:
-        sys.exit(1)
+    return rows, {"store": str(store.dir), "counts": counts, "unsupported": unsup}, bool(counts["failed"])
 
 
 def _valid_minor(s: str) -> bool:
@@ -711,6 +759,33 @@ def unpack(archive, cache, as_json):
         click.echo(
             f"added {counts['added']}, replaced {counts['replaced']} (corrupt), "
             f"already present {counts['present']} -> {res.store}"
+        )
+
+
+@main.command()
+@click.argument("sources", nargs=-1, required=True, type=click.Path(file_okay=False))
+@click.option(
+    "--cache",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Store root to merge into (created if absent).",
+)
+@click.option("--json", "as_json", is_flag=True)
+def merge(sources, cache, as_json):
+    """Merge store roots (e.g. the outputs of `fa4aot build --shard I/N` jobs) into one. Every
+    artifact is checked first; a conflict (one variant id or spec name with different content)
+    or a corrupt entry refuses the merge, writes nothing and exits 1."""
+    from .merge import merge as run_merge
+
+    res = run_merge([Path(s) for s in sources], Path(cache))
+    counts = {s: sum(r["status"] == s for r in res.rows) for s in ("added", "replaced", "present")}
+    if as_json:
+        _emit(res.rows, True, [], {"dest": str(res.dest), "counts": counts, "specs": res.specs})
+    else:
+        click.echo(
+            f"merged {len(sources)} store roots: added {counts['added']}, replaced "
+            f"{counts['replaced']} (corrupt), already present {counts['present']}, "
+            f"{len(res.specs)} spec indexes -> {res.dest}"
         )
 
 

@@ -53,7 +53,38 @@ def _fa4():
     import flash_attn.cute as fa  # noqa: PLC0415 (heavy: ~6 s; only builders pay it)
     from flash_attn.cute import interface
 
+    if _CONFIGURED is not None:
+        _cross_hardware_info(_CONFIGURED[1])
     return fa, interface
+
+
+def _cross_hardware_info(num_sms: int) -> None:
+    """FA4's sm100 static persistent scheduler sizes its grid at trace time with
+    `cutlass.utils.HardwareInfo().get_device_multiprocessor_count()`, a CUDA driver query that
+    fails with no GPU (DynamicLibNotFoundError). Cross-compiling, the target's SM count is the
+    configured one (recorded in the store's fingerprint, checked at load): answer with it, and
+    refuse every other driver query by name rather than guess."""
+    import cutlass.utils  # noqa: PLC0415
+
+    if getattr(cutlass.utils.HardwareInfo, "_fa4aot_cross", False):
+        return
+
+    class CrossCompileHardwareInfo:
+        _fa4aot_cross = True
+
+        def __init__(self, device_id: int = 0):
+            self.device_id = device_id
+
+        def get_device_multiprocessor_count(self) -> int:
+            return num_sms
+
+        def __getattr__(self, name: str):
+            raise RuntimeError(
+                f"HardwareInfo.{name} needs a GPU: fa4aot cannot cross-compile a kernel that "
+                "queries it at trace time"
+            )
+
+    cutlass.utils.HardwareInfo = CrossCompileHardwareInfo
 
 
 def _caches():

@@ -40,3 +40,8 @@ class BuildError(Fa4aotError):
 class UnsafeArchive(Fa4aotError):
     """An archive to import holds something other than a store's plain files and directories
     (absolute path, '..', link, device...) or content that fails its checks. Nothing is imported."""
+
+
+class MergeConflict(Fa4aotError):
+    """Stores to merge disagree (one variant id or spec name with different content), or one of
+    them fails its checks. Nothing is merged."""
