@@ -789,5 +789,62 @@ def merge(sources, cache, as_json):
         )
 
 
+@main.command()
+@click.option("--cache", help="Store root (default: the first $FA4AOT_CACHE_DIR layer).")
+@click.option("--dry-run", is_flag=True, help="Print the plan only.")
+@click.option(
+    "--keep-fingerprint",
+    "keep",
+    multiple=True,
+    help="Keep only these stores: CURRENT (this installation's FA4/CuTe DSL/tvm-ffi versions) "
+    "and/or fingerprint directory names (repeatable); the others are removed.",
+)
+@click.option("--max-size", help="Then evict artifacts until the root fits, e.g. 2G or 500M.")
+@click.option("--json", "as_json", is_flag=True)
+def prune(cache, dry_run, keep, max_size, as_json):
+    """Remove other toolchains' stores, quarantined and corrupt entries, dead builders' scratch
+    and (with --max-size) the least recently used artifacts. The plan is printed first."""
+    from .prune import execute, parse_size
+    from .prune import plan as make_plan
+
+    try:
+        max_bytes = parse_size(max_size) if max_size is not None else None
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--max-size") from None
+    root = _root(cache)
+    actions = make_plan(root, list(keep), max_bytes)
+    freed = sum(a.bytes for a in actions)
+    if not as_json:
+        _emit([a.__dict__ for a in actions], False, ["kind", "bytes", "path", "reason"])
+        click.echo(f"{'would free' if dry_run else 'freeing'} {freed} bytes in {len(actions)} entries")
+    if dry_run:
+        if as_json:
+            _emit([dict(a.__dict__, status="planned") for a in actions], True, [], {"root": str(root), "bytes": freed, "executed": False})
+        return
+    rows = execute(root, actions)
+    skipped = [r for r in rows if r["status"] == "skipped"]
+    if as_json:
+        _emit(rows, True, [], {"root": str(root), "bytes": freed, "executed": True})
+    else:
+        for r in skipped:
+            click.echo(f"skipped {r['path']}: {r['error']}")
+        click.echo(f"removed {len(rows) - len(skipped)} entries")
+    if skipped:
+        sys.exit(1)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True)
+def doctor(as_json):
+    """Versions, GPU (arch, SM count), runtime library, visible store layers and whether each is
+    compatible, and what the runtime would serve from. Exit 1 if something stops serving here."""
+    from .doctor import format_text, report
+
+    r = report()
+    click.echo(json.dumps(r, indent=2, sort_keys=True) if as_json else format_text(r))
+    if r["problems"]:
+        sys.exit(1)
+
+
 if __name__ == "__main__":
     main()

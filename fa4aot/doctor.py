@@ -1,0 +1,146 @@
+"""`fa4aot doctor`: what this host has and what the runtime would serve from, in one report.
+
+Reads package metadata, the GPU (if torch sees one) and the store layers; imports neither the
+compiler nor any artifact. `problems` lists what stops serving here; an empty list means a call
+the stores cover would be served.
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+from typing import Any
+
+from . import __version__
+from .errors import Fa4aotError
+from .store import (
+    WHEEL_TAG,
+    _cutlass_libs,
+    _version,
+    default_roots,
+    entry_point_roots,
+    find_serving_store,
+    mismatches,
+    not_writable_reason,
+    runtime_expectation,
+    scan_root,
+)
+
+PACKAGES = ("torch", "apache-tvm-ffi", "nvidia-cutlass-dsl", "flash-attn-4", "platformdirs")
+
+
+def _gpu() -> dict[str, Any] | None:
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        props = torch.cuda.get_device_properties(0)
+        return {
+            "name": props.name,
+            "arch": f"sm{props.major}{props.minor}",
+            "num_sms": props.multi_processor_count,
+            "memory_gib": round(props.total_memory / 2**30, 1),
+            "count": torch.cuda.device_count(),
+            "cuda": torch.version.cuda,
+        }
+    except Exception:  # noqa: BLE001 - a broken driver is a finding, not a crash
+        return None
+
+
+def report() -> dict[str, Any]:
+    from .runtime_lib import find_runtime_lib
+
+    problems: list[str] = []
+    versions = {"fa4aot": __version__, "python": platform.python_version()}
+    versions.update({p: _version(p) for p in PACKAGES})
+    versions["cutlass_libs"] = _cutlass_libs()
+    try:
+        runtime_lib: str | None = find_runtime_lib()
+    except Fa4aotError as e:
+        runtime_lib = None
+        problems.append(str(e))
+    gpu = _gpu()
+    expected = runtime_expectation(gpu["arch"], gpu["num_sms"]) if gpu else None
+    # without a GPU, compatibility is judged on what this process fixes: versions and Python
+    here = {k: v for k, v in runtime_expectation("", 0).items() if k not in ("arch", "num_sms")}
+    wheel_roots = set(entry_point_roots())
+    layers = []
+    roots = default_roots()
+    for root in roots:
+        stores, broken = scan_root(root)
+        layer = {
+            "root": str(root),
+            "source": "cache wheel" if root in wheel_roots or (root / WHEEL_TAG).exists() else "layer",
+            "exists": root.is_dir(),
+            "writable": not_writable_reason(root) is None,
+            "stores": [],
+            "broken": [f"{d}: {e}" for d, e in broken],
+        }
+        for s in stores:
+            arts = list(s.iter_artifacts())
+            diff = mismatches(s.toolchain, expected or here)
+            layer["stores"].append(
+                {
+                    "dir": s.dir.name,
+                    "arch": s.toolchain.get("arch"),
+                    "num_sms": s.toolchain.get("num_sms"),
+                    "python": s.toolchain.get("python"),
+                    "artifacts": sum(not isinstance(a, Exception) for _, a in arts),
+                    "unreadable": sum(isinstance(a, Exception) for _, a in arts),
+                    "compatible": not diff,
+                    "mismatches": diff,
+                }
+            )
+        layers.append(layer)
+    serving: list[str] | None = None
+    if gpu:
+        try:
+            serving = [str(s.dir) for s in find_serving_store(roots, expected)]
+        except Fa4aotError as e:
+            serving = []
+            problems.append(str(e))
+        if not serving and not problems:
+            problems.append(
+                f"no store for {gpu['arch']} with {gpu['num_sms']} SMs in any layer: "
+                f"fa4aot build --arch {gpu['arch']} --num-sms {gpu['num_sms']}"
+            )
+        if gpu["arch"] not in ("sm90",):
+            problems.append(f"the runtime serves sm90 only; this GPU is {gpu['arch']}")
+    return {
+        "versions": versions,
+        "platform": f"{platform.system()} {platform.machine()}",
+        "executable": sys.executable,
+        "runtime_lib": runtime_lib,
+        "gpu": gpu,
+        "layers": layers,
+        "serving": serving,
+        "compiler_installed": versions["flash-attn-4"] is not None,
+        "problems": problems,
+    }
+
+
+def format_text(r: dict[str, Any]) -> str:
+    lines = ["versions:"]
+    lines += [f"  {k:<20}{v if v is not None else '(not installed)'}" for k, v in r["versions"].items()]
+    lines.append(f"runtime library:      {r['runtime_lib'] or '(not found)'}")
+    g = r["gpu"]
+    lines.append(
+        f"gpu:                  {g['name']} {g['arch']} {g['num_sms']} SMs x{g['count']}"
+        if g
+        else "gpu:                  none visible to torch (building needs none)"
+    )
+    lines.append("store layers (lookup order):")
+    for layer in r["layers"]:
+        flags = [layer["source"], "writable" if layer["writable"] else "read-only"]
+        if not layer["exists"]:
+            flags.append("absent")
+        lines.append(f"  {layer['root']}  [{', '.join(flags)}]")
+        for s in layer["stores"]:
+            ok = "compatible" if s["compatible"] else "incompatible: " + "; ".join(s["mismatches"])
+            lines.append(f"    {s['dir']}: {s['artifacts']} artifacts, {ok}")
+        lines += [f"    broken: {b}" for b in layer["broken"]]
+    if r["serving"] is not None:
+        lines.append("would serve from:     " + (", ".join(r["serving"]) or "(nothing)"))
+    lines += [f"problem: {p}" for p in r["problems"]] or ["no problems found"]
+    return "\n".join(lines)
