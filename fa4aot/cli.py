@@ -723,7 +723,9 @@ def pack(output, cache, store_name, as_json):
     from .archive import pack as run_pack
     from .store import default_roots
 
-    res = run_pack([Path(cache)] if cache else default_roots(), Path(output), store_name)
+    res = run_pack(
+        [Path(cache)] if cache else default_roots(wheels=False), Path(output), store_name
+    )
     rows = [{"id": i, "status": "packed"} for i in res.artifacts] + [
         {"id": r["id"], "status": "skipped", "error": r["error"]} for r in res.skipped
     ]
@@ -843,6 +845,58 @@ def doctor(as_json):
     r = report()
     click.echo(json.dumps(r, indent=2, sort_keys=True) if as_json else format_text(r))
     if r["problems"]:
+        sys.exit(1)
+
+
+@main.command()
+@click.argument("out_dir", default="dist", type=click.Path(file_okay=False))
+@click.option(
+    "--cache",
+    help="Store root(s), ':'-separated (default: the $FA4AOT_CACHE_DIR layers, not installed "
+    "cache wheels).",
+)
+@click.option("--spec", "specs", multiple=True, help="Only artifacts these specs asked for.")
+@click.option("--arch", type=click.Choice(sorted(C.ARCHS)), help="Only stores of this arch.")
+@click.option("--store", "store_name", help="Fingerprint directory (or a prefix).")
+@click.option("--name", help="Wheel name: fa4aot-cache-<name> (default: arch and specs).")
+@click.option("--version", "version", help="Wheel version (default 1.0.0).")
+@click.option("--json", "as_json", is_flag=True)
+def wheel(out_dir, cache, specs, arch, store_name, name, version, as_json):
+    """Write one pip-installable cache wheel (fa4aot-cache-<name>) per store. Installed, its
+    store is found through the `fa4aot.stores` entry point, after the $FA4AOT_CACHE_DIR layers;
+    several cache wheels stack. Exit 1 if an artifact failed its checks and was left out."""
+    from .store import default_roots
+    from .wheel import DEFAULT_VERSION, build_wheels
+
+    roots = [Path(p) for p in cache.split(os.pathsep) if p] if cache else default_roots(wheels=False)
+    res = build_wheels(
+        roots,
+        Path(out_dir),
+        name=name,
+        specs=list(specs) or None,
+        arch=arch,
+        version=version or DEFAULT_VERSION,
+        store=store_name,
+    )
+    rows = [
+        {
+            "dist": w.dist,
+            "path": str(w.path),
+            "store": w.store,
+            "artifacts": len(w.artifacts),
+            "size": w.size,
+            "skipped": w.skipped,
+        }
+        for w in res
+    ]
+    if as_json:
+        _emit(rows, True, [])
+    else:
+        _emit(rows, False, ["dist", "artifacts", "size", "path"])
+        for w in res:
+            for sk in w.skipped:
+                click.echo(f"skipped {sk['id']}: {sk['error']}")
+    if any(w.skipped for w in res):
         sys.exit(1)
 
 

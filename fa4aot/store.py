@@ -16,7 +16,8 @@ entry is CorruptArtifact and never loaded. Records are JSON; nothing on the load
 
 Roots are layers (FA4AOT_CACHE_DIR=/srv/node:/opt/image-cache): lookups search them in order;
 builds go to the first writable one. Nothing on a read path creates a file or directory, so a
-store in a read-only image layer serves as-is.
+store in a read-only image layer serves as-is. Installed cache wheels (wheel.py) add their
+stores as read-only layers after these.
 """
 
 from __future__ import annotations
@@ -32,10 +33,11 @@ import stat
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from .errors import BuildError, CorruptArtifact, Fa4aotError, FingerprintMismatch
 
@@ -122,14 +124,52 @@ def mismatches(tc: dict[str, Any], expected: dict[str, Any]) -> list[str]:
     ]
 
 
-def default_roots() -> list[Path]:
-    """Store roots, in lookup order: FA4AOT_CACHE_DIR (':'-separated layers), else platformdirs."""
+def default_roots(wheels: bool = True) -> list[Path]:
+    """Store roots, in lookup order: FA4AOT_CACHE_DIR (':'-separated layers), else platformdirs;
+    then (unless `wheels` is False) the read-only stores of installed cache wheels."""
     env = os.environ.get("FA4AOT_CACHE_DIR")
     if env:
-        return [Path(p).expanduser() for p in env.split(os.pathsep) if p]
-    import platformdirs
+        roots = [Path(p).expanduser() for p in env.split(os.pathsep) if p]
+    else:
+        import platformdirs
 
-    return [Path(platformdirs.user_cache_dir("fa4aot"))]
+        roots = [Path(platformdirs.user_cache_dir("fa4aot"))]
+    if wheels:
+        roots += [r for r in entry_point_roots() if r not in roots]
+    return roots
+
+
+WHEEL_STORES = "fa4aot.stores"  # entry point group of cache wheels (wheel.py writes them)
+WHEEL_TAG = "FA4AOT-WHEEL.TAG"  # in a cache wheel's store root: pip owns it, builds never write
+
+
+def entry_point_roots() -> list[Path]:
+    """The store roots of installed cache wheels (`pip install fa4aot-cache-...`), by entry point
+    name. Each entry point names a tiny module whose ROOT is its store; one that fails to load is
+    skipped with a warning. FA4AOT_CACHE_WHEELS=0 turns discovery off."""
+    if os.environ.get("FA4AOT_CACHE_WHEELS") == "0":
+        return []
+    import logging
+
+    log = logging.getLogger("fa4aot")
+    roots: list[Path] = []
+    try:
+        eps = sorted(metadata.entry_points(group=WHEEL_STORES), key=lambda e: (e.name, e.value))
+    except Exception as e:  # noqa: BLE001 - a broken installation must not stop the runtime
+        log.warning("fa4aot: cannot list cache wheels: %s: %s", type(e).__name__, e)
+        return []
+    for ep in eps:
+        try:
+            obj = ep.load()
+            root = Path(getattr(obj, "ROOT", obj))
+        except Exception as e:  # noqa: BLE001
+            log.warning("fa4aot: skipping cache wheel %s (%s): %s", ep.name, ep.value, e)
+            continue
+        if not root.is_dir():
+            log.warning("fa4aot: skipping cache wheel %s: %s is not a directory", ep.name, root)
+        elif root not in roots:
+            roots.append(root)
+    return roots
 
 
 def not_writable_reason(root: Path) -> str | None:
@@ -137,6 +177,8 @@ def not_writable_reason(root: Path) -> str | None:
     not exist yet is judged by the directory it would be created in."""
     from .locking import write_refusal
 
+    if (Path(root) / WHEEL_TAG).exists():
+        return "an installed cache wheel's store: pip owns it, upgrade it with pip"
     p = Path(root).absolute()
     while not p.exists() and p != p.parent:
         p = p.parent

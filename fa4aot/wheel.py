@@ -1,0 +1,295 @@
+"""`fa4aot wheel`: a store as a pip-installable wheel, found by the runtime with no configuration.
+
+One wheel per store (fingerprint directory: one arch / SM count / toolchain / Python):
+
+    fa4aot_cache_<name>/__init__.py                 ROOT = Path(__file__).parent / "store"
+    fa4aot_cache_<name>/store/FA4AOT-WHEEL.TAG       builds never write into this root
+    fa4aot_cache_<name>/store/v1/<fp>/...           a normal store (toolchain, specs, artifacts)
+    fa4aot_cache_<name>-<ver>.dist-info/            METADATA, WHEEL, entry_points.txt, RECORD
+
+The entry point `[fa4aot.stores] <name> = fa4aot_cache_<name>` is how `store.default_roots`
+finds it. Artifacts are C shared objects for one Python minor (the store's fingerprint), so the
+wheel is tagged `cp3XX-none-<platform of the ELF parts>` and pip installs it only there.
+
+Written with zipfile (no setuptools/wheel needed), deterministically: fixed timestamps and modes,
+sorted entries, so the same store gives a byte-identical wheel. Like `pack`, only artifacts whose
+parts match their record's sha256 go in; the others are left out and reported.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+import sysconfig
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import constraints as C
+from .errors import BuildError, CorruptArtifact, Fa4aotError
+from .store import LAYOUT, NAME_RE, RECORD, WHEEL_STORES, WHEEL_TAG, Store, atomic_output, scan_root
+
+DEFAULT_VERSION = "1.0.0"
+_DIST_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,98}[A-Za-z0-9])?")
+_VERSION = re.compile(r"[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?")
+_ELF_MACHINES = {62: "linux_x86_64", 183: "linux_aarch64"}
+_DATE = (1980, 1, 1, 0, 0, 0)
+_TAG_TEXT = (
+    "This store belongs to an installed fa4aot cache wheel: pip owns its files, so fa4aot never\n"
+    "builds into it. Upgrade or remove it with pip.\n"
+)
+
+
+@dataclass
+class WheelResult:
+    path: Path
+    dist: str  # distribution name, e.g. fa4aot-cache-sm90
+    store: str  # fingerprint directory
+    artifacts: list[str] = field(default_factory=list)
+    skipped: list[dict] = field(default_factory=list)  # {"id", "error"}: corrupt, left out
+    size: int = 0  # bytes of the .whl
+
+
+def normalize_name(name: str) -> str:
+    """PEP 503 form of a cache name (`Llama_3.1` -> `llama-3-1`); BuildError if not a valid
+    distribution name."""
+    if not _DIST_NAME.fullmatch(name):
+        raise BuildError(
+            f"invalid wheel name {name!r}: use letters, digits, '.', '_' and '-', starting and "
+            "ending with a letter or digit (at most 100 characters)"
+        )
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _default_name(tc: dict, specs: list[str] | None) -> str:
+    parts = [tc["arch"]]
+    if tc["num_sms"] != C.DEFAULT_NUM_SMS.get(tc["arch"]):
+        parts.append(f"{tc['num_sms']}sm")
+    parts += sorted(specs or [])
+    return re.sub(r"[^A-Za-z0-9]+", "-", "-".join(parts)).strip("-")[:100]
+
+
+def _python_tag(tc: dict) -> str:
+    m = re.fullmatch(r"3\.([0-9]+)", str(tc.get("python")))
+    if not m:
+        raise BuildError(f"store toolchain has python {tc.get('python')!r}, not a 3.X version")
+    return f"cp3{m.group(1)}"
+
+
+def _platform(files: dict[str, bytes]) -> str:
+    """The platform tag of the first ELF part (stub artifacts are not ELF: this machine's)."""
+    for name in sorted(files):
+        data = files[name]
+        if data[:4] == b"\x7fELF" and len(data) > 20:
+            order = "little" if data[5] == 1 else "big"
+            machine = int.from_bytes(data[18:20], order)
+            if machine in _ELF_MACHINES:
+                return _ELF_MACHINES[machine]
+            raise BuildError(f"{name}: ELF machine {machine} has no wheel platform tag here")
+    return re.sub(r"[-.]", "_", sysconfig.get_platform())
+
+
+def _spec_ids(stores: list[Store], spec: str) -> set[str]:
+    """Artifacts asked for by `spec`: its index (`specs/<spec>.json` lists every variant, shared
+    ones included) and records whose `requested_by` names it (their first requester)."""
+    ids: set[str] = set()
+    for s in stores:
+        try:
+            ids |= set(json.loads(s.spec_index(spec).read_bytes())["variants"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        for vid, a in s.iter_artifacts():
+            by = {} if isinstance(a, Exception) else a.record.get("requested_by")
+            if isinstance(by, dict) and by.get("spec") == spec:
+                ids.add(vid)
+    return ids
+
+
+def _artifact_files(stores: list[Store], ids: set[str] | None, res: WheelResult) -> dict:
+    """{"<id>/<file>": bytes} of every valid artifact (first layer wins), checked as read."""
+    out: dict[str, bytes] = {}
+    seen: set[str] = set()
+    for s in stores:
+        for vid, art in s.iter_artifacts():
+            if vid in seen or (ids is not None and vid not in ids):
+                continue
+            try:
+                if isinstance(art, Exception):
+                    raise art
+                art.verify()
+                files = {RECORD: (art.dir / RECORD).read_bytes()}
+                for p in art.record["parts"].values():
+                    files[p["file"]] = data = (art.dir / p["file"]).read_bytes()
+                    if hashlib.sha256(data).hexdigest() != p["sha256"]:
+                        raise CorruptArtifact(f"{art.dir / p['file']}: changed while read")
+            except (Fa4aotError, OSError) as e:
+                res.skipped.append({"id": vid, "error": str(e)})
+                continue
+            seen.add(vid)
+            res.artifacts.append(vid)
+            out.update({f"{vid}/{n}": d for n, d in files.items()})
+    res.artifacts.sort()
+    skipped = {s["id"]: s for s in reversed(res.skipped) if s["id"] not in seen}  # first stays
+    res.skipped = [skipped[k] for k in sorted(skipped)]
+    return out
+
+
+def _spec_files(stores: list[Store], specs: list[str] | None) -> dict[str, bytes]:
+    out: dict[str, bytes] = {}
+    for s in stores:
+        for f in sorted((s.dir / "specs").glob("*.json")):
+            if NAME_RE.fullmatch(f.name) and f.stem not in out and (not specs or f.stem in specs):
+                out[f.stem] = f.read_bytes()
+    return {f"{k}.json": v for k, v in out.items()}
+
+
+def _record_line(name: str, data: bytes) -> str:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return f"{name},sha256={digest},{len(data)}\n"
+
+
+def _write_zip(path: Path, entries: dict[str, bytes], record_name: str) -> None:
+    """Entries in sorted order with fixed metadata, dist-info last, RECORD computed here."""
+    names = sorted(entries, key=lambda n: (".dist-info/" in n, n))
+    record = "".join(_record_line(n, entries[n]) for n in names) + f"{record_name},,\n"
+    with atomic_output(path) as f, zipfile.ZipFile(f, "w") as zf:
+        for name, data in [*((n, entries[n]) for n in names), (record_name, record.encode())]:
+            zi = zipfile.ZipInfo(name, date_time=_DATE)
+            zi.create_system = 3  # unix: pip applies the mode below
+            zi.external_attr = 0o100644 << 16
+            zf.writestr(zi, data, compress_type=zipfile.ZIP_DEFLATED, compresslevel=6)
+
+
+def _metadata(dist: str, version: str, tc: dict, fp: str, n: int, specs: list[str]) -> str:
+    summary = (
+        f"FlashAttention-4{' ' + str(tc['fa4']) if tc.get('fa4') else ''} kernels "
+        "ahead-of-time compiled by fa4aot for "
+        f"{tc['arch']} ({tc['num_sms']} SMs), Python {tc['python']}: {n} artifacts"
+    )
+    body = f"fa4aot store `{fp}`.\n\nToolchain:\n\n" + "".join(
+        f"- {k}: {tc[k]}\n" for k in sorted(tc)
+    )
+    if specs:
+        body += "\nSpecs: " + ", ".join(specs) + "\n"
+    return (
+        f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\nSummary: {summary}\n"
+        f"Requires-Python: =={tc['python']}.*\nRequires-Dist: fa4aot\n"
+        f"Description-Content-Type: text/markdown\n\n{body}"
+    )
+
+
+def _write_wheel(
+    res: WheelResult,
+    stores: list[Store],
+    arts: dict,
+    out_dir: Path,
+    version: str,
+    specs: list[str] | None,
+) -> None:
+    tc, fp = stores[0].toolchain, stores[0].dir.name
+    ep = res.dist.removeprefix("fa4aot-cache-")
+    pkg = f"fa4aot_cache_{ep.replace('-', '_')}"
+    tag = f"{_python_tag(tc)}-none-{_platform(arts)}"
+    base = f"{pkg}/store/{LAYOUT}/{fp}"
+    info = f"{res.dist.replace('-', '_')}-{version}.dist-info"
+    init = (
+        f'"""fa4aot cache wheel {res.dist}: the store {fp}.\n\n'
+        f'fa4aot finds it through the {WHEEL_STORES} entry point."""\n\n'
+        'from pathlib import Path\n\nROOT = Path(__file__).parent / "store"\n'
+    )
+    meta = _metadata(res.dist, version, tc, fp, len(res.artifacts), sorted(specs or []))
+    entries = {
+        f"{pkg}/__init__.py": init.encode(),
+        f"{pkg}/store/{WHEEL_TAG}": _TAG_TEXT.encode(),
+        f"{base}/toolchain.json": (stores[0].dir / "toolchain.json").read_bytes(),
+        **{f"{base}/specs/{n}": d for n, d in _spec_files(stores, specs).items()},
+        **{f"{base}/artifacts/{n}": d for n, d in arts.items()},
+        f"{info}/METADATA": meta.encode(),
+        f"{info}/WHEEL": (
+            f"Wheel-Version: 1.0\nGenerator: fa4aot\nRoot-Is-Purelib: false\nTag: {tag}\n"
+        ).encode(),
+        f"{info}/entry_points.txt": f"[{WHEEL_STORES}]\n{ep} = {pkg}\n".encode(),
+    }
+    res.path = Path(out_dir) / f"{res.dist.replace('-', '_')}-{version}-{tag}.whl"
+    _write_zip(res.path, entries, f"{info}/RECORD")
+    res.size = res.path.stat().st_size
+
+
+def build_wheels(
+    roots: list[Path],
+    out_dir: Path,
+    name: str | None = None,
+    specs: list[str] | None = None,
+    arch: str | None = None,
+    version: str = DEFAULT_VERSION,
+    store: str | None = None,
+) -> list[WheelResult]:
+    """Write one wheel per store found in `roots` into `out_dir` (layers: the same fingerprint
+    directory in several roots is one store, the first layer's copy of an artifact winning).
+
+    `specs`: only artifacts these specs asked for (each must match some); `arch`: only stores of
+    that arch; `store`: only stores whose directory name starts with it (like `pack --store`).
+    `name`: the cache name (dist `fa4aot-cache-<name>`); default arch[-<N>sm][-<spec>...].
+    A store with no valid artifact to put in gets no wheel. Raises BuildError for no store, an
+    invalid name or version, a spec matching nothing, two stores that would write the same wheel,
+    or no wheel to write at all.
+    """
+    if not _VERSION.fullmatch(version):
+        raise BuildError(f"invalid version {version!r}: use a PEP 440 version such as 1.0.0")
+    if name is not None:
+        normalize_name(name)
+    by_fp = _stores(roots, arch, store)
+    wanted = {fp: _wanted(stores, specs) for fp, stores in by_fp.items()}
+    for spec in specs or []:
+        if not any(spec in w for w in wanted.values()):
+            raise BuildError(f"spec {spec!r} matches no artifact in {', '.join(sorted(by_fp))}")
+    plans, keys = [], {}
+    for fp, stores in sorted(by_fp.items()):
+        ids = set().union(*wanted[fp].values()) if specs else None
+        if ids is not None and not ids:
+            continue
+        dist = "fa4aot-cache-" + normalize_name(
+            _default_name(stores[0].toolchain, specs) if name is None else name
+        )
+        key = (dist, _python_tag(stores[0].toolchain))
+        if key in keys:
+            raise BuildError(
+                f"stores {keys[key]} and {fp} would both be {dist} for {key[1]}; "
+                "pick one with arch= or store=, or name each"
+            )
+        keys[key] = fp
+        plans.append((WheelResult(Path(), dist, fp), stores, ids))
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    results, empty = [], []
+    for res, stores, ids in plans:
+        arts = _artifact_files(stores, ids, res)
+        if not arts:
+            empty.append(f"{res.store}: " + (res.skipped[0]["error"] if res.skipped else "empty"))
+            continue
+        _write_wheel(res, stores, arts, out_dir, version, specs)
+        results.append(res)
+    if not results:
+        raise BuildError("no valid artifact to put in a wheel:\n  " + "\n  ".join(empty))
+    return results
+
+
+def _stores(roots: list[Path], arch: str | None, store: str | None) -> dict[str, list[Store]]:
+    by_fp: dict[str, list[Store]] = {}
+    for r in roots:
+        for s in scan_root(r)[0]:
+            if (arch is None or s.toolchain["arch"] == arch) and (
+                store is None or s.dir.name.startswith(store)
+            ):
+                by_fp.setdefault(s.dir.name, []).append(s)
+    if not by_fp:
+        what = " ".join(x for x in (arch, store and repr(store)) if x)
+        raise BuildError(
+            f"no {what + ' ' if what else ''}store in {', '.join(map(str, roots)) or '(no roots)'}"
+        )
+    return by_fp
+
+
+def _wanted(stores: list[Store], specs: list[str] | None) -> dict[str, set[str]]:
+    return {spec: ids for spec in specs or [] if (ids := _spec_ids(stores, spec))}
