@@ -2,7 +2,10 @@
 # Every H200 check and benchmark, in one device call, outputs under $1 (default /tmp/fa4aot-gpu).
 # On the GPU host, from the project root, with a store built here and carried:
 #   source .device/setup.sh && FA4AOT_CACHE_DIR=$PWD/.gpu-store bash benchmarks/gpu_session.sh $OUT [what...]
-# what: any of tests padding dropin conformance host startup (default: all).
+# what: any of tests padding dropin conformance host startup wheel (default: all but wheel).
+# wheel: packs $FA4AOT_CACHE_DIR into a cache wheel (fa4aot wheel), pip-installs it into a fresh
+# --target dir, then `fa4aot doctor` and the conformance check served from the wheel alone (the
+# only other layer is empty).
 set -u
 out=${1:-/tmp/fa4aot-gpu}; shift || true
 what=${*:-tests padding dropin conformance host startup}
@@ -16,6 +19,14 @@ for w in $what; do
     padding) { stamp python3 -m pytest -m gpu tests/test_gpu_padding.py; python3 -m pytest -m gpu tests/test_gpu_padding.py -q -p no:cacheprovider -rf 2>&1; } > "$out/gpu-padding-tests.txt"; tail -3 "$out/gpu-padding-tests.txt"
       { stamp python3 benchmarks/padding.py; python3 benchmarks/padding.py --exact-store .gpu-store-bench --pad-store .gpu-store --out "$out/padding.json" 2>&1; } > "$out/padding.txt"; cat "$out/padding.txt";;
     dropin) { stamp python3 -m pytest -m gpu tests/test_gpu_dropin.py; python3 -m pytest -m gpu tests/test_gpu_dropin.py -q -s -p no:cacheprovider -rf 2>&1 | grep -v -e Warning -e exe_args; } > "$out/gpu-dropin-tests.txt"; tail -3 "$out/gpu-dropin-tests.txt";;
+    wheel) { stamp python3 -m fa4aot.cli wheel /tmp/dist --cache "$FA4AOT_CACHE_DIR"; python3 -m fa4aot.cli wheel /tmp/dist --cache "$FA4AOT_CACHE_DIR" 2>&1
+        echo "# command: pip install --no-index --no-deps --target /tmp/wheelsite /tmp/dist/*.whl"
+        python3 -m pip install -q --no-index --no-deps --target /tmp/wheelsite /tmp/dist/*.whl 2>&1
+        mkdir -p /tmp/empty-layer
+        echo "# command: FA4AOT_CACHE_DIR=/tmp/empty-layer PYTHONPATH=/tmp/wheelsite:\$PYTHONPATH python3 -m fa4aot.cli doctor"
+        FA4AOT_CACHE_DIR=/tmp/empty-layer PYTHONPATH=/tmp/wheelsite:$PYTHONPATH python3 -m fa4aot.cli doctor 2>&1
+        echo "# command: FA4AOT_CACHE_DIR=/tmp/empty-layer PYTHONPATH=/tmp/wheelsite:\$PYTHONPATH python3 .device/checks/gpu_conformance.py"
+        FA4AOT_CACHE_DIR=/tmp/empty-layer PYTHONPATH=/tmp/wheelsite:$PYTHONPATH python3 .device/checks/gpu_conformance.py 2>&1; } > "$out/wheel.txt"; grep -e "would serve" -e problem -e passed "$out/wheel.txt";;
     startup) { stamp python3 benchmarks/startup.py; python3 benchmarks/startup.py --out "$out/startup.json" 2>&1 | grep -v -e Warning -e exe_args; } > "$out/startup.txt"; tail -25 "$out/startup.txt";;
   esac
 done

@@ -45,6 +45,7 @@ from .store import (
     owner_tag,
     read_toolchain,
     scan_root,
+    spec_ids,
     sweep_temp,
 )
 
@@ -80,16 +81,24 @@ def _compression(path: Path) -> str:
     raise UnsafeArchive(f"{path}: archive name must end in .tar, .tar.gz, .tgz or .tar.xz")
 
 
-def pack(roots: list[Path], output: Path, store_name: str | None = None) -> PackResult:
-    """Write one store (`store_name`: its directory name or a prefix; needed when the layers
-    hold several) to a tar archive. Only artifacts whose checks pass go in."""
+def pack(
+    roots: list[Path],
+    output: Path,
+    store_name: str | None = None,
+    specs: list[str] | None = None,
+    arch: str | None = None,
+) -> PackResult:
+    """Write one store (`store_name`: its directory name or a prefix; `arch`: the store of that
+    arch; needed when the layers hold several) to a tar archive, restricted to the artifacts
+    `specs` asked for (and their spec indexes) if given. Only artifacts whose checks pass go in."""
     output = Path(output)
     mode = _compression(output)
     stores = [
         s
         for r in roots
         for s in scan_root(r)[0]
-        if store_name is None or s.dir.name.startswith(store_name)
+        if (store_name is None or s.dir.name.startswith(store_name))
+        and (arch is None or s.toolchain.get("arch") == arch)
     ]
     names = sorted({s.dir.name for s in stores})
     if not stores:
@@ -100,6 +109,11 @@ def pack(roots: list[Path], output: Path, store_name: str | None = None) -> Pack
     if len(names) > 1:
         raise UnsafeArchive("several stores; pick one with --store: " + ", ".join(names))
     store = stores[0]
+    wanted = None
+    if specs:
+        wanted = set().union(*(spec_ids([store], sp) for sp in specs))
+        if not wanted:
+            raise UnsafeArchive(f"no artifact of spec(s) {', '.join(specs)} in {store.dir}")
     res = PackResult(output, store.dir.name)
     fp = store.dir.name
     with (
@@ -119,14 +133,18 @@ def pack(roots: list[Path], output: Path, store_name: str | None = None) -> Pack
 
         add_dir(fp)
         add_file(f"{fp}/toolchain.json", (store.dir / "toolchain.json").read_bytes())
-        specs = sorted((store.dir / "specs").glob("*.json"))
+        indexes = sorted((store.dir / "specs").glob("*.json"))
         if specs:
+            indexes = [f for f in indexes if f.stem in specs]
+        if indexes:
             add_dir(f"{fp}/specs")
-        for f in specs:
+        for f in indexes:
             if NAME_RE.fullmatch(f.name):
                 add_file(f"{fp}/specs/{f.name}", f.read_bytes())
         add_dir(f"{fp}/artifacts")
         for vid, art in store.iter_artifacts():
+            if wanted is not None and vid not in wanted:
+                continue
             try:
                 if isinstance(art, Exception):
                     raise art

@@ -716,15 +716,21 @@ def hook(action):
 @click.option(
     "--store", "store_name", help="Fingerprint directory (or a prefix) when there are several."
 )
+@click.option("--spec", "specs", multiple=True, help="Only artifacts these specs asked for.")
+@click.option("--arch", type=click.Choice(sorted(C.ARCHS)), help="The store of this arch.")
 @click.option("--json", "as_json", is_flag=True)
-def pack(output, cache, store_name, as_json):
+def pack(output, cache, store_name, specs, arch, as_json):
     """Write one store to a tar archive (.tar, .tar.gz, .tar.xz) for `fa4aot unpack` elsewhere.
     Only artifacts that pass their checks go in; exit 1 if any was left out."""
     from .archive import pack as run_pack
     from .store import default_roots
 
     res = run_pack(
-        [Path(cache)] if cache else default_roots(wheels=False), Path(output), store_name
+        [Path(cache)] if cache else default_roots(wheels=False),
+        Path(output),
+        store_name,
+        specs=list(specs) or None,
+        arch=arch,
     )
     rows = [{"id": i, "status": "packed"} for i in res.artifacts] + [
         {"id": r["id"], "status": "skipped", "error": r["error"]} for r in res.skipped

@@ -52,13 +52,14 @@ def unsupported_reason(
             )
     else:
         standard = 8 <= head_dim <= 128 and 8 <= head_dim_v <= 128
-        special = (head_dim, head_dim_v) in ((192, 128), (256, 256)) or (
-            head_dim_v == 512 and head_dim in (64, 512)
-        )
+        special = (head_dim, head_dim_v) in ((192, 128), (256, 256))
         if not (standard or special):
+            # Found cross-compiling Gemma-4's full layers: FA4's sm100 forward asserts that
+            # hd512 fits tensor memory (it does not); hdv 512 exists only as MLA (qv, hd 64).
             return (
                 f"head_dim {head_dim}/{head_dim_v} is not supported on sm100: 8..128, "
-                "(192, 128), (256, 256) or MLA (64|512, 512)"
+                "(192, 128) or (256, 256); head_dim_v 512 only as MLA (qv with head_dim 64), "
+                "which fa4aot does not build; the dense hd512 forward does not fit tensor memory"
             )
     return None
 

@@ -655,6 +655,22 @@ def find_serving_store(roots: list[Path], expected: dict[str, Any]) -> list[Stor
     return found
 
 
+def spec_ids(stores: list[Store], spec: str) -> set[str]:
+    """Artifacts asked for by `spec`: its index (`specs/<spec>.json` lists every variant, shared
+    ones included) and records whose `requested_by` names it (their first requester)."""
+    ids: set[str] = set()
+    for s in stores:
+        try:
+            ids |= set(json.loads(s.spec_index(spec).read_bytes())["variants"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        for vid, a in s.iter_artifacts():
+            by = {} if isinstance(a, Exception) else a.record.get("requested_by")
+            if isinstance(by, dict) and by.get("spec") == spec:
+                ids.add(vid)
+    return ids
+
+
 def verify_root(root: Path) -> list[dict[str, Any]]:
     """One row per artifact (and per broken fingerprint directory) of a root, every part's
     sha256 checked: status ok | corrupt | incomplete (a directory with no record)."""

@@ -29,7 +29,17 @@ from pathlib import Path
 
 from . import constraints as C
 from .errors import BuildError, CorruptArtifact, Fa4aotError
-from .store import LAYOUT, NAME_RE, RECORD, WHEEL_STORES, WHEEL_TAG, Store, atomic_output, scan_root
+from .store import (
+    LAYOUT,
+    NAME_RE,
+    RECORD,
+    WHEEL_STORES,
+    WHEEL_TAG,
+    Store,
+    atomic_output,
+    scan_root,
+    spec_ids,
+)
 
 DEFAULT_VERSION = "1.0.0"
 _DIST_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,98}[A-Za-z0-9])?")
@@ -89,22 +99,6 @@ def _platform(files: dict[str, bytes]) -> str:
                 return _ELF_MACHINES[machine]
             raise BuildError(f"{name}: ELF machine {machine} has no wheel platform tag here")
     return re.sub(r"[-.]", "_", sysconfig.get_platform())
-
-
-def _spec_ids(stores: list[Store], spec: str) -> set[str]:
-    """Artifacts asked for by `spec`: its index (`specs/<spec>.json` lists every variant, shared
-    ones included) and records whose `requested_by` names it (their first requester)."""
-    ids: set[str] = set()
-    for s in stores:
-        try:
-            ids |= set(json.loads(s.spec_index(spec).read_bytes())["variants"])
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
-        for vid, a in s.iter_artifacts():
-            by = {} if isinstance(a, Exception) else a.record.get("requested_by")
-            if isinstance(by, dict) and by.get("spec") == spec:
-                ids.add(vid)
-    return ids
 
 
 def _artifact_files(stores: list[Store], ids: set[str] | None, res: WheelResult) -> dict:
@@ -292,4 +286,4 @@ def _stores(roots: list[Path], arch: str | None, store: str | None) -> dict[str,
 
 
 def _wanted(stores: list[Store], specs: list[str] | None) -> dict[str, set[str]]:
-    return {spec: ids for spec in specs or [] if (ids := _spec_ids(stores, spec))}
+    return {spec: ids for spec in specs or [] if (ids := spec_ids(stores, spec))}

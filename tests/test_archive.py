@@ -334,3 +334,17 @@ def test_fuzz_member_header_check(name, type_, size):
     ti = tarfile.TarInfo(name)
     ti.type, ti.size = type_, size
     assert A.member_problem(ti) is None or isinstance(A.member_problem(ti), str)
+
+
+def test_pack_filters_by_spec_and_arch(tmp_path, built):
+    out = tmp_path / "tiny.tar"
+    r = cli("pack", str(out), "--cache", str(built.root), "--spec", "tiny", "--arch", "sm90", "--json")
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(r.stdout)["rows"]) == N_TINY
+    names = {m.name for m, _ in _members(out)}
+    assert f"{built.dir.name}/specs/tiny.json" in names
+    r = cli("pack", str(tmp_path / "x.tar"), "--cache", str(built.root), "--spec", "nope")
+    assert r.returncode == 1 and "no artifact of spec(s) nope" in r.stderr
+    r = cli("pack", str(tmp_path / "y.tar"), "--cache", str(built.root), "--arch", "sm100")
+    assert r.returncode == 1 and "no store" in r.stderr
+    assert not (tmp_path / "x.tar").exists() and not (tmp_path / "y.tar").exists()

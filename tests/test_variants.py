@@ -61,6 +61,15 @@ def test_gemma_hd512_full_layer_reported_unsupported(plan):
     assert {n.layer for n in plan.needs if n.spec == "gemma-4"} == {"sliding"}
 
 
+def test_gemma_hd512_full_layer_unsupported_on_sm100_too():
+    # FA4's sm100 forward asserts hd512 fits tensor memory (found cross-compiling: it does not)
+    p = enumerate_variants(resolve_specs(["gemma-4"])[0], "sm100")
+    (u,) = p.unsupported
+    assert (u.spec, u.layer) == ("gemma-4", "full")
+    assert "512" in u.reason and "sm100" in u.reason and "tensor memory" in u.reason
+    assert {n.layer for n in p.needs} == {"sliding"}
+
+
 def test_default_variants_cover_every_regime(plan):
     vs = [n.variant for n in plan.variants().values()]
     assert {v.layout for v in vs} == {"dense", "varlen", "paged"}
