@@ -1,5 +1,7 @@
-"""`fa4aot.install()`: give code that calls `flash_attn.cute` directly (vLLM, SGLang, custom
-engines) the store's kernels, with no code change beyond this call (or an env variable).
+"""`fa4aot.install()`: give code that calls `flash_attn.cute` directly (custom engines, research
+code) the store's kernels, with no code change beyond this call (or an env variable). vLLM and
+SGLang call their own vendored copies of FA4, which this does not patch: docs/integrations.md
+routes them to `flash_attn_varlen_func` instead.
 
     import fa4aot
     fa4aot.install(on_miss="error")      # from here on flash_attn.cute compiles nothing
