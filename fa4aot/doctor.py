@@ -71,7 +71,9 @@ def report() -> dict[str, Any]:
         stores, broken = scan_root(root)
         layer = {
             "root": str(root),
-            "source": "cache wheel" if root in wheel_roots or (root / WHEEL_TAG).exists() else "layer",
+            "source": "cache wheel"
+            if root in wheel_roots or (root / WHEEL_TAG).exists()
+            else "layer",
             "exists": root.is_dir(),
             "writable": not_writable_reason(root) is None,
             "stores": [],
@@ -122,7 +124,9 @@ def report() -> dict[str, Any]:
 
 def format_text(r: dict[str, Any]) -> str:
     lines = ["versions:"]
-    lines += [f"  {k:<20}{v if v is not None else '(not installed)'}" for k, v in r["versions"].items()]
+    lines += [
+        f"  {k:<20}{v if v is not None else '(not installed)'}" for k, v in r["versions"].items()
+    ]
     lines.append(f"runtime library:      {r['runtime_lib'] or '(not found)'}")
     g = r["gpu"]
     lines.append(

@@ -135,7 +135,9 @@ def _plan(sources: list[Path], dest: Path):
 
 def _stage_copy(art: Artifact, target: Store) -> Path:
     """Copy an artifact's record and parts into target's tmp/, fsync'ed, and check the copy."""
-    stage = Path(tempfile.mkdtemp(prefix=f".merge.{owner_tag()}", suffix=".tmp", dir=target.dir / "tmp"))
+    stage = Path(
+        tempfile.mkdtemp(prefix=f".merge.{owner_tag()}", suffix=".tmp", dir=target.dir / "tmp")
+    )
     names = ["record.json", *(p["file"] for p in art.record["parts"].values())]
     for name in names:
         with open(art.dir / name, "rb") as src, open(stage / name, "xb") as dst:
@@ -158,7 +160,9 @@ def merge(sources: list[Path], dest: Path) -> MergeResult:
             raise MergeConflict(f"{s} is both a source and the destination")
     chosen, specs, toolchains, problems = _plan(sources, dest)
     if problems:
-        shown = problems[:20] + ([f"... and {len(problems) - 20} more"] if len(problems) > 20 else [])
+        shown = problems[:20] + (
+            [f"... and {len(problems) - 20} more"] if len(problems) > 20 else []
+        )
         raise MergeConflict("merge refused, nothing written:\n  " + "\n  ".join(shown))
     res = MergeResult(dest)
     targets: dict[str, Store] = {}

@@ -28,7 +28,6 @@ from .errors import CorruptArtifact, Fa4aotError
 from .store import (
     LAYOUT,
     RECORD,
-    Store,
     build_toolchain,
     owner_tag,
     scan_root,
@@ -95,10 +94,14 @@ def plan(root: Path, keep: list[str] | None = None, max_bytes: int | None = None
     if keep:
         for d, e in broken:
             actions.append(Action("store", str(d), _du(d), f"unreadable fingerprint: {e}"))
-    live: list[tuple[Store, Path, int, bool]] = []  # artifacts that stay, for max_bytes
+    live: list[
+        tuple[Path, int, bool]
+    ] = []  # artifacts that stay (dir, bytes, named), for max_bytes
     for s in stores:
         if keep and not _kept(s.toolchain, keep, s.dir.name):
-            why = "not kept (" + ", ".join(f"{k}={s.toolchain.get(k)}" for k in VERSION_FIELDS) + ")"
+            why = (
+                "not kept (" + ", ".join(f"{k}={s.toolchain.get(k)}" for k in VERSION_FIELDS) + ")"
+            )
             actions.append(Action("store", str(s.dir), _du(s.dir), why))
             continue
         for sub, kind, reason in (
@@ -129,14 +132,14 @@ def plan(root: Path, keep: list[str] | None = None, max_bytes: int | None = None
             except CorruptArtifact as e:
                 actions.append(Action("corrupt", str(d), _du(d), str(e)))
                 continue
-            live.append((s, d, _du(d), vid in named))
+            live.append((d, _du(d), vid in named))
         base = s.dir / "artifacts"
         for d in sorted(base.iterdir()) if base.is_dir() else []:
             if d.is_dir() and not (d / RECORD).exists():
                 actions.append(Action("incomplete", str(d), _du(d), "no record: never served"))
     if max_bytes is not None:
-        total = sum(n for _, _, n, _ in live)
-        for s, d, n, named in sorted(live, key=lambda x: (x[3], _last_use(x[1]))):
+        total = sum(n for _, n, _ in live)
+        for d, n, named in sorted(live, key=lambda x: (x[2], _last_use(x[0]))):
             if total <= max_bytes:
                 break
             why = "over --max-size; " + ("named by a spec, " if named else "no spec names it, ")
@@ -176,8 +179,10 @@ def execute(root: Path, actions: list[Action]) -> list[dict]:
         rows.append(row)
     if (Path(root) / LAYOUT).is_dir():
         for e in (Path(root) / LAYOUT).iterdir():  # a crashed earlier prune's renamed store
-            if e.name.startswith(".") and e.name.endswith(".tmp") and temp_is_orphaned(
-                e.name, e.lstat().st_mtime
+            if (
+                e.name.startswith(".")
+                and e.name.endswith(".tmp")
+                and temp_is_orphaned(e.name, e.lstat().st_mtime)
             ):
                 shutil.rmtree(e, ignore_errors=True)
     return rows
