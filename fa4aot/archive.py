@@ -90,7 +90,9 @@ def pack(
 ) -> PackResult:
     """Write one store (`store_name`: its directory name or a prefix; `arch`: the store of that
     arch; needed when the layers hold several) to a tar archive, restricted to the artifacts
-    `specs` asked for (and their spec indexes) if given. Only artifacts whose checks pass go in."""
+    `specs` asked for (and their spec indexes) if given. Only artifacts whose checks pass go in.
+    When several layers hold that store, the archive is their union: of each artifact and spec
+    index, the first layer's valid copy."""
     output = Path(output)
     mode = _compression(output)
     stores = [
@@ -108,12 +110,18 @@ def pack(
         )
     if len(names) > 1:
         raise UnsafeArchive("several stores; pick one with --store: " + ", ".join(names))
-    store = stores[0]
+    store = stores[0]  # layers hold this fingerprint in several roots: pack their union
     wanted = None
     if specs:
-        wanted = set().union(*(spec_ids([store], sp) for sp in specs))
+        wanted = set().union(*(spec_ids(stores, sp) for sp in specs))
         if not wanted:
             raise UnsafeArchive(f"no artifact of spec(s) {', '.join(specs)} in {store.dir}")
+    indexes: dict[str, Path] = {}  # spec index name -> the first layer's file
+    for s in stores:
+        for f in sorted((s.dir / "specs").glob("*.json")):
+            if NAME_RE.fullmatch(f.name) and (not specs or f.stem in specs):
+                indexes.setdefault(f.name, f)
+    ids = sorted({vid for s in stores for vid, _ in s.iter_artifacts()})
     res = PackResult(output, store.dir.name)
     fp = store.dir.name
     with (
@@ -133,33 +141,43 @@ def pack(
 
         add_dir(fp)
         add_file(f"{fp}/toolchain.json", (store.dir / "toolchain.json").read_bytes())
-        indexes = sorted((store.dir / "specs").glob("*.json"))
-        if specs:
-            indexes = [f for f in indexes if f.stem in specs]
         if indexes:
             add_dir(f"{fp}/specs")
-        for f in indexes:
-            if NAME_RE.fullmatch(f.name):
-                add_file(f"{fp}/specs/{f.name}", f.read_bytes())
+        for name in sorted(indexes):
+            add_file(f"{fp}/specs/{name}", indexes[name].read_bytes())
         add_dir(f"{fp}/artifacts")
-        for vid, art in store.iter_artifacts():
+        for vid in ids:
             if wanted is not None and vid not in wanted:
                 continue
-            try:
-                if isinstance(art, Exception):
-                    raise art
-                art.verify()
-                files = {RECORD: (art.dir / RECORD).read_bytes()}
-                for p in art.record["parts"].values():
-                    files[p["file"]] = (art.dir / p["file"]).read_bytes()
-            except (CorruptArtifact, OSError) as e:
-                res.skipped.append({"id": vid, "error": str(e)})
+            files, errors = _first_valid_copy(stores, vid)
+            if files is None:
+                res.skipped.append({"id": vid, "error": "; ".join(errors)})
                 continue
             add_dir(f"{fp}/artifacts/{vid}")
             for name in sorted(files):
                 add_file(f"{fp}/artifacts/{vid}/{name}", files[name])
             res.artifacts.append(vid)
     return res
+
+
+def _first_valid_copy(stores: list[Store], vid: str) -> tuple[dict[str, bytes] | None, list[str]]:
+    """The files (record and parts) of `vid`'s first copy in layer order whose checks pass: a
+    corrupt copy in one layer falls through to a good one in a later layer, so the archive holds
+    every artifact some layer can vouch for. -> (files or None, the errors of the copies passed
+    over)."""
+    errors: list[str] = []
+    for s in stores:
+        try:
+            art = s.get(vid, verify=True)
+            if art is None:
+                continue
+            files = {RECORD: (art.dir / RECORD).read_bytes()}
+            for p in art.record["parts"].values():
+                files[p["file"]] = (art.dir / p["file"]).read_bytes()
+            return files, errors
+        except (CorruptArtifact, OSError) as e:
+            errors.append(str(e))
+    return None, errors
 
 
 def member_problem(m: tarfile.TarInfo) -> str | None:
@@ -364,7 +382,9 @@ def unpack(archive: Path, roots: list[Path]) -> UnpackResult:
         sweep_temp(target)  # staging of an unpack or build killed earlier
         res = UnpackResult(target.dir)
         for vid in ids:
-            res.rows.append({"id": vid, "status": import_artifact(target, vid, staged.artifact_dir(vid))})
+            res.rows.append(
+                {"id": vid, "status": import_artifact(target, vid, staged.artifact_dir(vid))}
+            )
         for f in sorted((staged.dir / "specs").glob("*.json")):
             if not target.spec_index(f.stem).exists():  # a local index wins over an imported one
                 atomic_write(target.spec_index(f.stem), f.read_bytes())

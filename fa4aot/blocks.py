@@ -10,11 +10,13 @@ serves any page size (per-row page lookup).
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import constraints as C
-from .store import stores_at
+from .errors import FingerprintMismatch
+from .store import Store, find_serving_store, runtime_expectation, stores_at
 from .variants import Variant
 
 
@@ -28,22 +30,35 @@ class BlockSizes:
         return page_size in self.tma or (self.any_size and page_size > 0)
 
 
-def _paged_variants(roots: list[Path], arch: str) -> list[Variant]:
+def _counts_stubs() -> bool:
+    """Stub records (FA4AOT_STUB_COMPILER=1 test builds) are no kernels and the runtime refuses
+    them; they count only in a process that builds stubs itself (the contract's own tests)."""
+    return os.environ.get("FA4AOT_STUB_COMPILER") == "1"
+
+
+def _paged_variants(stores: list[Store]) -> list[Variant]:
     out = []
-    for root in roots:
-        for s in stores_at(root):
-            if s.toolchain.get("arch") != arch:
+    for s in stores:
+        for _, a in s.iter_artifacts():
+            if isinstance(a, Exception) or (a.record.get("stub") and not _counts_stubs()):
+                continue  # corrupt, a stub, or not SM-count independent (fallback store)
+            try:
+                v = Variant.from_dict(a.record["variant"])
+            except (ValueError, TypeError):
                 continue
-            for _, a in s.iter_artifacts():
-                if isinstance(a, Exception):
-                    continue
-                try:
-                    v = Variant.from_dict(a.record["variant"])
-                except (ValueError, TypeError):
-                    continue
-                if v.paged:
-                    out.append(v)
+            if v.paged:
+                out.append(v)
     return out
+
+
+def _serving_stores(roots: list[Path], arch: str, num_sms: int) -> list[Store]:
+    """The stores the runtime would serve (arch, num_sms) from in this process: its toolchain,
+    Python and SM count (find_serving_store). A page size only another toolchain's store holds
+    would be a miss at serve time, so other stores do not count."""
+    try:
+        return find_serving_store(roots, runtime_expectation(arch, num_sms))
+    except FingerprintMismatch:
+        return []  # stores only for other toolchains: none serves here
 
 
 def _roots(cache) -> list[Path]:
@@ -54,6 +69,41 @@ def _roots(cache) -> list[Path]:
     if isinstance(cache, (str, Path)):
         return [Path(cache)]
     return [Path(c) for c in cache]
+
+
+def _block_sizes(
+    variants: list[Variant],
+    arch: str,
+    dtype: str,
+    head_dim: int,
+    head_dim_v: int | None,
+    qhead_per_kvhead: int,
+    causal: bool,
+    window: int | None,
+    sink_dtype: str | None,
+) -> BlockSizes:
+    head_dim_v = head_dim_v or head_dim
+    causal_r, local, _, _ = C.resolve_window(causal, window, 0 if causal else None)
+    tile = C.fwd_tile(arch, head_dim, head_dim_v, causal_r, local)
+    tma, other, regimes = set(), False, set()
+    for v in variants:
+        if (
+            v.arch,
+            v.dtype,
+            v.head_dim,
+            v.head_dim_v,
+            v.qhead_per_kvhead,
+            v.local,
+            v.causal,
+            v.sink_dtype,
+        ) != (arch, dtype, head_dim, head_dim_v, qhead_per_kvhead, local, causal_r, sink_dtype):
+            continue
+        if v.paged_tma:
+            tma.add(tile.n)
+        else:
+            other = True
+        regimes.add(f"{v.phase}{'/b>256' if v.cu_hint else ''}{'/tma' if v.paged_tma else ''}")
+    return BlockSizes(tuple(sorted(tma)), other, tuple(sorted(regimes)))
 
 
 def supported_block_sizes(
@@ -67,84 +117,86 @@ def supported_block_sizes(
     window: int | None = None,
     sink_dtype: str | None = None,
     cache=None,
+    num_sms: int | None = None,
 ) -> BlockSizes:
-    """KV page sizes the store can serve for this attention config."""
-    head_dim_v = head_dim_v or head_dim
-    causal_r, local, _, _ = C.resolve_window(causal, window, 0 if causal else None)
-    tile = C.fwd_tile(arch, head_dim, head_dim_v, causal_r, local)
-    tma, other, regimes = set(), False, set()
-    for v in _paged_variants(_roots(cache), arch):
-        if (
-            v.dtype,
-            v.head_dim,
-            v.head_dim_v,
-            v.qhead_per_kvhead,
-            v.local,
-            v.causal,
-            v.sink_dtype,
-        ) != (dtype, head_dim, head_dim_v, qhead_per_kvhead, local, causal_r, sink_dtype):
-            continue
-        if v.paged_tma:
-            tma.add(tile.n)
-        else:
-            other = True
-        regimes.add(f"{v.phase}{'/b>256' if v.cu_hint else ''}{'/tma' if v.paged_tma else ''}")
-    return BlockSizes(tuple(sorted(tma)), other, tuple(sorted(regimes)))
+    """KV page sizes this process can serve for this attention config: answered from the
+    stores the runtime would use for (arch, `num_sms`; default: the arch's), so a page size
+    held only by a store of another toolchain, Python or SM count does not count."""
+    num_sms = num_sms or C.DEFAULT_NUM_SMS.get(arch, 0)  # an unknown arch: no store, as before
+    stores = _serving_stores(_roots(cache), arch, num_sms)
+    return _block_sizes(
+        _paged_variants(stores),
+        arch,
+        dtype,
+        head_dim,
+        head_dim_v,
+        qhead_per_kvhead,
+        causal,
+        window,
+        sink_dtype,
+    )
 
 
 def preferred_block_size(
     arch: str, dtype: str, head_dim: int, head_dim_v: int | None = None, **kw
 ) -> int | None:
-    """The page size to allocate the KV cache with: the TMA kernel's tile_n when cached."""
+    """The page size to allocate the KV cache with: the TMA kernel's tile_n when cached (in a
+    store this process serves from; `num_sms` as in supported_block_sizes)."""
     bs = supported_block_sizes(arch, dtype, head_dim, head_dim_v, **kw)
     return bs.tma[0] if bs.tma else None
 
 
 def block_size_rows(root: Path) -> list[dict]:
-    """Per spec layer indexed in a store: served and preferred page sizes (for `fa4aot ls`)."""
+    """Per spec layer indexed in a store: the page sizes that store serves, and the preferred one
+    (for `fa4aot ls`, which lists every store of a root, whatever its toolchain)."""
     rows = []
     for s in stores_at(root):
         idx = s.dir / "specs"
         if not idx.is_dir():
             continue
+        variants = _paged_variants([s])
         for f in sorted(idx.glob("*.json")):
             try:
-                spec = json.loads(f.read_text())["spec"]
-            except (OSError, ValueError, KeyError):
-                continue
-            if "paged" not in spec.get("serving", {}).get("layouts", []):
-                continue
-            for att in spec["attention"]:
-                arch = s.toolchain["arch"]
-                if C.unsupported_reason(arch, att["dtype"], att["head_dim"], att["head_dim_v"]):
-                    continue
-                kw = dict(
-                    qhead_per_kvhead=att["num_q_heads"] // att["num_kv_heads"],
-                    causal=att["causal"],
-                    window=att["window"],
-                    sink_dtype="float32" if att["sinks"] else None,
-                    cache=root,
-                )
-                bs = supported_block_sizes(
-                    arch, att["dtype"], att["head_dim"], att["head_dim_v"], **kw
-                )
-                causal_r, local, _, _ = C.resolve_window(
-                    att["causal"], att["window"], 0 if att["causal"] else None
-                )
-                rows.append(
-                    {
-                        "spec": spec["name"],
-                        "layer": att["name"],
-                        "arch": arch,
-                        "head_dim": att["head_dim"],
-                        "tile_n": C.fwd_tile(
-                            arch, att["head_dim"], att["head_dim_v"], causal_r, local
-                        ).n,
-                        "served_page_sizes": (
-                            "any" if bs.any_size else ",".join(map(str, bs.tma)) or "none"
-                        ),
-                        "tma_page_size": ",".join(map(str, bs.tma)) or "-",
-                        "preferred": bs.tma[0] if bs.tma else "-",
-                    }
-                )
+                rows += _spec_rows(s, json.loads(f.read_text())["spec"], variants)
+            except (OSError, ValueError, KeyError, TypeError, AttributeError, ZeroDivisionError):
+                continue  # an index ls cannot read; its artifacts are still listed
+    return rows
+
+
+def _spec_rows(s: Store, spec: dict, variants: list[Variant]) -> list[dict]:
+    if "paged" not in spec.get("serving", {}).get("layouts", []):
+        return []
+    rows = []
+    arch = s.toolchain["arch"]
+    for att in spec["attention"]:
+        if C.unsupported_reason(arch, att["dtype"], att["head_dim"], att["head_dim_v"]):
+            continue
+        bs = _block_sizes(
+            variants,
+            arch,
+            att["dtype"],
+            att["head_dim"],
+            att["head_dim_v"],
+            att["num_q_heads"] // att["num_kv_heads"],
+            att["causal"],
+            att["window"],
+            "float32" if att["sinks"] else None,
+        )
+        causal_r, local, _, _ = C.resolve_window(
+            att["causal"], att["window"], 0 if att["causal"] else None
+        )
+        rows.append(
+            {
+                "spec": spec["name"],
+                "layer": att["name"],
+                "arch": arch,
+                "head_dim": att["head_dim"],
+                "tile_n": C.fwd_tile(arch, att["head_dim"], att["head_dim_v"], causal_r, local).n,
+                "served_page_sizes": (
+                    "any" if bs.any_size else ",".join(map(str, bs.tma)) or "none"
+                ),
+                "tma_page_size": ",".join(map(str, bs.tma)) or "-",
+                "preferred": bs.tma[0] if bs.tma else "-",
+            }
+        )
     return rows

@@ -54,6 +54,7 @@ class BuildResult:
     seconds: float
     error: str | None = None
     size: int = 0
+    found_in: str | None = None  # cached in another layer: that store's directory
 
 
 def plan_for(specs: list[Spec], arch: str) -> Plan:
@@ -304,13 +305,18 @@ def build(
     results: list[BuildResult] = []
     pending = []
     for vid, need in todo.items():
-        have = _valid_copy([store, *others], vid)
-        if have is None and store.record_format(vid) == 1:  # built before records were sealed
-            with locking.hold(store.lock_path(vid), timeout=LOCK_TIMEOUT_S):
-                store.upgrade_record(vid)
-            have = _valid_copy([store], vid)
+        have, found_in = _target_copy(store, vid), None
+        if have is None and not (store.artifact_dir(vid) / RECORD).exists():
+            # only a miss in the target may fall through to a lower layer: a corrupt target copy
+            # would shadow that layer's good one at serve time, so it is rebuilt (below)
+            have = _valid_copy(others, vid)
+            found_in = str(have.dir.parent.parent) if have is not None else None
         if have is not None:
-            results.append(BuildResult(vid, need.variant.describe(), "cached", 0.0, size=have.size))
+            results.append(
+                BuildResult(
+                    vid, need.variant.describe(), "cached", 0.0, size=have.size, found_in=found_in
+                )
+            )
         else:
             pending.append(need)  # a corrupt copy in `store` is quarantined by the worker
     total = len(todo)
@@ -361,6 +367,15 @@ def build(
     for s in specs:
         write_spec_index(store, s, plan)
     return store, plan, results
+
+
+def _target_copy(store: Store, vid: str):
+    """`vid`'s valid copy in the build target (a format-1 record resealed in place first), or
+    None: absent, or corrupt (the worker then quarantines and rebuilds it)."""
+    if store.record_format(vid) == 1:  # built before records were sealed
+        with locking.hold(store.lock_path(vid), timeout=LOCK_TIMEOUT_S):
+            store.upgrade_record(vid)
+    return _valid_copy([store], vid)
 
 
 def _valid_copy(stores: list[Store], vid: str):

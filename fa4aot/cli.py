@@ -128,7 +128,16 @@ def build(archs, specs, cache, jobs, num_sms, python, misses, shard, dry_run, as
     archs = list(dict.fromkeys(archs or ("sm90",)))
     for arch in archs:
         r, x, f = _build_arch(
-            arch, spec_list, cache, jobs, num_sms, python, misses, shard, dry_run, as_json,
+            arch,
+            spec_list,
+            cache,
+            jobs,
+            num_sms,
+            python,
+            misses,
+            shard,
+            dry_run,
+            as_json,
             label=f"{arch}: " if len(archs) > 1 else "",
         )
         rows += r
@@ -178,7 +187,13 @@ def _build_arch(
                     continue
                 plan.needs.append(Need(v, call, "miss-log", Path(misses).name))
     unsup = [
-        {"arch": arch, "spec": u.spec, "layer": u.layer, "reason": u.reason, "served_by": u.served_by}
+        {
+            "arch": arch,
+            "spec": u.spec,
+            "layer": u.layer,
+            "reason": u.reason,
+            "served_by": u.served_by,
+        }
         for u in plan.unsupported
     ]
     root = Path(cache) if cache else None  # None: the first writable FA4AOT_CACHE_DIR layer
@@ -186,7 +201,12 @@ def _build_arch(
         todo = plan.variants()
         keep = set(shard_ids(list(todo), *shard)) if shard else set(todo)
         rows = [
-            {"arch": arch, "id": vid, "variant": n.variant.describe(), "spec": f"{n.spec}/{n.layer}"}
+            {
+                "arch": arch,
+                "id": vid,
+                "variant": n.variant.describe(),
+                "spec": f"{n.spec}/{n.layer}",
+            }
             for vid, n in todo.items()
             if vid in keep
         ]
@@ -240,13 +260,28 @@ def _build_arch(
         if shard:
             label += f"shard {shard[0]}/{shard[1]}: "
         if counts["built"] + counts["rebuilt"] + counts["failed"] == 0:
-            click.echo(f"{label}nothing to build: all {counts['cached']} variants are in {store.dir}")
+            from collections import Counter
+
+            # copies in lower layers (FA4AOT_CACHE_DIR=/node:/image) are counted per store
+            target = str(store.dir)
+            where = Counter(r.found_in or target for r in results)
+            at = (
+                f"in {target}"
+                if set(where) <= {target}
+                else "in the store layers: "
+                + ", ".join(f"{where[d]} in {d}" for d in sorted(where, key=lambda d: d != target))
+            )
+            click.echo(f"{label}nothing to build: all {counts['cached']} variants are {at}")
         else:
             click.echo(
                 f"{label}built {counts['built'] + counts['rebuilt']}, cached "
                 f"{counts['cached']}, failed {counts['failed']} in {wall:.1f}s -> {store.dir}"
             )
-    return rows, {"store": str(store.dir), "counts": counts, "unsupported": unsup}, bool(counts["failed"])
+    return (
+        rows,
+        {"store": str(store.dir), "counts": counts, "unsupported": unsup},
+        bool(counts["failed"]),
+    )
 
 
 def _valid_minor(s: str) -> bool:
@@ -276,24 +311,18 @@ def _all_artifacts(root: Path):
 @click.option("--json", "as_json", is_flag=True)
 def ls_cmd(cache, as_json):
     """List the artifacts of a store, and the KV block sizes each spec is served with."""
-    from .errors import CorruptArtifact
     from .variants import Variant
 
     rows = []
     for s, vid, a, specs in _all_artifacts(_root(cache)):
-        if isinstance(a, CorruptArtifact):
-            rows.append(
-                {
-                    "id": vid,
-                    "arch": s.toolchain.get("arch"),
-                    "spec": ",".join(specs),
-                    "error": str(a),
-                }
-            )
+        arch, where = s.toolchain.get("arch"), s.dir.name
+        bad = {"id": vid, "arch": arch, "spec": ",".join(specs), "store": where}
+        if isinstance(a, Exception):
+            rows.append({**bad, "status": "corrupt", "error": str(a)})
             continue
-        v = Variant.from_dict(a.record["variant"])
-        rows.append(
-            {
+        try:  # a sealed record of another fa4aot (other variant fields) is listed, not fatal
+            v = Variant.from_dict(a.record["variant"])
+            row = {
                 "id": vid,
                 "arch": v.arch,
                 "spec": ",".join(specs) or a.record["requested_by"]["spec"],
@@ -307,28 +336,15 @@ def ls_cmd(cache, as_json):
                 "size": a.size,
                 "store": s.dir.name,
             }
-        )
+        except (Fa4aotError, ValueError, TypeError, KeyError, AttributeError, ArithmeticError) as e:
+            row = {**bad, "status": "unreadable", "error": f"{type(e).__name__}: {e}"}
+        rows.append(row)
     from .blocks import block_size_rows
 
     blocks = block_size_rows(_root(cache))
-    _emit(
-        rows,
-        as_json,
-        [
-            "id",
-            "arch",
-            "spec",
-            "dtype",
-            "head_dims",
-            "ratio",
-            "mask",
-            "regime",
-            "page",
-            "lse",
-            "size",
-        ],
-        {"block_sizes": blocks},
-    )
+    columns = ["id", "arch", "spec", "dtype", "head_dims", "ratio", "mask", "regime", "page"]
+    columns += ["lse", "size"] + (["status", "error"] if any("error" in r for r in rows) else [])
+    _emit(rows, as_json, columns, {"block_sizes": blocks})
     if not as_json and blocks:
         click.echo("")
         _emit(
@@ -824,10 +840,17 @@ def prune(cache, dry_run, keep, max_size, as_json):
     freed = sum(a.bytes for a in actions)
     if not as_json:
         _emit([a.__dict__ for a in actions], False, ["kind", "bytes", "path", "reason"])
-        click.echo(f"{'would free' if dry_run else 'freeing'} {freed} bytes in {len(actions)} entries")
+        click.echo(
+            f"{'would free' if dry_run else 'freeing'} {freed} bytes in {len(actions)} entries"
+        )
     if dry_run:
         if as_json:
-            _emit([dict(a.__dict__, status="planned") for a in actions], True, [], {"root": str(root), "bytes": freed, "executed": False})
+            _emit(
+                [dict(a.__dict__, status="planned") for a in actions],
+                True,
+                [],
+                {"root": str(root), "bytes": freed, "executed": False},
+            )
         return
     rows = execute(root, actions)
     skipped = [r for r in rows if r["status"] == "skipped"]
@@ -874,7 +897,9 @@ def wheel(out_dir, cache, specs, arch, store_name, name, version, as_json):
     from .store import default_roots
     from .wheel import DEFAULT_VERSION, build_wheels
 
-    roots = [Path(p) for p in cache.split(os.pathsep) if p] if cache else default_roots(wheels=False)
+    roots = (
+        [Path(p) for p in cache.split(os.pathsep) if p] if cache else default_roots(wheels=False)
+    )
     res = build_wheels(
         roots,
         Path(out_dir),

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stub_store import artifact_dirs, build_stub, cli, write_spec
+from stub_store import artifact_dirs, build_stub, cli, stub_env, write_spec
 
 from fa4aot import archive as A
 from fa4aot.errors import BuildError, UnsafeArchive
@@ -338,7 +338,9 @@ def test_fuzz_member_header_check(name, type_, size):
 
 def test_pack_filters_by_spec_and_arch(tmp_path, built):
     out = tmp_path / "tiny.tar"
-    r = cli("pack", str(out), "--cache", str(built.root), "--spec", "tiny", "--arch", "sm90", "--json")
+    r = cli(
+        "pack", str(out), "--cache", str(built.root), "--spec", "tiny", "--arch", "sm90", "--json"
+    )
     assert r.returncode == 0, r.stderr
     assert len(json.loads(r.stdout)["rows"]) == N_TINY
     names = {m.name for m, _ in _members(out)}
@@ -348,3 +350,99 @@ def test_pack_filters_by_spec_and_arch(tmp_path, built):
     r = cli("pack", str(tmp_path / "y.tar"), "--cache", str(built.root), "--arch", "sm100")
     assert r.returncode == 1 and "no store" in r.stderr
     assert not (tmp_path / "x.tar").exists() and not (tmp_path / "y.tar").exists()
+
+
+# -- several layers hold the store: pack their union ----------------------------------------
+
+
+@pytest.fixture
+def two_layers(tmp_path, monkeypatch):
+    """The same store in two layers: `node` holds half of the artifacts, `img` all of them."""
+    spec = write_spec(tmp_path)
+    img, _ = build_stub(tmp_path / "img", spec, monkeypatch)
+    node, _ = build_stub(tmp_path / "node", spec, monkeypatch, shard=(0, 2))
+    assert node.dir.name == img.dir.name and len(artifact_dirs(node)) == N_TINY // 2
+    return node, img
+
+
+def _archived_parts(path: Path) -> dict[str, bytes]:
+    return {m.name: d for m, d in _members(path) if m.name.endswith("/fwd.so")}
+
+
+def test_pack_of_several_layers_packs_the_union(tmp_path, two_layers, monkeypatch):
+    node, img = two_layers
+    out = tmp_path / "u.tar"
+    res = A.pack([node.root, img.root], out)
+    assert sorted(res.artifacts) == [d.name for d in artifact_dirs(img)] and res.skipped == []
+    assert len(A.unpack(out, [tmp_path / "dst"]).rows) == N_TINY
+    assert [x["status"] for x in verify_root(tmp_path / "dst")] == ["ok"] * N_TINY
+    # two halves, neither a superset: every artifact from the layer that holds it
+    other_half, _ = build_stub(tmp_path / "half", write_spec(tmp_path), monkeypatch, shard=(1, 2))
+    res = A.pack([node.root, other_half.root], tmp_path / "v.tar")
+    assert sorted(res.artifacts) == [d.name for d in artifact_dirs(img)]
+
+
+def test_pack_of_several_layers_through_the_cli(tmp_path, two_layers):
+    node, img = two_layers
+    import shutil
+
+    for d in artifact_dirs(node):  # node: the store directory, with no artifact at all
+        shutil.rmtree(d)
+    env = stub_env(FA4AOT_CACHE_DIR=f"{node.root}{os.pathsep}{img.root}")
+    r = cli("pack", str(tmp_path / "c.tar"), env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"packed {N_TINY} artifacts of {img.dir.name}")
+
+
+def test_pack_takes_the_first_valid_copy_in_layer_order(tmp_path, two_layers):
+    node, img = two_layers
+    good, bad = artifact_dirs(node)[:2]
+    (bad / "fwd.so").write_bytes(b"corrupt")
+    (img.artifact_dir(good.name) / "fwd.so").write_bytes(b"also corrupt, but shadowed")
+    out = tmp_path / "f.tar"
+    res = A.pack([node.root, img.root], out)
+    assert len(res.artifacts) == N_TINY and res.skipped == []
+    parts = _archived_parts(out)
+    fp = node.dir.name
+    from_img = (img.artifact_dir(bad.name) / "fwd.so").read_bytes()
+    assert parts[f"{fp}/artifacts/{bad.name}/fwd.so"] == from_img
+    assert parts[f"{fp}/artifacts/{good.name}/fwd.so"] == (good / "fwd.so").read_bytes()
+
+
+def test_pack_skips_an_artifact_corrupt_in_every_layer(tmp_path, two_layers):
+    node, img = two_layers
+    vid = artifact_dirs(node)[0].name
+    for s in (node, img):
+        (s.artifact_dir(vid) / "fwd.so").write_bytes(b"bad")
+    res = A.pack([node.root, img.root], tmp_path / "s.tar")
+    assert len(res.artifacts) == N_TINY - 1
+    (skip,) = res.skipped
+    assert skip["id"] == vid and str(node.dir) in skip["error"] and str(img.dir) in skip["error"]
+
+
+def test_pack_spec_indexes_first_layer_wins(tmp_path, two_layers):
+    node, img = two_layers
+    mine = json.loads(node.spec_index("tiny").read_text())
+    mine["note"] = "node's"
+    node.spec_index("tiny").write_text(json.dumps(mine))
+    img.spec_index("other").write_text(json.dumps({"variants": []}))
+    out = tmp_path / "i.tar"
+    A.pack([node.root, img.root], out)
+    idx = {m.name.rsplit("/", 1)[1]: d for m, d in _members(out) if "/specs/" in m.name}
+    assert set(idx) == {"tiny.json", "other.json"}
+    assert json.loads(idx["tiny.json"])["note"] == "node's"
+    out = tmp_path / "j.tar"
+    res = A.pack([node.root, img.root], out, specs=["tiny"])
+    assert len(res.artifacts) == N_TINY  # the spec's artifacts of every layer
+    assert {m.name for m, _ in _members(out) if "/specs/" in m.name} == {
+        f"{node.dir.name}/specs/tiny.json"
+    }
+
+
+def test_pack_of_layers_with_different_stores_needs_store(tmp_path, two_layers, monkeypatch):
+    node, img = two_layers
+    other, _ = build_stub(tmp_path / "o", write_spec(tmp_path), monkeypatch, num_sms=114)
+    with pytest.raises(UnsafeArchive, match="several stores; pick one with --store"):
+        A.pack([node.root, other.root], tmp_path / "x.tar")
+    res = A.pack([node.root, other.root, img.root], tmp_path / "x.tar", node.dir.name)
+    assert res.store == node.dir.name and len(res.artifacts) == N_TINY
