@@ -55,6 +55,9 @@ class _Plan:
     window_left: int | None = None  # FA4's resolved window, passed to the kernel
     window_right: int | None = None
     pad: Any = None  # select.Choice when the call is served by padding to another variant
+    # a sequence of at most one query row is one m-block for the helper: with max_seqlen_q == 1
+    # its output equals cu_seqlens_q (see flash_attn_varlen_func)
+    decode_blocks: bool = False
 
 
 def _arch_of(device: torch.device) -> tuple[str, int]:
@@ -140,7 +143,13 @@ class Runtime:
             fwd, helper, art = self._modules[art.id]
             hp = art.record["parts"].get("tile_cumsum", {})
             return _Plan(
-                variant, fwd, helper, bool(hp.get("cu_seqlens")), bool(hp.get("seqused")), art
+                variant,
+                fwd,
+                helper,
+                bool(hp.get("cu_seqlens")),
+                bool(hp.get("seqused")),
+                art,
+                decode_blocks=variant.qhead_per_kvhead <= variant.tile.m,
             )
 
     def miss(self, variant: Variant, num_sms: int, allow_padding: bool) -> None:
@@ -655,8 +664,9 @@ def flash_attn_varlen_func(
     q: (total_q, hq, d) with cu_seqlens_q (batch+1,) int32 [or (b, sq, hq, d) without it].
     k/v: (total_k, hk, d) with cu_seqlens_k; or paged (num_pages, page_size, hk, d) with
     page_table (batch, max_pages) int32 and seqused_k (batch,) int32.
-    Caller's contract (not checked: it would need a device sync): cu_seqlens are
-    non-decreasing and end at the packed length; page_table entries index the KV pool and
+    Caller's contract (not checked: it would need a device sync): cu_seqlens start at 0, are
+    non-decreasing and end at the packed length; max_seqlen_q, when given, bounds every
+    sequence's query length; page_table entries index the KV pool and
     cover ceil(seqused_k / page_size) pages per sequence; seqused_k <= pages * page_size.
     Returns (out, lse): out like q with head_dim_v; lse (hq, total_q) float32 or None.
     out / lse: caller-owned buffers, as in flash_attn_func.
@@ -866,7 +876,14 @@ def flash_attn_varlen_func(
     if learnable_sink is not None and learnable_sink.stride(0) != 1:
         learnable_sink = learnable_sink.contiguous()
     cu_total = None
-    if plan.tile_cumsum is not None:
+    if plan.tile_cumsum is None:
+        pass
+    elif max_seqlen_q == 1 and plan.helper_cu and not plan.helper_seqused and plan.decode_blocks:
+        # Decode (every sequence has 0 or 1 query rows): the helper would compute, per sequence,
+        # ceil(rows * qhead_per_kvhead / tile) = rows (qhead_per_kvhead <= tile_m), i.e.
+        # cu_total == cu_seqlens_q. Passing it saves a kernel launch and an allocation.
+        cu_total = cu_seqlens_q
+    else:
         cu_total = cu_seqlens_q.new_empty(batch + 1) if varlen_q else seqused_q.new_empty(batch + 1)
         plan.tile_cumsum(
             cu_total,

@@ -213,6 +213,11 @@ def _cases(layer):
                 lk = [rng.randint(sq, 300) for _ in range(b)]
                 lk[0] = sq
                 out.append(("varlen", (lq, lk), lse, None))
+        # decode at batch > 256 with empty sequences (max_seqlen_q 1: the runtime passes
+        # cu_seqlens_q as the block cumsum instead of running FA4's helper kernel)
+        lq = [rng.randint(0, 1) for _ in range(300)]
+        lq[0] = 1
+        out.append(("varlen", (lq, [rng.randint(1, 300) for _ in lq]), lse, None))
         for b in (1, 3, 257):
             lq, lk = _ragged(b, 300 if b < 10 else 40, 200, rng)
             lq[-1], lk[-1] = tm + 9, tm + 50  # one sequence past the decode boundary: prefill
@@ -224,6 +229,9 @@ def _cases(layer):
                 for sq in (1, 2, 4):
                     lk = [rng.randint(sq, 400) for _ in range(b)]
                     out.append(("paged", ([sq] * b, lk), lse, page))
+            lq = [rng.randint(0, 1) for _ in range(300)]
+            lq[0] = 1
+            out.append(("paged", (lq, [rng.randint(1, 400) for _ in lq]), lse, page))
             for b in (3, 257):
                 lq, lk = _ragged(b, 200 if b < 10 else 30, 300, rng)
                 lq[-1], lk[-1] = tm + 9, tm + 70  # prefill regime

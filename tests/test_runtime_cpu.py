@@ -619,3 +619,103 @@ def test_good_out_and_lse_buffers_reach_the_cuda_refusal():
         )
     with pytest.raises(ContractViolation, match="lse must be a float32 tensor of shape \\(4, 3\\)"):
         fa4aot.flash_attn_varlen_func(q, k, v, lse=t(3, 4, dtype=torch.float32), **kw)
+
+
+class _AnyKey(dict):
+    def __init__(self, plan):
+        super().__init__()
+        self.plan = plan
+
+    def get(self, key, default=None):
+        return self.plan
+
+
+def _planted(decode_blocks=True, helper_seqused=False):
+    """A runtime whose every call finds one plan with recording fakes for the two kernels."""
+    from fa4aot.variants import features
+
+    calls = {"helper": [], "fwd": []}
+    variant = features(
+        arch="sm90",
+        dtype="bfloat16",
+        head_dim=64,
+        head_dim_v=64,
+        num_heads=4,
+        num_heads_kv=2,
+        causal=True,
+        window_left=None,
+        window_right=None,
+        return_lse=False,
+        sink_dtype=None,
+        batch=300,
+        seqlen_q=None,
+        total_q=300,
+        max_seqlen_q=1,
+        cu_seqlens_q=True,
+        cu_seqlens_k=False,
+        seqused_q=False,
+        seqused_k=True,
+        page_size=16,
+    )
+    plan = R._Plan(
+        variant,
+        lambda *a: calls["fwd"].append(a),
+        lambda *a: calls["helper"].append(a),
+        True,
+        helper_seqused,
+        None,
+        decode_blocks=decode_blocks,
+    )
+    R.default_runtime()._plans = _AnyKey(plan)
+    return calls
+
+
+@pytest.mark.parametrize("max_q", [1, 2, None])
+def test_batch_over_256_decode_passes_cu_seqlens_as_block_cumsum(max_q):
+    """With max_seqlen_q == 1 every sequence is 0 or 1 m-block: FA4's tile-cumsum helper would
+    write cu_seqlens_q itself, so the runtime skips the launch; otherwise the helper runs."""
+    calls = _planted()
+    b = 300
+    lens = torch.tensor([i % 3 != 0 for i in range(b)], dtype=torch.int32)
+    cu = torch.cat([torch.zeros(1, dtype=torch.int32), lens.cumsum(0).to(torch.int32)])
+    total = int(cu[-1])
+    q = t(total, 4, 64)
+    k, v = t(b * 2, 16, 2, 64), t(b * 2, 16, 2, 64)
+    table = torch.arange(b * 2, dtype=torch.int32).reshape(b, 2)
+    fa4aot.flash_attn_varlen_func(
+        q,
+        k,
+        v,
+        cu_seqlens_q=cu,
+        max_seqlen_q=max_q,
+        page_table=table,
+        seqused_k=torch.full((b,), 20, dtype=torch.int32),
+        causal=True,
+    )
+    (fwd,) = calls["fwd"]
+    if max_q == 1:
+        assert calls["helper"] == [] and fwd[16] is cu
+    else:
+        (helper,) = calls["helper"]
+        assert helper[2] is cu and fwd[16] is helper[0] and fwd[16] is not cu
+
+
+@pytest.mark.parametrize("kw", [{"decode_blocks": False}, {"helper_seqused": True}])
+def test_block_cumsum_shortcut_needs_its_conditions(kw):
+    calls = _planted(**kw)
+    b = 300
+    cu = torch.arange(b + 1, dtype=torch.int32)
+    q = t(b, 4, 64)
+    k, v = t(b, 16, 2, 64), t(b, 16, 2, 64)
+    fa4aot.flash_attn_varlen_func(
+        q,
+        k,
+        v,
+        cu_seqlens_q=cu,
+        max_seqlen_q=1,
+        seqused_q=torch.ones(b, dtype=torch.int32) if kw.get("helper_seqused") else None,
+        page_table=torch.arange(b, dtype=torch.int32).reshape(b, 1),
+        seqused_k=torch.full((b,), 5, dtype=torch.int32),
+        causal=True,
+    )
+    assert len(calls["helper"]) == 1 and calls["fwd"][0][16] is not cu
