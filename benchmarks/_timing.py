@@ -54,3 +54,23 @@ def host_us(fn, n: int = 200, repeats: int = 15) -> tuple[float, list[float]]:
         per.append((time.perf_counter() - t) / n * 1e6)
         torch.cuda.synchronize()
     return statistics.median(per), per
+
+
+def host_us_interleaved(fns: dict, n: int = 200, repeats: int = 31) -> dict:
+    """host_us for several calls at once, round-robin: each repeat times every call once, so a
+    slow phase of the (shared, virtualized) host hits every call alike instead of whichever was
+    being measured then. -> {name: (median us per call, all repeats)}."""
+    for fn in fns.values():
+        for _ in range(20):
+            fn()
+    torch.cuda.synchronize()
+    per: dict = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            torch.cuda._sleep(200_000_000)
+            t = time.perf_counter()
+            for _ in range(n):
+                fn()
+            per[k].append((time.perf_counter() - t) / n * 1e6)
+            torch.cuda.synchronize()
+    return {k: (statistics.median(v), v) for k, v in per.items()}

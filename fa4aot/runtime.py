@@ -545,7 +545,8 @@ def flash_attn_func(
             lse=lse,
         )
     if out is None:
-        out = q.new_empty((b, sq, hq, dv))
+        # empty_like skips shape parsing (~1 us); for a contiguous q it is contiguous too
+        out = torch.empty_like(q) if dv == d and q.is_contiguous() else q.new_empty((b, sq, hq, dv))
     if lse is None and return_lse:
         lse = q.new_empty((b, hq, sq), dtype=torch.float32)
     if sq == 0 or sk == 0 or b == 0:
@@ -866,7 +867,11 @@ def flash_attn_varlen_func(
             lse=lse,
         )
     if out is None:
-        out = q.new_empty((*q.shape[:-1], dv))
+        out = (
+            torch.empty_like(q)
+            if dv == d and q.is_contiguous()
+            else q.new_empty((*q.shape[:-1], dv))
+        )
     if lse is None and return_lse:
         lse = q.new_empty((hq, total_q) if varlen_q else (batch, hq, sq_dense), dtype=torch.float32)
     if total_q == 0 or seqlen_k == 0:
