@@ -40,6 +40,7 @@ _NO_AUX = (None, None)  # FA4's AuxData(tensors=None, scalars=None): a compile-t
 # The decode/prefill choice depends on the query length only up to the largest tile_m (192):
 # plan-cache keys clamp it there, so prefill calls of every length share one entry.
 _Q_KEY_CAP = 193
+_BIN_BATCH = C.BIN_BATCH_SEARCH_THRESH  # batch above which varlen calls take the cu_total path
 
 
 @dataclass
@@ -224,6 +225,11 @@ def _prep(t: torch.Tensor, name: str, contiguous_ok: bool) -> torch.Tensor:
     )
 
 
+def _int_like(x: Any) -> bool:
+    """An int subclass other than bool (e.g. an IntEnum); the hot path tests `type(x) is int`."""
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 def _vec_ok(t: Any, n: int, device: int) -> bool:
     """Hot-path test for an int32 (n,) vector on `device`, contiguous (False: `_int_vec` then
     names what is wrong)."""
@@ -271,10 +277,10 @@ def _check_page_table(page_table: Any, batch: int, dev: int) -> None:
         raise _fail("page_table rows must not overlap; pass page_table.contiguous()")
 
 
-def _check_qkv(q, k, v) -> int:
+def _check_qkv(q, k, v) -> tuple[int, Any, Any, Any]:
     """Checks shared by both entry points; -> q's device index (-1: not CUDA, refused later,
-    after every other check, so that input checks are testable on a CPU). On the hot path:
-    every attribute is read once."""
+    after every other check, so that input checks are testable on a CPU) and the three shapes.
+    On the hot path every attribute is read once."""
     if not (
         isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
     ):
@@ -302,7 +308,7 @@ def _check_qkv(q, k, v) -> int:
         raise _fail(f"k and v must have the same number of heads, got {hk} and {vs[-2]}")
     if hk == 0 or hq % hk:
         raise _fail(f"num q heads ({hq}) must be a multiple of num kv heads ({hk})")
-    return dq
+    return dq, qs, ks, vs
 
 
 def _check_outputs(q, out, lse, out_shape: tuple, lse_shape: tuple, dq: int) -> None:
@@ -451,8 +457,7 @@ def flash_attn_func(
     padding: allow serving the call from a padded variant (and copying inputs whose layout the
     kernel cannot take); None: FA4AOT_PADDING (default allow).
     """
-    dq = _check_qkv(q, k, v)
-    qs, ks, vs = q.shape, k.shape, v.shape
+    dq, qs, ks, vs = _check_qkv(q, k, v)
     if len(qs) != 4 or len(ks) != 4 or len(vs) != 4:
         raise _fail(
             f"flash_attn_func takes 4-D q/k/v (batch, seqlen, heads, head_dim), got "
@@ -470,7 +475,7 @@ def flash_attn_func(
     return_lse = bool(return_lse) or lse is not None
     if out is not None or lse is not None:
         _check_outputs(q, out, lse, (b, sq, hq, dv), (b, hq, sq), dq)
-    rt = default_runtime()
+    rt = _DEFAULT or default_runtime()
     pad_ok = rt.padding if padding is None else bool(padding)
     if not (_aligned(q) and _aligned(k) and _aligned(v)):
         q, k, v = _prep(q, "q", pad_ok), _prep(k, "k", pad_ok), _prep(v, "v", pad_ok)
@@ -672,10 +677,10 @@ def flash_attn_varlen_func(
     Returns (out, lse): out like q with head_dim_v; lse (hq, total_q) float32 or None.
     out / lse: caller-owned buffers, as in flash_attn_func.
     """
-    dev = _check_qkv(q, k, v)
+    dev, qs, ks, vs = _check_qkv(q, k, v)
     varlen_q = cu_seqlens_q is not None
     if varlen_q:
-        if q.dim() != 3:
+        if len(qs) != 3:
             raise _fail(
                 f"with cu_seqlens_q, q must be (total_q, heads, head_dim), got {tuple(q.shape)}"
             )
@@ -686,17 +691,17 @@ def flash_attn_varlen_func(
             raise _fail(f"cu_seqlens_q must have shape (batch+1,), got {tuple(cu_seqlens_q.shape)}")
         if not _vec_ok(cu_seqlens_q, batch + 1, dev):
             _int_vec(cu_seqlens_q, "cu_seqlens_q", batch + 1, dev)
-        total_q, hq, d = q.shape
+        total_q, hq, d = qs
         sq_dense = None
     else:
-        if q.dim() != 4:
+        if len(qs) != 4:
             raise _fail(
                 f"without cu_seqlens_q, q must be (batch, seqlen, heads, head_dim), got {tuple(q.shape)}"
             )
-        batch, sq_dense, hq, d = q.shape
+        batch, sq_dense, hq, d = qs
         total_q = batch * sq_dense
     if max_seqlen_q is not None and (
-        isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, int) or max_seqlen_q < 0
+        (type(max_seqlen_q) is not int and not _int_like(max_seqlen_q)) or max_seqlen_q < 0
     ):
         raise _fail(f"max_seqlen_q must be a non-negative host int or None, got {max_seqlen_q!r}")
     if seqused_q is not None and not _vec_ok(seqused_q, batch, dev):
@@ -716,12 +721,12 @@ def flash_attn_varlen_func(
             and page_table.is_contiguous()
         ):
             _check_page_table(page_table, batch, dev)
-        if k.dim() != 4 or v.dim() != 4:
+        if len(ks) != 4 or len(vs) != 4:
             raise _fail(
-                f"paged k/v must be (num_pages, page_size, kv_heads, head_dim), got {tuple(k.shape)}"
+                f"paged k/v must be (num_pages, page_size, kv_heads, head_dim), got {tuple(ks)}"
             )
-        num_pages, page_size, hk, _ = k.shape
-        if tuple(v.shape[:3]) != (num_pages, page_size, hk):
+        num_pages, page_size, hk, _ = ks
+        if vs[:3] != ks[:3]:
             raise _fail(f"k {tuple(k.shape)} and v {tuple(v.shape)} page layouts differ")
         if seqused_k is None:
             raise _fail("paged KV needs seqused_k (batch,) int32: the KV length of each sequence")
@@ -729,23 +734,23 @@ def flash_attn_varlen_func(
     else:
         page_size = None
         if cu_seqlens_k is not None:
-            if k.dim() != 3 or v.dim() != 3:
+            if len(ks) != 3 or len(vs) != 3:
                 raise _fail(
-                    f"with cu_seqlens_k, k/v must be (total_k, kv_heads, head_dim), got {tuple(k.shape)}"
+                    f"with cu_seqlens_k, k/v must be (total_k, kv_heads, head_dim), got {tuple(ks)}"
                 )
             if not _vec_ok(cu_seqlens_k, batch + 1, dev):
                 _int_vec(cu_seqlens_k, "cu_seqlens_k", batch + 1, dev)
-        elif k.dim() != 4 or v.dim() != 4 or k.shape[0] != batch:
+        elif len(ks) != 4 or len(vs) != 4 or ks[0] != batch:
             raise _fail(
                 f"without cu_seqlens_k or page_table, k/v must be (batch={batch}, seqlen, heads, dim), got {tuple(k.shape)}"
             )
-        if k.shape[:-1] != v.shape[:-1]:
-            raise _fail(f"k {tuple(k.shape)} and v {tuple(v.shape)} differ")
-        hk = k.shape[-2]
-        seqlen_k = k.shape[-3]
+        if ks[:-1] != vs[:-1]:
+            raise _fail(f"k {tuple(ks)} and v {tuple(vs)} differ")
+        hk = ks[-2]
+        seqlen_k = ks[-3]
     if seqused_k is not None and not _vec_ok(seqused_k, batch, dev):
         _int_vec(seqused_k, "seqused_k", batch, dev)
-    dv = v.shape[-1]
+    dv = vs[-1]
     if window_size == (None, None):
         wl = wr = None
     else:
@@ -757,12 +762,12 @@ def flash_attn_varlen_func(
             q,
             out,
             lse,
-            (*q.shape[:-1], dv),
+            (*qs[:-1], dv),
             (hq, total_q) if varlen_q else (batch, hq, sq_dense),
             dev,
         )
     eff_q = max_seqlen_q if max_seqlen_q is not None else (total_q if varlen_q else sq_dense)
-    rt = default_runtime()
+    rt = _DEFAULT or default_runtime()
     pad_ok = rt.padding if padding is None else bool(padding)
     fkey = (
         "varlen",
@@ -780,7 +785,7 @@ def flash_attn_varlen_func(
         seqused_q is not None,
         seqused_k is not None,
         page_size,
-        batch > C.BIN_BATCH_SEARCH_THRESH,
+        batch > _BIN_BATCH,
         max_seqlen_q is None,
         min(eff_q, _Q_KEY_CAP),
         dev,
