@@ -41,6 +41,8 @@ from .store import (
     atomic_output,
     atomic_write,
     build_root,
+    first_spec_indexes,
+    first_valid_copy,
     fsync_dir,
     owner_tag,
     read_toolchain,
@@ -116,11 +118,7 @@ def pack(
         wanted = set().union(*(spec_ids(stores, sp) for sp in specs))
         if not wanted:
             raise UnsafeArchive(f"no artifact of spec(s) {', '.join(specs)} in {store.dir}")
-    indexes: dict[str, Path] = {}  # spec index name -> the first layer's file
-    for s in stores:
-        for f in sorted((s.dir / "specs").glob("*.json")):
-            if NAME_RE.fullmatch(f.name) and (not specs or f.stem in specs):
-                indexes.setdefault(f.name, f)
+    indexes = first_spec_indexes(stores, specs)
     ids = sorted({vid for s in stores for vid, _ in s.iter_artifacts()})
     res = PackResult(output, store.dir.name)
     fp = store.dir.name
@@ -149,7 +147,7 @@ def pack(
         for vid in ids:
             if wanted is not None and vid not in wanted:
                 continue
-            files, errors = _first_valid_copy(stores, vid)
+            files, errors = first_valid_copy(stores, vid)
             if files is None:
                 res.skipped.append({"id": vid, "error": "; ".join(errors)})
                 continue
@@ -158,26 +156,6 @@ def pack(
                 add_file(f"{fp}/artifacts/{vid}/{name}", files[name])
             res.artifacts.append(vid)
     return res
-
-
-def _first_valid_copy(stores: list[Store], vid: str) -> tuple[dict[str, bytes] | None, list[str]]:
-    """The files (record and parts) of `vid`'s first copy in layer order whose checks pass: a
-    corrupt copy in one layer falls through to a good one in a later layer, so the archive holds
-    every artifact some layer can vouch for. -> (files or None, the errors of the copies passed
-    over)."""
-    errors: list[str] = []
-    for s in stores:
-        try:
-            art = s.get(vid, verify=True)
-            if art is None:
-                continue
-            files = {RECORD: (art.dir / RECORD).read_bytes()}
-            for p in art.record["parts"].values():
-                files[p["file"]] = (art.dir / p["file"]).read_bytes()
-            return files, errors
-        except (CorruptArtifact, OSError) as e:
-            errors.append(str(e))
-    return None, errors
 
 
 def member_problem(m: tarfile.TarInfo) -> str | None:

@@ -671,6 +671,38 @@ def spec_ids(stores: list[Store], spec: str) -> set[str]:
     return ids
 
 
+def first_valid_copy(stores: list[Store], vid: str) -> tuple[dict[str, bytes] | None, list[str]]:
+    """The record and part bytes of `vid`'s first copy in layer order that passes its checks,
+    the parts hashed again as read (a file changed after the check is caught): a corrupt copy in
+    one layer falls through to a good one in a later layer (pack, wheel).
+    -> (files or None, the errors of the copies passed over)."""
+    errors: list[str] = []
+    for s in stores:
+        try:
+            art = s.get(vid, verify=True)
+            if art is None:
+                continue
+            files = {RECORD: (art.dir / RECORD).read_bytes()}
+            for p in art.record["parts"].values():
+                files[p["file"]] = data = (art.dir / p["file"]).read_bytes()
+                if hashlib.sha256(data).hexdigest() != p["sha256"]:
+                    raise CorruptArtifact(f"{art.dir / p['file']}: changed while read")
+            return files, errors
+        except (Fa4aotError, OSError) as e:
+            errors.append(str(e))
+    return None, errors
+
+
+def first_spec_indexes(stores: list[Store], specs: list[str] | None = None) -> dict[str, Path]:
+    """Spec index files by file name, the first layer's of each (only `specs`' when given)."""
+    out: dict[str, Path] = {}
+    for s in stores:
+        for f in sorted((s.dir / "specs").glob("*.json")):
+            if NAME_RE.fullmatch(f.name) and (not specs or f.stem in specs):
+                out.setdefault(f.name, f)
+    return out
+
+
 def verify_root(root: Path) -> list[dict[str, Any]]:
     """One row per artifact (and per broken fingerprint directory) of a root, every part's
     sha256 checked: status ok | corrupt | incomplete (a directory with no record)."""

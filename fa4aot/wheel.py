@@ -27,15 +27,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import constraints as C
-from .errors import BuildError, CorruptArtifact, Fa4aotError
+from .errors import BuildError
 from .store import (
     LAYOUT,
-    NAME_RE,
-    RECORD,
     WHEEL_STORES,
     WHEEL_TAG,
     Store,
     atomic_output,
+    first_spec_indexes,
+    first_valid_copy,
     scan_root,
     spec_ids,
 )
@@ -101,41 +101,21 @@ def _platform(files: dict[str, bytes]) -> str:
 
 
 def _artifact_files(stores: list[Store], ids: set[str] | None, res: WheelResult) -> dict:
-    """{"<id>/<file>": bytes} of every valid artifact (first layer wins), checked as read."""
+    """{"<id>/<file>": bytes} of every valid artifact (first valid layer copy), checked as read."""
     out: dict[str, bytes] = {}
-    seen: set[str] = set()
-    for s in stores:
-        for vid, art in s.iter_artifacts():
-            if vid in seen or (ids is not None and vid not in ids):
-                continue
-            try:
-                if isinstance(art, Exception):
-                    raise art
-                art.verify()
-                files = {RECORD: (art.dir / RECORD).read_bytes()}
-                for p in art.record["parts"].values():
-                    files[p["file"]] = data = (art.dir / p["file"]).read_bytes()
-                    if hashlib.sha256(data).hexdigest() != p["sha256"]:
-                        raise CorruptArtifact(f"{art.dir / p['file']}: changed while read")
-            except (Fa4aotError, OSError) as e:
-                res.skipped.append({"id": vid, "error": str(e)})
-                continue
-            seen.add(vid)
-            res.artifacts.append(vid)
-            out.update({f"{vid}/{n}": d for n, d in files.items()})
-    res.artifacts.sort()
-    skipped = {s["id"]: s for s in reversed(res.skipped) if s["id"] not in seen}  # first stays
-    res.skipped = [skipped[k] for k in sorted(skipped)]
+    present = {vid for s in stores for vid, _ in s.iter_artifacts()}
+    for vid in sorted(present if ids is None else present & ids):
+        files, errors = first_valid_copy(stores, vid)
+        if files is None:
+            res.skipped.append({"id": vid, "error": "; ".join(errors)})
+            continue
+        res.artifacts.append(vid)
+        out.update({f"{vid}/{n}": d for n, d in files.items()})
     return out
 
 
 def _spec_files(stores: list[Store], specs: list[str] | None) -> dict[str, bytes]:
-    out: dict[str, bytes] = {}
-    for s in stores:
-        for f in sorted((s.dir / "specs").glob("*.json")):
-            if NAME_RE.fullmatch(f.name) and f.stem not in out and (not specs or f.stem in specs):
-                out[f.stem] = f.read_bytes()
-    return {f"{k}.json": v for k, v in out.items()}
+    return {n: f.read_bytes() for n, f in first_spec_indexes(stores, specs).items()}
 
 
 def _record_line(name: str, data: bytes) -> str:
