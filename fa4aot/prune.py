@@ -28,8 +28,10 @@ from .errors import CorruptArtifact, Fa4aotError
 from .store import (
     LAYOUT,
     RECORD,
+    Store,
     build_toolchain,
     owner_tag,
+    read_toolchain,
     scan_root,
     temp_is_orphaned,
 )
@@ -156,12 +158,9 @@ def execute(root: Path, actions: list[Action]) -> list[dict]:
         row = asdict(a)
         try:
             if a.kind in ("corrupt", "incomplete", "evict"):
-                store_dir = p.parents[1]
-                lock = store_dir / "locks" / f"{p.name}.lock"
-                with locking.hold(lock, timeout=LOCK_TIMEOUT_S):
-                    gone = store_dir / "tmp" / f"{p.name}.prune.{owner_tag()}"
-                    gone.parent.mkdir(exist_ok=True)
-                    os.rename(p, gone)
+                store = Store(p.parents[3], read_toolchain(p.parents[1]))  # root/v1/fp/artifacts/id
+                with locking.hold(store.lock_path(p.name), timeout=LOCK_TIMEOUT_S):
+                    gone = store.move_aside(p.name, "tmp")
                 shutil.rmtree(gone)
             elif a.kind == "store":
                 gone = p.parent / f".{p.name}.prune.{owner_tag()}.tmp"
