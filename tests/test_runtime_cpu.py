@@ -632,33 +632,9 @@ class _AnyKey(dict):
 
 def _planted(decode_blocks=True, helper_seqused=False):
     """A runtime whose every call finds one plan with recording fakes for the two kernels."""
-    from fa4aot.variants import features
-
     calls = {"helper": [], "fwd": []}
-    variant = features(
-        arch="sm90",
-        dtype="bfloat16",
-        head_dim=64,
-        head_dim_v=64,
-        num_heads=4,
-        num_heads_kv=2,
-        causal=True,
-        window_left=None,
-        window_right=None,
-        return_lse=False,
-        sink_dtype=None,
-        batch=300,
-        seqlen_q=None,
-        total_q=300,
-        max_seqlen_q=1,
-        cu_seqlens_q=True,
-        cu_seqlens_k=False,
-        seqused_q=False,
-        seqused_k=True,
-        page_size=16,
-    )
     plan = R._Plan(
-        variant,
+        None,  # the variant: read when a plan is resolved, not on the call path
         lambda *a: calls["fwd"].append(a),
         lambda *a: calls["helper"].append(a),
         True,
