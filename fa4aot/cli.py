@@ -123,11 +123,11 @@ def build(archs, specs, cache, jobs, num_sms, python, misses, shard, dry_run, as
     if num_sms is not None and len(set(archs)) > 1:
         raise click.BadParameter("--num-sms applies to one arch; build each arch separately")
     spec_list = resolve_specs(list(specs)) if (specs or not misses) else []
-    rows, extra, failed = [], {"stores": [], "unsupported": [], "counts": {}}, False
+    rows, unsup, stores, counts = [], [], [], {}
     t0 = time.perf_counter()
     archs = list(dict.fromkeys(archs or ("sm90",)))
     for arch in archs:
-        r, x, f = _build_arch(
+        r, u, store, c = _build_arch(
             arch,
             spec_list,
             cache,
@@ -141,32 +141,31 @@ def build(archs, specs, cache, jobs, num_sms, python, misses, shard, dry_run, as
             label=f"{arch}: " if len(archs) > 1 else "",
         )
         rows += r
-        failed |= f
-        for k, v in x.items():
-            if k == "counts":
-                for c, n in v.items():
-                    extra["counts"][c] = extra["counts"].get(c, 0) + n
-            elif isinstance(v, list):
-                extra[k] = extra.get(k, []) + v
-            else:
-                extra["stores"].append(v)
+        unsup += u
+        if store is not None:  # not a dry run
+            stores.append(store)
+            counts = {k: counts.get(k, 0) + n for k, n in c.items()}
     if as_json:
-        if dry_run:
-            extra = {"unsupported": extra["unsupported"]}
-        else:
-            extra["wall_seconds"] = round(time.perf_counter() - t0, 2)
-            extra["store"] = extra["stores"][0] if len(extra["stores"]) == 1 else None
+        extra = {"unsupported": unsup}
+        if not dry_run:
+            extra.update(
+                stores=stores,
+                store=stores[0] if len(stores) == 1 else None,
+                counts=counts,
+                wall_seconds=round(time.perf_counter() - t0, 2),
+            )
         _emit(rows, True, [], extra)
     elif dry_run:
         _emit(rows, False, (["arch"] if len(archs) > 1 else []) + ["id", "variant", "spec"])
-    if failed:
+    if counts.get("failed"):
         sys.exit(1)
 
 
 def _build_arch(
     arch, spec_list, cache, jobs, num_sms, python, misses, shard, dry_run, as_json, label
 ):
-    """One arch of `fa4aot build`. -> (rows, extra, failed); prints the text report itself."""
+    """One arch of `fa4aot build`. -> (rows, unsupported, store dir, counts), the last two None
+    on a dry run; prints the text report itself."""
     from .build import build as run_build
     from .build import plan_for
     from .merge import shard as shard_ids
@@ -210,7 +209,7 @@ def _build_arch(
             for vid, n in todo.items()
             if vid in keep
         ]
-        return rows, {"unsupported": unsup}, False
+        return rows, unsup, None, None
     show = _progress_enabled(as_json)
     t0 = time.perf_counter()
 
@@ -277,11 +276,7 @@ def _build_arch(
                 f"{label}built {counts['built'] + counts['rebuilt']}, cached "
                 f"{counts['cached']}, failed {counts['failed']} in {wall:.1f}s -> {store.dir}"
             )
-    return (
-        rows,
-        {"store": str(store.dir), "counts": counts, "unsupported": unsup},
-        bool(counts["failed"]),
-    )
+    return rows, unsup, str(store.dir), counts
 
 
 def _valid_minor(s: str) -> bool:
