@@ -172,10 +172,6 @@ def main():
             rt._plans[key] = replace(p, fwd=noop, tile_cumsum=p.tile_cumsum and noop)
         row["python_path_us"], row["python_path_us_all"] = host_us(lambda: ours(*args, **kw))
         rt._plans.update(saved)
-        # and the full call once more, after the others (order effects, machine drift)
-        row["fa4aot_host_us_again"], row["fa4aot_host_us_again_all"] = host_us(
-            lambda: ours(*args, **kw)
-        )
         if fn_name == "flash_attn_func":
             q = args[0]
             row["torch_empty_us"], _ = host_us(
