@@ -505,8 +505,8 @@ def explain(
     cache,
     as_json,
 ):
-    """How the runtime would serve a call: its variant, then an exact hit, a padding plan
-    (with its cost) or the refusal. Exit 1 when nothing can serve it."""
+    """How the runtime would serve a call: its variant, then an exact hit, a decode fold, a
+    padding plan (with its cost) or the refusal. Exit 1 when nothing can serve it."""
     from .select import choose, nearest
     from .variants import Call, Variant, features
 
@@ -548,7 +548,8 @@ def explain(
     why = C.unsupported_reason(
         arch, dtype, head_dim, head_dim_v or head_dim, qhead_per_kvhead=hq // hk
     )
-    choices = choose(arch, feat, avail, allow_padding=not no_padding)
+    allow_fold = os.environ.get("FA4AOT_DECODE_FOLD", "1") != "0"  # as the runtime reads it
+    choices = choose(arch, feat, avail, allow_padding=not no_padding, allow_fold=allow_fold)
     doc = {
         "variant": want.to_dict(),
         "id": want.id,
@@ -562,6 +563,7 @@ def explain(
                 "head_dim": c.head_dim,
                 "head_dim_v": c.head_dim_v,
                 "cost": round(c.cost, 3),
+                "fold": c.fold,
                 "plan": c.describe(want),
             }
             for c in choices

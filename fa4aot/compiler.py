@@ -135,8 +135,13 @@ def fake_call(call: Call):
             v = torch.empty(b, sk, hk, dv, dtype=dt, device=dev)
             fa.flash_attn_func(q, k, v, **kw)
             return
-        q = torch.empty(b * sq, hq, d, dtype=dt, device=dev)
-        kw.update(cu_seqlens_q=torch.empty(b + 1, dtype=torch.int32, device=dev), max_seqlen_q=sq)
+        if call.batch_q:
+            q = torch.empty(b, sq, hq, d, dtype=dt, device=dev)
+        else:
+            q = torch.empty(b * sq, hq, d, dtype=dt, device=dev)
+            kw.update(
+                cu_seqlens_q=torch.empty(b + 1, dtype=torch.int32, device=dev), max_seqlen_q=sq
+            )
         if call.layout == "varlen":
             k = torch.empty(b * sk, hk, d, dtype=dt, device=dev)
             v = torch.empty(b * sk, hk, dv, dtype=dt, device=dev)

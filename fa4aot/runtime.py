@@ -55,7 +55,7 @@ class _Plan:
     artifact: Artifact
     window_left: int | None = None  # FA4's resolved window, passed to the kernel
     window_right: int | None = None
-    pad: Any = None  # select.Choice when the call is served by padding to another variant
+    pad: Any = None  # select.Choice when the call is served by padding (or a decode fold)
     # a sequence of at most one query row is one m-block for the helper: with max_seqlen_q == 1
     # its output equals cu_seqlens_q (see flash_attn_varlen_func)
     decode_blocks: bool = False
@@ -87,6 +87,10 @@ class Runtime:
         if pad not in ("allow", "deny"):
             raise ValueError(f"FA4AOT_PADDING must be allow or deny, got {pad!r}")
         self.padding = pad == "allow"
+        fold = os.environ.get("FA4AOT_DECODE_FOLD", "1")
+        if fold not in ("0", "1"):
+            raise ValueError(f"FA4AOT_DECODE_FOLD must be 0 or 1, got {fold!r}")
+        self.fold = fold == "1"  # serve s_q == 1 decode by folding heads into rows (select.py)
         self._lock = threading.Lock()
         self._stores: dict[tuple[str, int], list[Store]] = {}
         self._modules: dict[str, tuple[Any, Any, Artifact]] = {}
@@ -392,7 +396,7 @@ def _resolve(rt: Runtime, fkey: tuple, feat_kwargs: dict, device, allow_padding:
     if plan is None and allow_padding:
         from .select import choose
 
-        choices = choose(arch, feat_kwargs, rt.available(arch, sms))
+        choices = choose(arch, feat_kwargs, rt.available(arch, sms), allow_fold=rt.fold)
         if choices:
             inner = rt.plan(choices[0].variant, sms)
             if inner is not None:
@@ -535,6 +539,10 @@ def flash_attn_func(
                 lse,
             )
     if plan.pad is not None:
+        if plan.pad.fold > 1:
+            return _folded(
+                plan, q, k, v, out, lse, softmax_scale, return_lse, False, sk, (None, None, None)
+            )
         return _padded(
             flash_attn_func,
             plan.pad,
@@ -597,6 +605,57 @@ def _pad_last2(x: torch.Tensor, hk: int, r: int, r2: int, d2: int) -> torch.Tens
         y[..., d:].zero_()
     y[..., :r, :d].copy_(x.reshape(*lead, hk, r, d))
     return y.view(*lead, hk * r2, d2)
+
+
+def _folded(plan, q, k, v, out, lse, softmax_scale, return_lse, varlen, seqlen_k, kv_args):
+    """A decode step (one query row per sequence) run on the non-causal kernel of ratio
+    `plan.pad.ratio` that `plan.fwd` is: the call's r query heads per KV group as r / ratio query
+    rows (select.py). q, O and a dense call's LSE are strided views; a varlen call's LSE (heads,
+    tokens) is the transpose of the kernel's (batch, heads, rows) and takes one copy.
+    kv_args: (cu_seqlens_k, seqused_k, page_table), passed through."""
+    b, hq, d, dv = q.shape[0], q.shape[-2], q.shape[-1], v.shape[-1]
+    m = plan.pad.fold
+    h2 = hq // m
+    if out is None:
+        out = q.new_empty((*q.shape[:-1], dv))
+    lf = None
+    if return_lse:
+        if varlen:
+            if lse is None:
+                lse = q.new_empty((hq, b), dtype=torch.float32)
+            lf = q.new_empty((b, h2, m), dtype=torch.float32)
+        else:
+            if lse is None:
+                lse = q.new_empty((b, hq, 1), dtype=torch.float32)
+            lf = lse.view(b, h2, m)
+    if b == 0 or seqlen_k == 0:
+        return _empty(out, lse, None, varlen)
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(d)
+    cu_seqlens_k, seqused_k, page_table = kv_args
+    plan.fwd(
+        q.view(b, h2, m, d).transpose(1, 2),
+        k,
+        v,
+        out.view(b, h2, m, dv).transpose(1, 2),
+        lf,
+        float(softmax_scale),
+        None,
+        cu_seqlens_k,
+        None,
+        seqused_k,
+        page_table,
+        None,
+        None,
+        None,
+        None,
+        _NO_AUX,
+        None,
+        None,
+    )
+    if varlen and return_lse:
+        lse.copy_(lf.view(b, hq).t())
+    return out, lse
 
 
 def _padded(entry, choice, q, k, v, hk, sink, softmax_scale, kw, varlen, out=None, lse=None):
@@ -788,6 +847,7 @@ def flash_attn_varlen_func(
         batch > _BIN_BATCH,
         max_seqlen_q is None,
         min(eff_q, _Q_KEY_CAP),
+        total_q == batch,  # with max_seqlen_q == 1: one row per sequence, the decode fold applies
         dev,
         pad_ok,
     )
@@ -846,6 +906,20 @@ def flash_attn_varlen_func(
                 lse,
             )
     if plan.pad is not None:
+        if plan.pad.fold > 1:  # q (batch, hq, d), one row per sequence (see the fkey)
+            return _folded(
+                plan,
+                q,
+                k,
+                v,
+                out,
+                lse,
+                softmax_scale,
+                return_lse,
+                varlen_q,
+                seqlen_k,
+                (cu_seqlens_k, seqused_k, page_table),
+            )
         return _padded(
             flash_attn_varlen_func,
             plan.pad,

@@ -8,6 +8,13 @@ Pure functions of (the call's features, the variants a store holds). A call is s
      - head_dim d -> d' > d and head_dim_v dv -> dv' >= dv (zero columns: q.k and p.v are
        unchanged; the softmax scale stays 1/sqrt(d) of the caller's head_dim; O cropped),
   ranked by extra work: (r'/r) * (d' + dv') / (d + dv) (rows x columns computed).
+A decode step (s_q == 1, no window, no sinks) whose ratio r has no exact variant is first
+folded, when a non-causal kernel of a ratio r' dividing r is cached: the r query heads of a KV
+group become m = r/r' query rows of r' heads (head g*r + j*m + t is row t of head g*r' + j), as
+FA2's seqlenq_ngroups_swapped does. One query row sees every key whether causal or not, so the
+result is the same; the kernel computes the same r rows per KV head as the exact r:1 kernel, and
+q, O and LSE are strided views of the caller's tensors: no padding, no copies (but for a varlen
+call's LSE, whose (heads, tokens) layout the fold transposes).
 The padded call's variant is recomputed with `variants.features` (padding can move a call
 across the decode/prefill boundary or change the tile), never guessed.
 """
@@ -29,10 +36,17 @@ class Choice:
     head_dim_v: int
     cost: float  # extra work vs the exact call (1.0 = exact)
     exact: bool
+    fold: int = 1  # > 1: decode fold, query rows per folded head (ratio * fold = the call's ratio)
 
     def describe(self, want: Variant) -> str:
         if self.exact:
             return f"exact: {self.variant.describe()} (id {self.variant.id})"
+        if self.fold > 1:
+            return (
+                f"decode fold ({want.qhead_per_kvhead} query heads per KV head -> {self.ratio} "
+                f"heads x {self.fold} query rows; same work, no copies): "
+                f"{self.variant.describe()} (id {self.variant.id})"
+            )
         parts = []
         if self.ratio != want.qhead_per_kvhead:
             parts.append(f"q heads per KV head {want.qhead_per_kvhead} -> {self.ratio}")
@@ -53,8 +67,44 @@ def _call_features(feat: dict, ratio: int, head_dim: int, head_dim_v: int) -> di
     return f
 
 
+def foldable(feat: dict) -> bool:
+    """A decode step the fold can serve: one query row per sequence (batch q with s_q == 1, or
+    varlen q with max_seqlen_q == 1 and as many rows as sequences, i.e. cu_seqlens_q == arange),
+    GQA, no window, no sinks."""
+    if feat["sink_dtype"] is not None or feat.get("seqused_q"):
+        return False
+    if feat["window_left"] is not None or feat["window_right"] is not None:
+        return False
+    if feat["num_heads"] // feat["num_heads_kv"] < 2:
+        return False
+    if feat.get("cu_seqlens_q"):
+        return feat["max_seqlen_q"] == 1 and feat["total_q"] == feat["batch"]
+    return feat["seqlen_q"] == 1
+
+
+def _fold_features(feat: dict, ratio: int) -> dict:
+    """The folded call: ratio' = `ratio` heads per KV head, m = r / ratio' query rows each,
+    q in batch form, no mask."""
+    f = dict(feat)
+    m = (f["num_heads"] // f["num_heads_kv"]) // ratio
+    f.update(
+        num_heads=f["num_heads_kv"] * ratio,
+        causal=False,
+        seqlen_q=m,
+        total_q=f["batch"] * m,
+        max_seqlen_q=None,
+        cu_seqlens_q=False,
+    )
+    return f
+
+
 def choose(
-    arch: str, feat: dict, available: Iterable[Variant], *, allow_padding: bool = True
+    arch: str,
+    feat: dict,
+    available: Iterable[Variant],
+    *,
+    allow_padding: bool = True,
+    allow_fold: bool = True,
 ) -> list[Choice]:
     """Every way to serve the call `feat` (kwargs of variants.features, minus arch) from
     `available`, cheapest first. Empty: nothing cached can serve it."""
@@ -71,6 +121,12 @@ def choose(
         if v.arch == arch and v.dtype == want.dtype
     }
     out = []
+    if allow_fold and foldable(feat):
+        for r2, d2, dv2 in shapes:
+            if r2 < r and r % r2 == 0 and (d2, dv2) == (d, dv):
+                v = features(arch=arch, **_fold_features(feat, r2))
+                if v.id in avail:
+                    out.append(Choice(v, r2, d, dv, 1.0, False, fold=r // r2))
     for r2, d2, dv2 in shapes:
         if r2 < r or d2 < d or dv2 < dv or (r2, d2, dv2) == (r, d, dv):
             continue
@@ -80,7 +136,16 @@ def choose(
         if v.id in avail:
             cost = (r2 / r) * (d2 + dv2) / (d + dv)
             out.append(Choice(v, r2, d2, dv2, cost, False))
-    out.sort(key=lambda c: (c.cost, c.ratio, c.head_dim, c.head_dim_v))
+    # folds first (cost 1.0, no copies; the widest packing first), then padding by cost
+    out.sort(
+        key=lambda c: (
+            c.cost,
+            c.fold == 1,
+            -c.ratio if c.fold > 1 else c.ratio,
+            c.head_dim,
+            c.head_dim_v,
+        )
+    )
     return out
 
 
@@ -111,4 +176,4 @@ def padded_target_for_unsupported(
     return best
 
 
-__all__ = ["Choice", "choose", "nearest", "padded_target_for_unsupported"]
+__all__ = ["Choice", "choose", "foldable", "nearest", "padded_target_for_unsupported"]

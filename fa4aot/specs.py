@@ -50,6 +50,9 @@ class Serving:
     page_sizes: tuple[int | str, ...] = (128,)  # ints, or "tile" for the kernel's tile_n
     speculative: int = 1  # largest query length of a decode step (1 + draft tokens)
     return_lse: bool | str = False  # False, True or "both"
+    # also build the non-causal 1:1 kernels that serve s_q == 1 decode at any head ratio with
+    # no copies (query heads folded into query rows; see select.py)
+    decode_fold: bool = True
 
 
 @dataclass(frozen=True)
@@ -187,7 +190,8 @@ def _serving(src: str, d: Any, attention: tuple[Attention, ...]) -> Serving:
     )
     spec_len = _int(src, "serving.speculative", d.get("speculative", dflt.speculative), 1, 64)
     lse = _choice(src, "serving.return_lse", d.get("return_lse", dflt.return_lse), LSE_CHOICES)
-    return Serving(tp, layouts, phases, max_batch, max_context, pages, spec_len, lse)
+    fold = _bool(src, "serving.decode_fold", d.get("decode_fold", dflt.decode_fold))
+    return Serving(tp, layouts, phases, max_batch, max_context, pages, spec_len, lse, fold)
 
 
 def parse_spec(text: str, src: str = "<string>") -> Spec:

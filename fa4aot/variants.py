@@ -88,6 +88,8 @@ class Variant:
             self.layout,
             self.phase,
         ]
+        if self.layout != "dense" and not (self.cu_seqlens_q or self.seqused_q):
+            parts.append("q:batch")
         if self.paged:
             parts.append("page=tile_n(TMA)" if self.paged_tma else "page!=tile_n")
         if self.cu_hint:
@@ -195,10 +197,11 @@ class Call:
     return_lse: bool
     sink_dtype: str | None
     page_size: int | None = None
+    batch_q: bool = False  # varlen/paged K with q in batch form (b, s_q, hq, d), no cu_seqlens_q
 
     def feature_kwargs(self) -> dict:
         """The call's static features: `features()` arguments, less the arch."""
-        varlen = self.layout in ("varlen", "paged")
+        varlen = self.layout in ("varlen", "paged") and not self.batch_q
         return dict(
             dtype=self.dtype,
             head_dim=self.head_dim,
@@ -322,6 +325,40 @@ def _probe_calls(spec: Spec, att: Attention, arch: str) -> list[Call]:
                                         page_size=p,
                                     )
                                 )
+    if sv.decode_fold and "decode" in sv.phases and not att.sinks and att.window is None:
+        calls += _fold_calls(spec, att, arch, lses)
+    return calls
+
+
+def _fold_calls(spec: Spec, att: Attention, arch: str, lses: list[bool]) -> list[Call]:
+    """The decode-fold kernels: non-causal 1:1, q in batch form, one per K layout. A decode step
+    (s_q == 1) at any head ratio r runs on them with the r query heads of each KV group as r
+    query rows (select.py): the same rows as the r:1 kernel, and q, O and LSE stay views."""
+    calls = []
+    for layout in spec.serving.layouts:
+        pages = page_sizes_for(spec, att, arch) if layout == "paged" else [None]
+        for p in pages:
+            for lse in lses:
+                calls.append(
+                    Call(
+                        layout=layout,
+                        batch=1,
+                        seqlen_q=1,
+                        seqlen_k=256,
+                        num_heads=1,
+                        num_heads_kv=1,
+                        head_dim=att.head_dim,
+                        head_dim_v=att.head_dim_v,
+                        dtype=att.dtype,
+                        causal=False,
+                        window_left=None,
+                        window_right=None,
+                        return_lse=lse,
+                        sink_dtype=None,
+                        page_size=p,
+                        batch_q=layout != "dense",
+                    )
+                )
     return calls
 
 
@@ -396,6 +433,7 @@ def representative_call(v: Variant) -> Call:
     else:
         causal, wl, wr = v.causal, None, None
     layout = v.layout
+    batch_q = layout != "dense" and not (v.cu_seqlens_q or v.seqused_q)
     page = None
     if v.paged:
         page = tile.n if v.paged_tma else (16 if tile.n != 16 else 32)
@@ -415,6 +453,7 @@ def representative_call(v: Variant) -> Call:
         return_lse=v.return_lse,
         sink_dtype=v.sink_dtype,
         page_size=page,
+        batch_q=batch_q,
     )
     if call.variant(v.arch) != v:
         raise ValueError(

@@ -33,6 +33,7 @@ layouts = ["dense", "varlen"]
 phases = ["decode", "prefill"]
 max_batch = 16
 return_lse = "both"
+decode_fold = false
 """
 
 

@@ -56,8 +56,8 @@ def test_build_dry_run_json_lists_the_default_plan(run, tmp_path):
     r = run("build", "--dry-run", "--json")
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
-    assert len(doc["rows"]) == 98
-    assert len({row["id"] for row in doc["rows"]}) == 98
+    assert len(doc["rows"]) == 106
+    assert len({row["id"] for row in doc["rows"]}) == 106
     assert all(set(row) == {"arch", "id", "variant", "spec"} for row in doc["rows"])
     assert any(
         row["spec"] == "llama-3.1-8b/full" and row["variant"].startswith("sm90 bfloat16 hd128")
@@ -97,14 +97,14 @@ def test_specs_json_reports_unsupported_layers(run):
         "qwen3-32b",
     }
     # per spec, so shared kernels are listed under each spec that needs them
-    assert len({row["id"] for row in needed}) == 98
+    assert len({row["id"] for row in needed}) == 106
 
 
 def test_specs_one_spec(run):
     r = run("specs", "--spec", "llama-3.1-8b", "--json")
     rows = json.loads(r.stdout)["rows"]
     assert (
-        r.exit_code == 0 and len(rows) == 28 and {row["spec"] for row in rows} == {"llama-3.1-8b"}
+        r.exit_code == 0 and len(rows) == 36 and {row["spec"] for row in rows} == {"llama-3.1-8b"}
     )
 
 
@@ -287,3 +287,64 @@ def test_python_target_names_the_store(run, tmp_path, spec_file):
 def test_version(run):
     r = run("--version")
     assert r.exit_code == 0 and "0.1.0" in r.stdout
+
+
+# -- explain -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def explain_store(monkeypatch):
+    """explain over a store holding 32:1 causal decode and the decode-fold kernel (hd128, dense
+    and paged page 128): records only, explain never loads code."""
+    from types import SimpleNamespace
+
+    import fa4aot.cli as cli
+    from fa4aot.variants import Call
+
+    def v(hq, causal, layout, page=None):
+        return Call(
+            layout=layout,
+            batch=1,
+            seqlen_q=1,
+            seqlen_k=256,
+            num_heads=hq,
+            num_heads_kv=1,
+            head_dim=128,
+            head_dim_v=128,
+            dtype="bfloat16",
+            causal=causal,
+            window_left=None,
+            window_right=None,
+            return_lse=False,
+            sink_dtype=None,
+            page_size=page,
+            batch_q=not causal and layout != "dense",
+        ).variant("sm90")
+
+    held = [v(32, True, "dense"), v(1, False, "dense"), v(1, False, "paged", 128)]
+    held += [v(32, True, "paged", 128)]
+    monkeypatch.setattr(
+        cli,
+        "_cached_artifacts",
+        lambda *a: [SimpleNamespace(record={"variant": x.to_dict()}) for x in held],
+    )
+
+
+@pytest.mark.parametrize(
+    "layout", [["--layout", "dense"], ["--layout", "paged", "--page-size", "128"]]
+)
+def test_explain_decode_fold_then_padding(run, explain_store, monkeypatch, layout):
+    r = run("explain", "--heads", "20:1", "--head-dim", "128", "--batch", "4", *layout, "--json")
+    assert r.exit_code == 0, r.output
+    got = [(c["ratio"], c["fold"], c["cost"]) for c in json.loads(r.stdout)["choices"]]
+    assert got[0] == (1, 20, 1.0) and got[1] == (32, 1, 1.6)
+    text = run("explain", "--heads", "20:1", "--head-dim", "128", *layout).stdout
+    assert (
+        "served by   : decode fold (20 query heads per KV head -> 1 heads x 20 query rows" in text
+    )
+    # a speculative step (4 rows) cannot fold: padded
+    r = run("explain", "--heads", "20:1", "--head-dim", "128", "--seqlen-q", "4", *layout, "--json")
+    assert [c["fold"] for c in json.loads(r.stdout)["choices"]] == [1]
+    monkeypatch.setenv("FA4AOT_DECODE_FOLD", "0")
+    r = run("explain", "--heads", "20:1", "--head-dim", "128", *layout, "--json")
+    assert [(c["ratio"], c["fold"]) for c in json.loads(r.stdout)["choices"]] == [(32, 1)]

@@ -2,8 +2,10 @@
 query heads per KV head and/or the head dims up to a cached variant and cropping O and LSE.
 
 Stores: the default build plus tests/specs/padding.toml (32:1, 16:1, hd256 full). Fresh random
-inputs, fp32 reference on the unpadded inputs, NaN-free outputs required. Also: non-contiguous
-hd256 inputs, and a padded decode call captured in a CUDA graph replays bit-identically.
+inputs, fp32 reference on the unpadded inputs, NaN-free outputs required. Decode steps
+(s_q == 1) are served by the decode fold, and by padding with the fold off. Also: non-contiguous
+hd256 inputs, and a padded or folded decode call captured in a CUDA graph replays
+bit-identically.
 """
 
 from __future__ import annotations
@@ -71,6 +73,70 @@ def test_padded_paged(hq, hk, d, lse, page):
     _assert_padded("varlen", hq, hk, d)
 
 
+@pytest.fixture
+def no_fold():
+    """Serve decode steps by padding (the decode fold off), then restore the runtime."""
+    import fa4aot.runtime as R
+
+    rt = R.default_runtime()
+    rt.fold = False
+    rt._plans.clear()
+    yield
+    rt.fold = True
+    rt._plans.clear()
+
+
+def _plans_for(layout, hq, hk, d):
+    import fa4aot.runtime as R
+
+    plans = R.default_runtime()._plans
+    return [p for k, p in plans.items() if k[0] == layout and k[2] == d and k[4] == hq // hk]
+
+
+DECODE_LAYOUTS = ["dense", "varlen", "paged64", "paged128"]
+
+
+def _decode(layout, hq, hk, d, lse, lk):
+    if layout == "dense":
+        for sk in sorted(set(lk)):
+            run_dense(hq, hk, d, 3, 1, max(sk, 1), None, False, lse)
+        return
+    page = int(layout[5:]) if layout.startswith("paged") else None
+    run_varlen(hq, hk, d, [1] * len(lk), lk, None, False, lse, page=page)
+
+
+@pytest.mark.parametrize("hq,hk,d,lse", RATIO_CASES)
+@pytest.mark.parametrize("layout", DECODE_LAYOUTS)
+def test_fold_decode(hq, hk, d, lse, layout):
+    """s_q == 1 decode at a ratio with no exact variant: served by the decode fold (heads as
+    query rows of the non-causal 1:1 kernel), no padding. KV lengths include 1, a partial
+    page and several pages (0: a sequence with no keys, varlen/paged only)."""
+    import fa4aot.runtime as R
+
+    R.default_runtime()._plans.clear()
+    lk = [1, 300, 77, 513, 4096] + ([] if layout == "dense" else [0])
+    _decode(layout, hq, hk, d, lse, lk)
+    key = "dense" if layout == "dense" else "varlen"
+    plans = _plans_for(key, hq, hk, d)
+    folded = [
+        p.pad is not None and p.pad.fold > 1 and p.pad.ratio * p.pad.fold == hq // hk for p in plans
+    ]
+    assert plans and all(folded), (
+        f"{layout} {hq}:{hk} not served by the decode fold: {[p.pad for p in plans]}"
+    )
+
+
+@pytest.mark.parametrize("hq,hk,d,lse", RATIO_CASES)
+@pytest.mark.parametrize("layout", ["dense", "paged64", "paged128"])
+def test_padded_decode_without_fold(hq, hk, d, lse, layout, no_fold):
+    """The same decode steps with the fold turned off: padded to 32:1 / 16:1 and cropped."""
+    assert not _plans_for("dense", hq, hk, d) and not _plans_for("varlen", hq, hk, d)
+    _decode(layout, hq, hk, d, lse, [1, 300, 513])
+    key = "dense" if layout == "dense" else "varlen"
+    plans = _plans_for(key, hq, hk, d)
+    assert plans and all(p.pad is not None and p.pad.fold == 1 for p in plans)
+
+
 def test_padding_denied_raises():
     import fa4aot
 
@@ -107,10 +173,24 @@ def test_noncontiguous_hd256(kind):
     assert rel_err(out, ref.to(dt)) < 1e-2
 
 
-def test_cuda_graph_padded_decode_bitwise():
-    """A padded paged decode call (20:1 -> 32:1, with LSE) captured in a CUDA graph and replayed
-    matches eager execution bit for bit, output and LSE (SGLang's padding regression test)."""
+@pytest.mark.parametrize("fold", [True, False])
+def test_cuda_graph_padded_decode_bitwise(fold):
+    """A 20:1 paged decode call with LSE, served by the decode fold or (fold off) padded to
+    32:1, captured in a CUDA graph and replayed, matches eager execution bit for bit, output and
+    LSE (SGLang's padding regression test)."""
     import fa4aot
+    import fa4aot.runtime as R
+
+    R.default_runtime().fold = fold
+    R.default_runtime()._plans.clear()
+    try:
+        _graph_decode(fa4aot, fold)
+    finally:
+        R.default_runtime().fold = True
+        R.default_runtime()._plans.clear()
+
+
+def _graph_decode(fa4aot, fold):
 
     dt = torch.bfloat16
     b, hq, hk, d, page = 8, 20, 1, 128, 128
@@ -129,7 +209,8 @@ def test_cuda_graph_padded_decode_bitwise():
         return_lse=True,
     )
     eager_o, eager_l = fa4aot.flash_attn_varlen_func(q, kc, vc, **kw)
-    assert any(p.pad is not None and p.pad.ratio == 32 for p in _padded_plans())
+    want = (1, 20) if fold else (32, 1)
+    assert any(p.pad is not None and (p.pad.ratio, p.pad.fold) == want for p in _padded_plans())
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):  # warm up on the capture stream

@@ -270,6 +270,25 @@ def test_gpu_tensor_parallel_heads(tp):
         run_varlen(hq_, hk_, d, [1, 7, 0], [50, 90, 3], window, sinks, False, page=16)
 
 
+@pytest.mark.parametrize("ratio", [20, 5, 3])
+def test_gpu_decode_fold_any_ratio(ratio):
+    """Decode steps at head ratios no default spec builds (20:1, 5:1, 3:1 over 8 KV heads) are
+    served by the decode-fold kernels of the hd128 layers (llama, qwen), every K layout, with
+    and without LSE; one sequence has no keys."""
+    import fa4aot.runtime as R
+
+    hk, d = 8, 128
+    for lse in (False, True):
+        R.default_runtime()._plans.clear()
+        run_dense(ratio * hk, hk, d, 3, 1, 700, None, False, lse)
+        lk = [1, 300, 0, 129, 1000]
+        run_varlen(ratio * hk, hk, d, [1] * len(lk), lk, None, False, lse)
+        for page in (16, 64, 128):
+            run_varlen(ratio * hk, hk, d, [1] * len(lk), lk, None, False, lse, page=page)
+        outer = [p for k, p in R.default_runtime()._plans.items() if k[4] == ratio]
+        assert len(outer) == 5 and all(p.pad is not None and p.pad.fold == ratio for p in outer)
+
+
 def test_gpu_every_artifact_exercised():
     """Runs last in this module: every artifact of the default specs was loaded by the cases
     above (the store's per-spec index lists them)."""

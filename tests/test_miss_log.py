@@ -141,11 +141,11 @@ def test_build_from_misses_and_a_spec(tmp_path, variants):
 
 
 def test_build_from_misses_reports_variants_it_cannot_compile(tmp_path, variants):
-    """The runtime serves input forms the builder has no representative call for (q without
-    cu_seqlens_q over a paged KV cache): such a miss is reported, not a traceback."""
+    """The runtime serves input forms the builder has no representative call for (batch-form q
+    with seqused_q over a paged KV cache): such a miss is reported, not a traceback."""
     log = tmp_path / "misses.jsonl"
     paged = next(v for v in variants if v.paged)
-    odd = replace(paged, cu_seqlens_q=False, cu_hint=False)
+    odd = replace(paged, cu_seqlens_q=False, seqused_q=True, cu_hint=False)
     M.record_miss(odd, str(log))
     M.record_miss(variants[0], str(log))
     r = CliRunner().invoke(main, ["build", "--from-misses", str(log), "--dry-run", "--json"])

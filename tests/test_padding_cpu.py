@@ -121,3 +121,52 @@ def test_pad_last2_layout():
     torch.testing.assert_close(g[:, :, :3, :3], x.reshape(2, 2, 3, 3))
     assert (g[..., 3:] == 0).all()
     assert _pad_last2(x, 2, 3, 3, 3) is x
+
+
+def _ref_fwd(q, k, v, out, lse, scale, cu_q, cu_k, used_q, used_k, table, wl, wr, sink, *rest):
+    """The kernel the decode fold calls, in the sm90 argument order: fp32 non-causal attention on
+    the batch-form q views the fold passes, written into the O / LSE views it hands over."""
+    assert cu_q is None and used_q is None and (wl, wr, sink) == (None, None, None)
+    b, sq = q.shape[:2]
+    o, l = attention_ref(
+        q, k, v, torch.full((b,), sq), torch.full((b,), k.shape[1]), causal=False, scale=scale
+    )
+    out.copy_(o)
+    if lse is not None:
+        lse.copy_(l)
+
+
+@pytest.mark.parametrize("hq,hk,ratio", [(20, 1, 1), (40, 2, 1), (12, 2, 2), (24, 4, 3)])
+@pytest.mark.parametrize("varlen", [False, True])
+@pytest.mark.parametrize("given", [False, True])
+def test_folded_decode_equals_reference(hq, hk, ratio, varlen, given):
+    """The decode fold: one causal query row per sequence, run as r/ratio rows of `ratio` heads
+    per KV head on a non-causal kernel, equals the causal reference of the unfolded call, O and
+    LSE in the caller's layout (dense (b, hq, 1), varlen (hq, b)), into the caller's buffers."""
+    from types import SimpleNamespace
+
+    from fa4aot.runtime import _folded
+
+    torch.manual_seed(hq + ratio)
+    b, sk, d, dv = 3, 37, 64, 32
+    m = (hq // hk) // ratio
+    q = torch.randn(b, hq, d) if varlen else torch.randn(b, 1, hq, d)
+    k, v = torch.randn(b, sk, hk, d), torch.randn(b, sk, hk, dv)
+    out = torch.full((*q.shape[:-1], dv), float("nan")) if given else None
+    lse = torch.full((hq, b) if varlen else (b, hq, 1), float("nan")) if given else None
+    plan = SimpleNamespace(pad=Choice(None, ratio, d, dv, 1.0, False, fold=m), fwd=_ref_fwd)
+    o, l = _folded(plan, q, k, v, out, lse, None, True, varlen, sk, (None, None, None))
+    q4 = q[:, None] if varlen else q
+    ones = torch.ones(b, dtype=torch.long)
+    ref_o, ref_l = attention_ref(q4, k, v, ones, torch.full((b,), sk), causal=True)
+    if varlen:
+        ref_o, ref_l = ref_o[:, 0], ref_l[:, :, 0].t()
+    assert o.shape == ref_o.shape and l.shape == ref_l.shape
+    torch.testing.assert_close(o, ref_o, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(l, ref_l, rtol=1e-5, atol=1e-5)
+    if given:
+        assert o is out and l is lse
+    # no keys: zeros and -inf, nothing called
+    plan.fwd = None
+    o, l = _folded(plan, q, k[:, :0], v[:, :0], None, None, None, True, varlen, 0, (None,) * 3)
+    assert (o == 0).all() and (l == float("-inf")).all() and l.shape == ref_l.shape

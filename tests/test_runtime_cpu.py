@@ -695,3 +695,37 @@ def test_block_cumsum_shortcut_needs_its_conditions(kw):
         causal=True,
     )
     assert len(calls["helper"]) == 1 and calls["fwd"][0][16] is not cu
+
+
+def test_decode_fold_plan_passes_views_of_the_callers_tensors():
+    """A folded plan (20:1 served as 20 rows of the 1:1 kernel): the one kernel launch gets
+    q and O as views of the caller's tensors, no cu_seqlens_q, and the K layout as given."""
+    from fa4aot.select import Choice
+
+    calls = _planted()
+    plan = R.default_runtime()._plans.plan
+    plan.pad = Choice(None, 1, 64, 64, 1.0, False, fold=20)
+    b = 3
+    q, out = t(b, 40, 64), t(b, 40, 64)
+    k, v = t(b * 2, 16, 2, 64), t(b * 2, 16, 2, 64)
+    table = torch.arange(b * 2, dtype=torch.int32).reshape(b, 2)
+    used = torch.full((b,), 20, dtype=torch.int32)
+    o, _ = fa4aot.flash_attn_varlen_func(
+        q,
+        k,
+        v,
+        cu_seqlens_q=torch.arange(b + 1, dtype=torch.int32),
+        max_seqlen_q=1,
+        page_table=table,
+        seqused_k=used,
+        causal=True,
+        out=out,
+    )
+    (fwd,) = calls["fwd"]
+    assert o is out and calls["helper"] == []
+    fq, fk, fo = fwd[0], fwd[1], fwd[3]
+    assert fq.shape == (b, 20, 2, 64) and fq.data_ptr() == q.data_ptr()
+    assert fq.stride() == (40 * 64, 64, 20 * 64, 1)
+    assert fo.shape == (b, 20, 2, 64) and fo.data_ptr() == out.data_ptr()
+    assert fk is k and fwd[6] is None and fwd[9] is used and fwd[10] is table
+    assert fwd[11] is None and fwd[12] is None  # no window: the folded kernel is non-causal

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from fa4aot.select import choose, nearest, padded_target_for_unsupported
+import pytest
+
+from fa4aot.select import choose, foldable, nearest, padded_target_for_unsupported
 from fa4aot.variants import Call
 
 ARCH = "sm90"
@@ -95,3 +97,82 @@ def test_nearest_orders_by_differing_fields():
 def test_unsupported_head_dims_pad_to_the_nearest_supported():
     assert padded_target_for_unsupported("sm100", "bfloat16", 200, 200) == (256, 256, 512 / 400)
     assert padded_target_for_unsupported("sm90", "bfloat16", 512, 512) is None
+
+
+# -- the decode fold ---------------------------------------------------------------------------
+
+
+def fold_kernel(layout="dense", d=128, lse=False, page=None, ratio=1):
+    return Call(
+        layout=layout,
+        batch=1,
+        seqlen_q=1,
+        seqlen_k=256,
+        num_heads=ratio,
+        num_heads_kv=1,
+        head_dim=d,
+        head_dim_v=d,
+        dtype="bfloat16",
+        causal=False,
+        window_left=None,
+        window_right=None,
+        return_lse=lse,
+        sink_dtype=None,
+        page_size=page,
+        batch_q=layout != "dense",
+    ).variant(ARCH)
+
+
+@pytest.mark.parametrize(
+    "layout,page", [("dense", None), ("varlen", None), ("paged", 128), ("paged", 64)]
+)
+def test_decode_fold_before_padding(layout, page):
+    c = call(hq=20, layout=layout, page=page)  # batch 4, one query row each
+    fold = fold_kernel(layout, page=page)
+    avail = [call(hq=32, layout=layout, page=page).variant(ARCH), fold]
+    got = choose(ARCH, c.feature_kwargs(), avail)
+    assert [(x.ratio, x.fold, x.cost) for x in got] == [(1, 20, 1.0), (32, 1, 32 / 20)]
+    assert got[0].variant == fold and "decode fold" in got[0].describe(c.variant(ARCH))
+    # off: padding only; padding denied: nothing
+    off = choose(ARCH, c.feature_kwargs(), avail, allow_fold=False)
+    assert [x.ratio for x in off] == [32]
+    assert choose(ARCH, c.feature_kwargs(), avail, allow_padding=False) == []
+
+
+def test_decode_fold_prefers_the_widest_packing_that_divides():
+    c = call(hq=20)
+    avail = [fold_kernel(ratio=r) for r in (1, 3, 4)]
+    got = choose(ARCH, c.feature_kwargs(), avail)
+    assert [(x.ratio, x.fold) for x in got] == [(4, 5), (1, 20)]  # 3 does not divide 20
+
+
+def _feat(**over):
+    f = call(hq=20, layout="paged", page=128).feature_kwargs()
+    f.update(over)
+    return f
+
+
+@pytest.mark.parametrize(
+    "why,feat",
+    [
+        ("speculative decode: 4 rows see different keys", call(hq=20, sq=4).feature_kwargs()),
+        ("a window", dict(call(hq=20).feature_kwargs(), window_left=128, window_right=0)),
+        (
+            "sinks are per head, not per row",
+            dict(call(hq=20).feature_kwargs(), sink_dtype="float32"),
+        ),
+        ("an empty sequence: cu_seqlens_q is not arange", _feat(total_q=3)),
+        ("seqused_q", _feat(seqused_q=True)),
+        ("no max_seqlen_q hint", _feat(max_seqlen_q=None)),
+        ("MHA: nothing to fold", call(hq=1).feature_kwargs()),
+    ],
+)
+def test_decode_fold_applies_only_where_it_is_exact(why, feat):
+    assert not foldable(feat), why
+    avail = [fold_kernel(l, page=p) for l, p in [("dense", None), ("paged", 128)]]
+    assert all(x.fold == 1 for x in choose(ARCH, feat, avail)), why
+
+
+def test_decode_fold_needs_the_same_head_dims():
+    c = call(hq=20, d=96)
+    assert choose(ARCH, c.feature_kwargs(), [fold_kernel(d=128)]) == []

@@ -128,7 +128,7 @@ def test_identity_is_canonical_json_and_stable():
     assert s.identity() == (
         '{"attention":[{"causal":true,"dtype":"bfloat16","head_dim":64,"head_dim_v":64,'
         '"name":"full","num_kv_heads":2,"num_q_heads":8,"sinks":false,"window":null}],'
-        '"model":"org/tiny","name":"tiny","serving":{"layouts":["dense","paged"],'
+        '"model":"org/tiny","name":"tiny","serving":{"decode_fold":true,"layouts":["dense","paged"],'
         '"max_batch":256,"max_context":32768,"page_sizes":[16,"tile"],"phases":["decode"],'
         '"return_lse":false,"speculative":1,"tp":[1,2]}}'
     )

@@ -31,9 +31,9 @@ def plan():
 # -- enumeration of the default specs ----------------------------------------------------------
 
 
-def test_default_specs_enumerate_98_distinct_variants(plan):
+def test_default_specs_enumerate_106_distinct_variants(plan):
     vs = plan.variants()
-    assert len(vs) == 98
+    assert len(vs) == 106
     assert all(n.variant.arch == ARCH and vid == n.variant.id for vid, n in vs.items())
     per_spec = {}
     for n in vs.values():
@@ -73,8 +73,8 @@ def test_gemma_hd512_full_layer_unsupported_on_sm100_too():
 def test_default_variants_cover_every_regime(plan):
     vs = [n.variant for n in plan.variants().values()]
     assert {v.layout for v in vs} == {"dense", "varlen", "paged"}
-    assert {v.phase for v in vs} == {"decode", "prefill"}
-    assert {v.mask for v in vs} == {"causal", "window"}
+    assert {v.phase for v in vs} == {"decode", "prefill", "any"}
+    assert {v.mask for v in vs} == {"causal", "window", "full"}
     assert any(v.cu_hint for v in vs) and any(not v.cu_hint for v in vs if v.layout != "dense")
     assert {v.paged_tma for v in vs if v.paged} == {True, False}
     assert {v.sink_dtype for v in vs} == {None, "float32"}
@@ -89,9 +89,9 @@ def test_representative_call_compiles_its_variant(plan):
 
 def test_representative_call_refuses_layouts_fa4aot_cannot_call():
     v = _some_variant()
-    # cu_seqlens_k without cu_seqlens_q: FA4 compiles it, but no Call layout drives it
+    # seqused_q without cu_seqlens_q: FA4 compiles it, but no Call layout drives it
     odd = replace(
-        v, paged=False, paged_tma=None, seqused_k=False, cu_seqlens_q=False, cu_seqlens_k=True
+        v, paged=False, paged_tma=None, seqused_k=False, cu_seqlens_q=False, seqused_q=True
     )
     with pytest.raises(ValueError, match="no representative call"):
         representative_call(odd)
@@ -119,6 +119,42 @@ def test_small_spec_enumeration():
             "causal",
         )
         assert n.call.batch == 1 and n.call.seqlen_q == 1
+
+
+def test_decode_fold_variants(plan):
+    """Every causal, window-free, sink-free layer with a decode phase also gets the non-causal
+    1:1 kernels the decode fold runs on: one per K layout (dense, varlen K, paged per TMA path)
+    and LSE choice, q in batch form. Windowed and sink layers get none."""
+    folds = [n for n in plan.variants().values() if n.variant.mask == "full"]
+    got = {
+        (n.variant.head_dim, n.variant.layout, n.variant.paged_tma, n.variant.return_lse)
+        for n in folds
+    }
+    assert got == {
+        (128, layout, tma, lse)
+        for layout, tma in [("dense", None), ("varlen", None), ("paged", True), ("paged", False)]
+        for lse in (False, True)
+    }
+    for n in folds:
+        v = n.variant
+        assert v.qhead_per_kvhead == 1 and not v.causal and not v.cu_seqlens_q and not v.cu_hint
+        assert n.call.batch_q == (v.layout != "dense")
+        assert n.layer == "full" and n.spec in ("llama-3.1-70b", "llama-3.1-8b")
+        assert "q:batch" in v.describe() or v.layout == "dense"
+
+
+def test_decode_fold_off_and_prefill_only_specs_build_no_fold_kernels():
+    base = (Path(__file__).parent / "specs" / "tiny.toml").read_text()
+    on = base.replace("decode_fold = false", "decode_fold = true")
+    assert len(enumerate_variants(parse_spec(base), ARCH).variants()) == 2
+    folds = [
+        n.variant
+        for n in enumerate_variants(parse_spec(on), ARCH).variants().values()
+        if not n.variant.causal
+    ]
+    assert len(folds) == 2 and {v.mask for v in folds} == {"full"}
+    prefill = on.replace('phases = ["decode"]', 'phases = ["prefill"]')
+    assert all(n.variant.causal for n in enumerate_variants(parse_spec(prefill), ARCH).needs)
 
 
 # -- ids ---------------------------------------------------------------------------------------
