@@ -675,20 +675,28 @@ def _padded(entry, choice, q, k, v, hk, sink, softmax_scale, kw, varlen, out=Non
     po, pl = entry(
         qp, kp, vp, softmax_scale=softmax_scale, learnable_sink=sinkp, padding=False, **kw
     )
-    lead = po.shape[:-2]
-    o = po.reshape(*lead, hk, r2, choice.head_dim_v)[..., :r, :dv].reshape(*lead, hq, dv)
-    if out is not None:
-        out.copy_(o)
-        o = out
+    # crop straight into the caller's buffers (or fresh ones): one copy each, none when nothing
+    # was padded
+    lead, dv2 = po.shape[:-2], choice.head_dim_v
+    if out is None and r2 == r and dv2 == dv:
+        out = po
+    else:
+        if out is None:
+            out = po.new_empty((*lead, hq, dv))
+        out.view(*lead, hk, r, dv).copy_(po.view(*lead, hk, r2, dv2)[..., :r, :dv])
     if pl is not None:
-        if varlen:  # (hq2, total_q)
-            pl = pl.reshape(hk, r2, -1)[:, :r].reshape(hq, -1)
-        else:  # (b, hq2, sq)
-            pl = pl.reshape(pl.shape[0], hk, r2, -1)[:, :, :r].reshape(pl.shape[0], hq, -1)
-        if lse is not None:
-            lse.copy_(pl)
-            pl = lse
-    return o, pl
+        if lse is None and r2 == r:
+            lse = pl
+        else:
+            if lse is None:
+                lse = pl.new_empty((hq, pl.shape[1]) if varlen else (pl.shape[0], hq, pl.shape[2]))
+            if varlen:  # (hq2, total_q)
+                n = pl.shape[1]
+                lse.view(hk, r, n).copy_(pl.view(hk, r2, n)[:, :r])
+            else:  # (b, hq2, sq)
+                b, n = pl.shape[0], pl.shape[2]
+                lse.view(b, hk, r, n).copy_(pl.view(b, hk, r2, n)[:, :, :r])
+    return out, lse
 
 
 def _empty(out, lse, sink, varlen):

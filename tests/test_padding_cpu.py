@@ -170,3 +170,26 @@ def test_folded_decode_equals_reference(hq, hk, ratio, varlen, given):
     plan.fwd = None
     o, l = _folded(plan, q, k[:, :0], v[:, :0], None, None, None, True, varlen, 0, (None,) * 3)
     assert (o == 0).all() and (l == float("-inf")).all() and l.shape == ref_l.shape
+
+
+@pytest.mark.parametrize("given", [False, True])
+def test_padded_call_with_no_query_rows(given):
+    """Zero query tokens: the crop views hold no elements and must still take their shapes."""
+    q, k, v = torch.randn(2, 0, 5, 64), torch.randn(2, 9, 1, 64), torch.randn(2, 9, 1, 64)
+    out = torch.empty(2, 0, 5, 64) if given else None
+    lse = torch.empty(2, 5, 0) if given else None
+    o, l = _padded(
+        _ref_dense,
+        _choice(8, 64, 64),
+        q,
+        k,
+        v,
+        1,
+        None,
+        None,
+        dict(causal=True, window_size=(None, None), return_lse=True),
+        varlen=False,
+        out=out,
+        lse=lse,
+    )
+    assert o.shape == (2, 0, 5, 64) and l.shape == (2, 5, 0)
