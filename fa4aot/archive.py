@@ -41,6 +41,7 @@ from .store import (
     atomic_output,
     atomic_write,
     build_root,
+    crash_point,
     first_spec_indexes,
     first_valid_copy,
     fsync_dir,
@@ -359,10 +360,13 @@ def unpack(archive: Path, roots: list[Path]) -> UnpackResult:
             raise BuildError(f"cannot write the store at {root}: {e.strerror or e}") from None
         sweep_temp(target)  # staging of an unpack or build killed earlier
         res = UnpackResult(target.dir)
+        crash_point("unpack-staged")
         for vid in ids:
             res.rows.append(
                 {"id": vid, "status": import_artifact(target, vid, staged.artifact_dir(vid))}
             )
+            crash_point("unpack-imported-one")
+        crash_point("unpack-indexes")
         for f in sorted((staged.dir / "specs").glob("*.json")):
             if not target.spec_index(f.stem).exists():  # a local index wins over an imported one
                 atomic_write(target.spec_index(f.stem), f.read_bytes())

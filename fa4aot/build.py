@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -34,6 +33,7 @@ from .store import (
     atomic_write,
     build_root,
     build_toolchain,
+    crash_point,
     default_roots,
     fsync_dir,
     owner_tag,
@@ -86,12 +86,6 @@ def _compile_real(call: Call, variant: Variant, workdir: Path) -> dict[str, Any]
     return out
 
 
-def _fault(point: str) -> None:
-    """Crash-test hook: FA4AOT_FAULT=<point> SIGKILLs the builder there (stub builds only)."""
-    if os.environ.get("FA4AOT_FAULT") == point and os.environ.get("FA4AOT_STUB_COMPILER") == "1":
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
 def _compile_stub(call: Call, variant: Variant, workdir: Path) -> dict[str, Any]:
     """FA4AOT_STUB_COMPILER=1: a fake artifact, for tests of store concurrency and crash safety
     (compiling real kernels in 8 racing processes would take minutes). It mimics the real
@@ -107,7 +101,7 @@ def _compile_stub(call: Call, variant: Variant, workdir: Path) -> dict[str, Any]
                 f.flush()
                 time.sleep(delay / 2 / (len(data) / 4096))
                 if i >= len(data) // 2:
-                    _fault(phase)
+                    crash_point(phase)
     return {
         "parts": {"fwd": {"file": "fwd.so", "key": "stub"}},
         "compile_seconds": delay,
@@ -135,15 +129,15 @@ def publish(store: Store, vid: str, workdir: Path, record: dict[str, Any]) -> bo
         with open(src, "rb") as f:
             os.fsync(f.fileno())
         os.replace(src, stage / p["file"])
-    _fault("stage")
+    crash_point("stage")
     with open(stage / RECORD, "wb") as f:
         f.write((json.dumps(record, indent=2, sort_keys=True) + "\n").encode())
         f.flush()
         os.fsync(f.fileno())
     fsync_dir(stage)
-    _fault("publish")
+    crash_point("publish")
     won = store.publish_dir(vid, stage)
-    _fault("published")
+    crash_point("published")
     return won
 
 

@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import re
+import signal
 import socket
 import stat
 import sys
@@ -226,6 +227,12 @@ def _umask() -> int:
     except (OSError, ValueError):
         pass
     return 0o022
+
+
+def crash_point(point: str) -> None:
+    """Crash-test hook: FA4AOT_FAULT=<point> SIGKILLs this process there (stub stores only)."""
+    if os.environ.get("FA4AOT_FAULT") == point and os.environ.get("FA4AOT_STUB_COMPILER") == "1":
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def owner_tag() -> str:

@@ -446,3 +446,58 @@ def test_pack_of_layers_with_different_stores_needs_store(tmp_path, two_layers, 
         A.pack([node.root, other.root], tmp_path / "x.tar")
     res = A.pack([node.root, other.root, img.root], tmp_path / "x.tar", node.dir.name)
     assert res.store == node.dir.name and len(res.artifacts) == N_TINY
+
+
+UNPACK_FAULTS = ["unpack-staged", "unpack-imported-one", "unpack-indexes"]
+
+
+def test_unpack_sigkilled_anywhere_leaves_only_whole_entries_and_a_rerun_completes(
+    tmp_path, packed
+):
+    """`fa4aot unpack` SIGKILLed at named points (archive staged and checked; one artifact
+    published; all published, spec indexes not yet) and at random times: every visible entry is
+    whole and valid, the staging directory of the dead process is swept by the next unpack,
+    which completes the store."""
+    import random
+    import signal
+    import subprocess
+
+    from stub_store import popen_cli
+
+    rng = random.Random(20261129)
+    trials = [("fault", p) for p in UNPACK_FAULTS] + [
+        ("timer", rng.uniform(0.2, 1.0)) for _ in range(6)
+    ]
+    killed = 0
+    for n, (kind, arg) in enumerate(trials):
+        root = tmp_path / f"u{n}"
+        env = stub_env(**({"FA4AOT_FAULT": arg} if kind == "fault" else {}))
+        p = popen_cli("unpack", str(packed), "--cache", str(root), env=env)
+        if kind == "timer":
+            try:
+                p.wait(timeout=arg)
+            except subprocess.TimeoutExpired:
+                p.send_signal(signal.SIGKILL)
+        p.communicate(timeout=60)
+        if kind == "timer" and p.returncode == 0:
+            continue  # finished first: not a crash trial
+        killed += 1
+        assert p.returncode == -signal.SIGKILL, (n, kind, arg, p.returncode)
+        seen = 0
+        for store in stores_at(root):
+            for d in artifact_dirs(store):
+                assert store.get(d.name, verify=True) is not None, (n, d)
+                seen += 1
+        if arg == "unpack-indexes":
+            assert seen == N_TINY and not list(stores_at(root)[0].dir.glob("specs/*.json"))
+        if arg == "unpack-staged":
+            assert seen == 0 and any(root.glob(".unpack.*.tmp"))  # the dead process's staging
+        r = cli("unpack", str(packed), "--cache", str(root), "--json")
+        assert r.returncode == 0, (n, r.stderr)
+        (store,) = stores_at(root)
+        assert len(artifact_dirs(store)) == N_TINY
+        assert [x["status"] for x in verify_root(root)] == ["ok"] * N_TINY, n
+        assert store.spec_index("tiny").exists()
+        assert not list(root.glob(".unpack.*")), (n, list(root.iterdir()))
+        assert not list((store.dir / "tmp").iterdir())
+    assert killed >= 3 + 1, killed  # every named point, and at least one random kill
