@@ -79,36 +79,28 @@ def main():
             b, 1, hk * r2, d
         )
         row = {"case": name}
+
+        def timed(mode, qq):  # used at once, in this iteration
+            row[f"{mode}_graph_us"] = graph_us(lambda: call(qq))
+            row[f"{mode}_eager_us"] = eager_us(lambda: call(qq))
+
+        def plans():
+            return R.default_runtime()._plans.values()
+
         R.reset(roots=[a.exact_store])
         o_exact = call(q)[0]
-        assert not any(p.pad for p in R.default_runtime()._plans.values())
-        row["exact_graph_us"], row["exact_eager_us"] = (
-            graph_us(lambda: call(q)),
-            eager_us(lambda: call(q)),
-        )
+        assert not any(p.pad for p in plans())
+        timed("exact", q)
         R.reset(roots=[a.pad_store])
         o_fold = call(q)[0]
-        assert any(
-            p.pad is not None and p.pad.fold == r for p in R.default_runtime()._plans.values()
-        )
-        row["folded_graph_us"], row["folded_eager_us"] = (
-            graph_us(lambda: call(q)),
-            eager_us(lambda: call(q)),
-        )
+        assert any(p.pad is not None and p.pad.fold == r for p in plans())
+        timed("folded", q)
         R.reset(roots=[a.pad_store])
         R.default_runtime().fold = False
         o_pad = call(q)[0]
-        assert any(
-            p.pad is not None and p.pad.ratio == r2 for p in R.default_runtime()._plans.values()
-        )
-        row["padded_graph_us"], row["padded_eager_us"] = (
-            graph_us(lambda: call(q)),
-            eager_us(lambda: call(q)),
-        )
-        row["raw32_graph_us"], row["raw32_eager_us"] = (
-            graph_us(lambda: call(qpad)),
-            eager_us(lambda: call(qpad)),
-        )
+        assert any(p.pad is not None and p.pad.ratio == r2 for p in plans())
+        timed("padded", q)
+        timed("raw32", qpad)
         row["max_abs_diff_padded_vs_exact"] = (o_pad.float() - o_exact.float()).abs().max().item()
         row["max_abs_diff_folded_vs_exact"] = (o_fold.float() - o_exact.float()).abs().max().item()
         row["folded_over_exact"] = row["folded_graph_us"] / row["exact_graph_us"]
