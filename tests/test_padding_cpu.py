@@ -193,3 +193,27 @@ def test_padded_call_with_no_query_rows(given):
         lse=lse,
     )
     assert o.shape == (2, 0, 5, 64) and l.shape == (2, 5, 0)
+
+
+def test_folded_decode_into_strided_caller_buffers():
+    """out is a slice of a wider buffer and q a slice of a fused qkv tensor (engines pass such
+    views): the fold's views of them still address the right elements."""
+    from types import SimpleNamespace
+
+    from fa4aot.runtime import _folded
+
+    torch.manual_seed(7)
+    b, hq, hk, d, sk = 2, 12, 2, 64, 19
+    qkv = torch.randn(b, 1, hq + 2 * hk, d)
+    q = qkv[:, :, :hq]
+    k, v = torch.randn(b, sk, hk, d), torch.randn(b, sk, hk, d)
+    wide = torch.full((b, 1, hq, 2 * d), float("nan"))
+    out = wide[..., d:]
+    plan = SimpleNamespace(pad=Choice(None, 1, d, d, 1.0, False, fold=6), fwd=_ref_fwd)
+    o, _ = _folded(plan, q, k, v, out, None, None, False, False, sk, (None, None, None))
+    ref, _ = attention_ref(
+        q, k, v, torch.ones(b, dtype=torch.long), torch.full((b,), sk), causal=True
+    )
+    assert o is out
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    assert wide[..., :d].isnan().all()  # nothing written outside the slice
