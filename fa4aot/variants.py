@@ -325,7 +325,8 @@ def _probe_calls(spec: Spec, att: Attention, arch: str) -> list[Call]:
                                         page_size=p,
                                     )
                                 )
-    if sv.decode_fold and "decode" in sv.phases and not att.sinks and att.window is None:
+    gqa = att.num_q_heads > att.num_kv_heads
+    if sv.decode_fold and gqa and "decode" in sv.phases and not att.sinks and att.window is None:
         calls += _fold_calls(spec, att, arch, lses)
     return calls
 

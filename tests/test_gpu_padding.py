@@ -174,24 +174,14 @@ def test_noncontiguous_hd256(kind):
 
 
 @pytest.mark.parametrize("fold", [True, False])
-def test_cuda_graph_padded_decode_bitwise(fold):
+def test_cuda_graph_padded_decode_bitwise(fold, request):
     """A 20:1 paged decode call with LSE, served by the decode fold or (fold off) padded to
     32:1, captured in a CUDA graph and replayed, matches eager execution bit for bit, output and
     LSE (SGLang's padding regression test)."""
     import fa4aot
-    import fa4aot.runtime as R
 
-    R.default_runtime().fold = fold
-    R.default_runtime()._plans.clear()
-    try:
-        _graph_decode(fa4aot, fold)
-    finally:
-        R.default_runtime().fold = True
-        R.default_runtime()._plans.clear()
-
-
-def _graph_decode(fa4aot, fold):
-
+    if not fold:
+        request.getfixturevalue("no_fold")
     dt = torch.bfloat16
     b, hq, hk, d, page = 8, 20, 1, 128, 128
     q = torch.randn(b, hq, d, device="cuda", dtype=dt)

@@ -143,7 +143,7 @@ def test_decode_fold_variants(plan):
         assert "q:batch" in v.describe() or v.layout == "dense"
 
 
-def test_decode_fold_off_and_prefill_only_specs_build_no_fold_kernels():
+def test_decode_fold_off_prefill_only_and_mha_specs_build_no_fold_kernels():
     base = (Path(__file__).parent / "specs" / "tiny.toml").read_text()
     on = base.replace("decode_fold = false", "decode_fold = true")
     assert len(enumerate_variants(parse_spec(base), ARCH).variants()) == 2
@@ -155,6 +155,9 @@ def test_decode_fold_off_and_prefill_only_specs_build_no_fold_kernels():
     assert len(folds) == 2 and {v.mask for v in folds} == {"full"}
     prefill = on.replace('phases = ["decode"]', 'phases = ["prefill"]')
     assert all(n.variant.causal for n in enumerate_variants(parse_spec(prefill), ARCH).needs)
+    # MHA (ratio 1 at every TP degree): no call of this layer ever folds
+    mha = on.replace("num_kv_heads = 1", "num_kv_heads = 2")
+    assert all(n.variant.causal for n in enumerate_variants(parse_spec(mha), ARCH).needs)
 
 
 # -- ids ---------------------------------------------------------------------------------------
