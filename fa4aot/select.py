@@ -136,16 +136,8 @@ def choose(
         if v.id in avail:
             cost = (r2 / r) * (d2 + dv2) / (d + dv)
             out.append(Choice(v, r2, d2, dv2, cost, False))
-    # folds first (cost 1.0, no copies; the widest packing first), then padding by cost
-    out.sort(
-        key=lambda c: (
-            c.cost,
-            c.fold == 1,
-            -c.ratio if c.fold > 1 else c.ratio,
-            c.head_dim,
-            c.head_dim_v,
-        )
-    )
+    # folds cost 1.0 (widest packing first), any padding more; padding by cost, then ratio
+    out.sort(key=lambda c: (c.cost, -c.ratio if c.fold > 1 else c.ratio, c.head_dim, c.head_dim_v))
     return out
 
 
