@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from fa4aot.select import choose, foldable, nearest, padded_target_for_unsupported
@@ -103,24 +105,9 @@ def test_unsupported_head_dims_pad_to_the_nearest_supported():
 
 
 def fold_kernel(layout="dense", d=128, lse=False, page=None, ratio=1):
-    return Call(
-        layout=layout,
-        batch=1,
-        seqlen_q=1,
-        seqlen_k=256,
-        num_heads=ratio,
-        num_heads_kv=1,
-        head_dim=d,
-        head_dim_v=d,
-        dtype="bfloat16",
-        causal=False,
-        window_left=None,
-        window_right=None,
-        return_lse=lse,
-        sink_dtype=None,
-        page_size=page,
-        batch_q=layout != "dense",
-    ).variant(ARCH)
+    """A decode-fold kernel: non-causal, q in batch form for varlen / paged K."""
+    c = call(hq=ratio, d=d, layout=layout, page=page, lse=lse, causal=False)
+    return replace(c, batch_q=layout != "dense").variant(ARCH)
 
 
 @pytest.mark.parametrize(
