@@ -55,16 +55,22 @@ def materialize(call, torch, gen):
     if call.layout == "dense":
         q, k, v = r(b, sq, hq, d), r(b, sk, hk, d), r(b, sk, hk, d)
         return "flash_attn_func", (q, k, v), kw, (q, k, v)
-    q = r(b * sq, hq, d)
-    kw.update(
-        cu_seqlens_q=torch.arange(b + 1, device="cuda", dtype=torch.int32) * sq, max_seqlen_q=sq
-    )
+    if call.batch_q:  # the decode-fold kernels: batch-form q over varlen / paged K
+        q = r(b, sq, hq, d)
+        qref = q
+    else:
+        q = r(b * sq, hq, d)
+        qref = q.view(b, sq, hq, d)
+        kw.update(
+            cu_seqlens_q=torch.arange(b + 1, device="cuda", dtype=torch.int32) * sq,
+            max_seqlen_q=sq,
+        )
     if call.layout == "varlen":
         k, v = r(b * sk, hk, d), r(b * sk, hk, d)
         kw.update(
             cu_seqlens_k=torch.arange(b + 1, device="cuda", dtype=torch.int32) * sk, max_seqlen_k=sk
         )
-        ref = (q.view(b, sq, hq, d), k.view(b, sk, hk, d), v.view(b, sk, hk, d))
+        ref = (qref, k.view(b, sk, hk, d), v.view(b, sk, hk, d))
     else:
         p = call.page_size
         npg = -(-sk // p)
@@ -77,7 +83,7 @@ def materialize(call, torch, gen):
         )
         kk = k[table.long()].reshape(b, npg * p, hk, d)[:, :sk]
         vv = v[table.long()].reshape(b, npg * p, hk, d)[:, :sk]
-        ref = (q.view(b, sq, hq, d), kk, vv)
+        ref = (qref, kk, vv)
     return "flash_attn_varlen_func", (q, k, v), kw, ref
 
 
@@ -121,7 +127,8 @@ def child(mode: str, spec: str, t_parent: float) -> None:
         s = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(d)
         i = torch.arange(sq, device="cuda")[:, None] + (k.shape[1] - sq)
         j = torch.arange(k.shape[1], device="cuda")[None, :]
-        s = s.masked_fill(j > i, float("-inf"))
+        if kw["causal"]:
+            s = s.masked_fill(j > i, float("-inf"))
         o = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(s, -1), v)
         err = ((out.float().reshape(o.shape) - o).norm() / o.norm()).item()
         worst = max(worst, err)
