@@ -507,7 +507,7 @@ def explain(
 ):
     """How the runtime would serve a call: its variant, then an exact hit, a decode fold, a
     padding plan (with its cost) or the refusal. Exit 1 when nothing can serve it."""
-    from .select import choose, nearest
+    from .select import choose, fold_from_env, nearest
     from .variants import Call, Variant, features
 
     try:
@@ -548,7 +548,10 @@ def explain(
     why = C.unsupported_reason(
         arch, dtype, head_dim, head_dim_v or head_dim, qhead_per_kvhead=hq // hk
     )
-    allow_fold = os.environ.get("FA4AOT_DECODE_FOLD", "1") != "0"  # as the runtime reads it
+    try:
+        allow_fold = fold_from_env()  # as the runtime reads it
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
     choices = choose(arch, feat, avail, allow_padding=not no_padding, allow_fold=allow_fold)
     doc = {
         "variant": want.to_dict(),

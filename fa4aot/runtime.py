@@ -28,6 +28,7 @@ from .errors import (
     Fa4aotError,
     UnsupportedVariant,
 )
+from .select import fold_from_env
 from .store import Artifact, Store, default_roots, find_serving_store, runtime_expectation
 from .variants import Variant, features
 
@@ -87,10 +88,7 @@ class Runtime:
         if pad not in ("allow", "deny"):
             raise ValueError(f"FA4AOT_PADDING must be allow or deny, got {pad!r}")
         self.padding = pad == "allow"
-        fold = os.environ.get("FA4AOT_DECODE_FOLD", "1")
-        if fold not in ("0", "1"):
-            raise ValueError(f"FA4AOT_DECODE_FOLD must be 0 or 1, got {fold!r}")
-        self.fold = fold == "1"  # serve s_q == 1 decode by folding heads into rows (select.py)
+        self.fold = fold_from_env()  # serve s_q == 1 decode by folding heads into rows
         self._lock = threading.Lock()
         self._stores: dict[tuple[str, int], list[Store]] = {}
         self._modules: dict[str, tuple[Any, Any, Artifact]] = {}

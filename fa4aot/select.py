@@ -21,6 +21,7 @@ across the decode/prefill boundary or change the tile), never guessed.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -65,6 +66,14 @@ def _call_features(feat: dict, ratio: int, head_dim: int, head_dim_v: int) -> di
     hk = f["num_heads_kv"]
     f.update(num_heads=hk * ratio, head_dim=head_dim, head_dim_v=head_dim_v)
     return f
+
+
+def fold_from_env() -> bool:
+    """FA4AOT_DECODE_FOLD: 1 (default) or 0; read by the runtime and by `fa4aot explain`."""
+    fold = os.environ.get("FA4AOT_DECODE_FOLD", "1")
+    if fold not in ("0", "1"):
+        raise ValueError(f"FA4AOT_DECODE_FOLD must be 0 or 1, got {fold!r}")
+    return fold == "1"
 
 
 def foldable(feat: dict) -> bool:
@@ -168,4 +177,4 @@ def padded_target_for_unsupported(
     return best
 
 
-__all__ = ["Choice", "choose", "foldable", "nearest", "padded_target_for_unsupported"]
+__all__ = ["Choice", "choose", "fold_from_env", "foldable", "nearest", "padded_target_for_unsupported"]

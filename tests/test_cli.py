@@ -348,3 +348,6 @@ def test_explain_decode_fold_then_padding(run, explain_store, monkeypatch, layou
     monkeypatch.setenv("FA4AOT_DECODE_FOLD", "0")
     r = run("explain", "--heads", "20:1", "--head-dim", "128", *layout, "--json")
     assert [(c["ratio"], c["fold"]) for c in json.loads(r.stdout)["choices"]] == [(32, 1)]
+    monkeypatch.setenv("FA4AOT_DECODE_FOLD", "yes")  # the runtime refuses it; so does explain
+    r = run("explain", "--heads", "20:1", "--head-dim", "128", *layout)
+    assert r.exit_code == 2 and "FA4AOT_DECODE_FOLD must be 0 or 1, got 'yes'" in r.output
