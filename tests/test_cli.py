@@ -298,31 +298,12 @@ def explain_store(monkeypatch):
     and paged page 128): records only, explain never loads code."""
     from types import SimpleNamespace
 
+    from test_select import call, fold_kernel
+
     import fa4aot.cli as cli
-    from fa4aot.variants import Call
 
-    def v(hq, causal, layout, page=None):
-        return Call(
-            layout=layout,
-            batch=1,
-            seqlen_q=1,
-            seqlen_k=256,
-            num_heads=hq,
-            num_heads_kv=1,
-            head_dim=128,
-            head_dim_v=128,
-            dtype="bfloat16",
-            causal=causal,
-            window_left=None,
-            window_right=None,
-            return_lse=False,
-            sink_dtype=None,
-            page_size=page,
-            batch_q=not causal and layout != "dense",
-        ).variant("sm90")
-
-    held = [v(32, True, "dense"), v(1, False, "dense"), v(1, False, "paged", 128)]
-    held += [v(32, True, "paged", 128)]
+    held = [call(hq=32).variant("sm90"), fold_kernel("dense"), fold_kernel("paged", page=128)]
+    held += [call(hq=32, layout="paged", page=128).variant("sm90")]
     monkeypatch.setattr(
         cli,
         "_cached_artifacts",
