@@ -51,6 +51,12 @@ def _choice(ratio, d, dv):
     return Choice(variant=None, ratio=ratio, head_dim=d, head_dim_v=dv, cost=1.0, exact=False)
 
 
+def _pad_causal(q, k, v, hk, choice, sink=None, out=None, lse=None):
+    """`_padded` of a causal dense call with LSE, run by the fp32 reference entry point."""
+    kw = dict(causal=True, window_size=(None, None), return_lse=True)
+    return _padded(_ref_dense, choice, q, k, v, hk, sink, None, kw, varlen=False, out=out, lse=lse)
+
+
 @pytest.mark.parametrize(
     "hq,hk,d,r2,d2",
     [
@@ -69,18 +75,7 @@ def test_padded_equals_unpadded_reference(hq, hk, d, r2, d2, sink):
     k = torch.randn(b, sk, hk, d)
     v = torch.randn(b, sk, hk, d)
     s = torch.randn(hq) if sink else None
-    out, lse = _padded(
-        _ref_dense,
-        _choice(r2, d2, d2),
-        q,
-        k,
-        v,
-        hk,
-        s,
-        None,
-        dict(causal=True, window_size=(None, None), return_lse=True),
-        varlen=False,
-    )
+    out, lse = _pad_causal(q, k, v, hk, _choice(r2, d2, d2), sink=s)
     lens_q, lens_k = torch.full((b,), sq), torch.full((b,), sk)
     ref_o, ref_l = attention_ref(
         q, k, v, lens_q, lens_k, causal=True, sink=s, scale=1 / math.sqrt(d)
@@ -95,20 +90,7 @@ def test_padded_writes_into_caller_buffers():
     q, k, v = torch.randn(1, 3, 5, 64), torch.randn(1, 9, 1, 64), torch.randn(1, 9, 1, 64)
     out = torch.full((1, 3, 5, 64), float("nan"))
     lse = torch.full((1, 5, 3), float("nan"))
-    o, l = _padded(
-        _ref_dense,
-        _choice(8, 64, 64),
-        q,
-        k,
-        v,
-        1,
-        None,
-        None,
-        dict(causal=True, window_size=(None, None), return_lse=True),
-        varlen=False,
-        out=out,
-        lse=lse,
-    )
+    o, l = _pad_causal(q, k, v, 1, _choice(8, 64, 64), out=out, lse=lse)
     assert o is out and l is lse and not out.isnan().any() and not lse.isnan().any()
 
 
@@ -178,20 +160,7 @@ def test_padded_call_with_no_query_rows(given):
     q, k, v = torch.randn(2, 0, 5, 64), torch.randn(2, 9, 1, 64), torch.randn(2, 9, 1, 64)
     out = torch.empty(2, 0, 5, 64) if given else None
     lse = torch.empty(2, 5, 0) if given else None
-    o, l = _padded(
-        _ref_dense,
-        _choice(8, 64, 64),
-        q,
-        k,
-        v,
-        1,
-        None,
-        None,
-        dict(causal=True, window_size=(None, None), return_lse=True),
-        varlen=False,
-        out=out,
-        lse=lse,
-    )
+    o, l = _pad_causal(q, k, v, 1, _choice(8, 64, 64), out=out, lse=lse)
     assert o.shape == (2, 0, 5, 64) and l.shape == (2, 5, 0)
 
 
