@@ -313,35 +313,30 @@ def _check_qkv(q, k, v) -> tuple[int, Any, Any, Any]:
     return dq, qs, ks, vs
 
 
+def _check_buffer(name: str, t, shape: tuple, dtype, dtype_name: str, dq: int) -> None:
+    if (
+        not isinstance(t, torch.Tensor)
+        or tuple(t.shape) != tuple(shape)
+        or t.dtype is not dtype
+        or t.get_device() != dq
+    ):
+        raise _fail(
+            f"{name} must be a {dtype_name} tensor of shape {tuple(shape)} on q's device, "
+            f"got {getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}"
+        )
+
+
 def _check_outputs(q, out, lse, out_shape: tuple, lse_shape: tuple, dq: int) -> None:
     """Caller-owned output buffers are written in place, never copied: check them fully."""
     if out is not None:
-        if (
-            not isinstance(out, torch.Tensor)
-            or tuple(out.shape) != tuple(out_shape)
-            or out.dtype is not q.dtype
-            or out.get_device() != dq
-        ):
-            raise _fail(
-                f"out must be a {q.dtype} tensor of shape {tuple(out_shape)} on q's device, "
-                f"got {getattr(out, 'dtype', type(out).__name__)} {tuple(getattr(out, 'shape', ()))}"
-            )
+        _check_buffer("out", out, out_shape, q.dtype, str(q.dtype), dq)
         if not _aligned(out):
             raise _fail(
                 "out must have a 16-byte aligned base, a contiguous last dim and 16-byte "
                 f"aligned strides (got strides {tuple(out.stride())})"
             )
     if lse is not None:
-        if (
-            not isinstance(lse, torch.Tensor)
-            or tuple(lse.shape) != tuple(lse_shape)
-            or lse.dtype is not torch.float32
-            or lse.get_device() != dq
-        ):
-            raise _fail(
-                f"lse must be a float32 tensor of shape {tuple(lse_shape)} on q's device, "
-                f"got {getattr(lse, 'dtype', type(lse).__name__)} {tuple(getattr(lse, 'shape', ()))}"
-            )
+        _check_buffer("lse", lse, lse_shape, torch.float32, "float32", dq)
         if not lse.is_contiguous() or lse.data_ptr() % 4:
             raise _fail("lse must be contiguous")
 
