@@ -31,6 +31,7 @@ from .store import (
     Artifact,
     Store,
     atomic_write,
+    open_quietly,
     owner_tag,
     scan_root,
     sweep_temp,
@@ -140,7 +141,7 @@ def _stage_copy(art: Artifact, target: Store) -> Path:
     )
     names = ["record.json", *(p["file"] for p in art.record["parts"].values())]
     for name in names:
-        with open(art.dir / name, "rb") as src, open(stage / name, "xb") as dst:
+        with open_quietly(art.dir / name) as src, open(stage / name, "xb") as dst:
             shutil.copyfileobj(src, dst, 1 << 20)
             dst.flush()
             os.fsync(dst.fileno())

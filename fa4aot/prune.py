@@ -8,7 +8,8 @@ What a plan removes, each with its reason and size:
 - quarantined entries, build scratch and temp files of dead processes (a live builder's are
   kept), artifact directories with no record (never served), corrupt artifacts;
 - with `max_bytes`: then artifacts until the rest fits, those no spec index names first, then
-  least recently used first (file access time: approximate on relatime/noatime mounts).
+  least recently used first (file access time, which only a kernel load moves: fa4aot reads
+  records and parts with O_NOATIME; approximate on relatime mounts, absent on noatime ones).
 
 Deletion never leaves a half-deleted entry where readers look: an artifact or a fingerprint
 directory is first renamed out of the way (under the artifact's lock), then removed.

@@ -211,9 +211,26 @@ def build_root(roots: list[Path]) -> Path:
     )
 
 
+def open_quietly(path: Path):
+    """Open for reading without updating the file's access time where the kernel allows it
+    (O_NOATIME: the caller owns the file). fa4aot's own reads (records, checksums) must not count
+    as use: `prune --max-size` evicts by access time, which only loading a kernel should move."""
+    flags = os.O_RDONLY | getattr(os, "O_NOATIME", 0)
+    try:
+        fd = os.open(path, flags)
+    except PermissionError:
+        fd = os.open(path, os.O_RDONLY)  # not the owner: O_NOATIME is refused, read plainly
+    return os.fdopen(fd, "rb")
+
+
+def read_quietly(path: Path, limit: int = -1) -> bytes:
+    with open_quietly(path) as f:
+        return f.read(limit)
+
+
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_quietly(path) as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
@@ -498,8 +515,7 @@ class Store:
         """The published artifact `vid`, or None if absent. Corruption raises CorruptArtifact."""
         d = self.artifact_dir(vid)
         try:
-            with open(d / RECORD, "rb") as f:
-                text = f.read(MAX_RECORD_BYTES + 1)
+            text = read_quietly(d / RECORD, MAX_RECORD_BYTES + 1)
         except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as e:
@@ -536,7 +552,7 @@ class Store:
     def record_format(self, vid: str) -> Any:
         """The `format` field of vid's record, whatever else it holds (None if unreadable)."""
         try:
-            rec = json.loads((self.artifact_dir(vid) / RECORD).read_bytes()[:MAX_RECORD_BYTES])
+            rec = json.loads(read_quietly(self.artifact_dir(vid) / RECORD, MAX_RECORD_BYTES))
         except (OSError, ValueError, UnicodeDecodeError, RecursionError):
             return None
         return rec.get("format") if isinstance(rec, dict) else None
@@ -548,7 +564,7 @@ class Store:
         Writers only, under the artifact's lock. -> whether it was upgraded."""
         d = self.artifact_dir(vid)
         try:
-            rec = json.loads((d / RECORD).read_bytes()[:MAX_RECORD_BYTES])
+            rec = json.loads(read_quietly(d / RECORD, MAX_RECORD_BYTES))
         except (OSError, ValueError, UnicodeDecodeError, RecursionError):
             return False
         if not isinstance(rec, dict) or rec.get("format") != 1:
@@ -689,9 +705,9 @@ def first_valid_copy(stores: list[Store], vid: str) -> tuple[dict[str, bytes] | 
             art = s.get(vid, verify=True)
             if art is None:
                 continue
-            files = {RECORD: (art.dir / RECORD).read_bytes()}
+            files = {RECORD: read_quietly(art.dir / RECORD)}
             for p in art.record["parts"].values():
-                files[p["file"]] = data = (art.dir / p["file"]).read_bytes()
+                files[p["file"]] = data = read_quietly(art.dir / p["file"])
                 if hashlib.sha256(data).hexdigest() != p["sha256"]:
                     raise CorruptArtifact(f"{art.dir / p['file']}: changed while read")
             return files, errors

@@ -106,6 +106,13 @@ def test_max_size_evicts_unnamed_then_least_recently_used(root):
     for i, a in enumerate(arts):
         for f in a.iterdir():
             os.utime(f, (1_000_000 + i, 1_000_000 + i))
+    # fa4aot's own reads (a dry run's checksums, doctor's verify) are not uses: before reads
+    # skipped O_NOATIME, they moved every access time to "now" and the order came from read order
+    P.plan(r, max_bytes=0)
+    verify_root(r)
+    assert [max(f.stat().st_atime for f in a.iterdir()) for a in arts] == [
+        1_000_000 + i for i in range(len(arts))
+    ]
     # exactly what evicting those two frees: artifact sizes differ by a few bytes (record
     # lengths), so an average per-artifact size can make a third eviction necessary
     plan = P.plan(r, max_bytes=size - P._du(arts[5]) - P._du(arts[0]))
@@ -118,6 +125,20 @@ def test_max_size_evicts_unnamed_then_least_recently_used(root):
         arts[0].name,
     }
     assert P.plan(r, max_bytes=size) == []
+
+
+def test_own_reads_leave_access_times_alone(tmp_path):
+    from fa4aot.store import read_quietly, sha256_file
+
+    f = tmp_path / "part"
+    f.write_bytes(b"x" * 4096)
+    os.utime(f, (1_000_000, 1_000_000))  # old and not after mtime: relatime updates it too
+    f.read_bytes()
+    if f.stat().st_atime == 1_000_000:
+        pytest.skip("this filesystem does not record access times (noatime)")
+    os.utime(f, (1_000_000, 1_000_000))
+    assert read_quietly(f) == b"x" * 4096 and len(sha256_file(f)) == 64
+    assert f.stat().st_atime == 1_000_000
 
 
 def test_prune_cli_dry_run_then_run(root):

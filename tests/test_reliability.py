@@ -98,8 +98,8 @@ def test_8_concurrent_builders_publish_each_artifact_exactly_once(tmp_path, spec
     assert [p.returncode for p in procs] == [0] * 8, [e for _, e in outs]
     by_id = _statuses([o for o, _ in outs])
     assert len(by_id) == N_TINY
-    for vid, st in by_id.items():
-        assert sorted(st) == ["built"] + ["cached"] * 7, (vid, st)
+    for vid, sts in by_id.items():
+        assert sorted(sts) == ["built"] + ["cached"] * 7, (vid, sts)
     store = stores_at(root)[0]
     _assert_clean(store, N_TINY)
     if mode == "marker":
@@ -137,8 +137,8 @@ def test_publication_is_exactly_once_even_when_the_lock_excludes_nothing(tmp_pat
     ]
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0] * 8, [e for _, e in outs]
-    for vid, st in _statuses([o for o, _ in outs]).items():
-        assert st.count("built") == 1 and st.count("cached") == 7, (vid, st)
+    for vid, sts in _statuses([o for o, _ in outs]).items():
+        assert sts.count("built") == 1 and sts.count("cached") == 7, (vid, sts)
     _assert_clean(stores_at(root)[0], N_TINY)
 
 
