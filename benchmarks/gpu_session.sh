@@ -17,7 +17,8 @@ for w in $what; do
     conformance) { stamp python3 .device/checks/gpu_conformance.py; python3 .device/checks/gpu_conformance.py 2>&1; } > "$out/conformance.txt"; tail -1 "$out/conformance.txt";;
     host) { stamp python3 benchmarks/host_overhead.py; python3 benchmarks/host_overhead.py --out "$out/host.json" 2>&1 | grep -v -e Warning -e exe_args; } > "$out/host.txt"; cat "$out/host.txt";;
     padding) { stamp python3 -m pytest -m gpu tests/test_gpu_padding.py; python3 -m pytest -m gpu tests/test_gpu_padding.py -q -p no:cacheprovider -rf 2>&1; } > "$out/gpu-padding-tests.txt"; tail -3 "$out/gpu-padding-tests.txt"
-      { stamp python3 benchmarks/padding.py; python3 benchmarks/padding.py --exact-store .gpu-store-bench --pad-store .gpu-store --out "$out/padding.json" 2>&1; } > "$out/padding.txt"; cat "$out/padding.txt";;
+      { stamp python3 benchmarks/padding.py; python3 benchmarks/padding.py --exact-store .gpu-store-bench --pad-store .gpu-store --out "$out/padding.json" 2>&1; } > "$out/padding.txt"; cat "$out/padding.txt"
+      { stamp python3 benchmarks/copy_probe.py; python3 benchmarks/copy_probe.py --pad-store .gpu-store --out "$out/copy-probe.json" 2>&1 | grep -v -e Warning -e exe_args -e _warn_once; } > "$out/copy-probe.txt"; cat "$out/copy-probe.txt";;
     dropin) { stamp python3 -m pytest -m gpu tests/test_gpu_dropin.py; python3 -m pytest -m gpu tests/test_gpu_dropin.py -q -s -p no:cacheprovider -rf 2>&1 | grep -v -e Warning -e exe_args; } > "$out/gpu-dropin-tests.txt"; tail -3 "$out/gpu-dropin-tests.txt";;
     wheel) { stamp python3 -m fa4aot.cli wheel /tmp/dist --cache "$FA4AOT_CACHE_DIR"; python3 -m fa4aot.cli wheel /tmp/dist --cache "$FA4AOT_CACHE_DIR" 2>&1
         echo "# command: pip install --no-index --no-deps --target /tmp/wheelsite /tmp/dist/*.whl"

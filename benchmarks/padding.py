@@ -10,6 +10,7 @@ Per decode shape, side by side in one process:
   padded  the same call with the fold off (FA4AOT_DECODE_FOLD=0): q padded per KV group to the
           32:1 variant, O cropped back
   raw32   the 32:1 kernel on inputs already padded (what `padded` costs without pad/crop copies)
+"+lse" rows also return the LSE: the folded varlen call then pays its one LSE transpose copy.
 Times: device time per call from CUDA-graph replay (20 calls per graph, median of 30 replays;
 host overhead excluded), and eager median (triton do_bench). Targets: padded/exact <= 1.6
 (the extra rows: 32/20) and, at decode shapes, served/exact <= 1.10 for what fa4aot serves
@@ -41,12 +42,13 @@ def main():
     dt = torch.bfloat16
     hk, r, r2, d = 4, 20, 32, 128
     rows = []
-    for name, b, sk, page in [
-        ("dense decode b8 sk4096", 8, 4096, None),
-        ("paged decode b32 sk2048 p128", 32, 2048, 128),
-        ("dense decode b64 sk1024", 64, 1024, None),
-        ("dense decode b64 sk8192", 64, 8192, None),
-        ("paged decode b128 sk4096 p128", 128, 4096, 128),
+    for name, b, sk, page, with_lse in [
+        ("dense decode b8 sk4096", 8, 4096, None, False),
+        ("paged decode b32 sk2048 p128", 32, 2048, 128, False),
+        ("paged decode b32 sk2048 p128 +lse", 32, 2048, 128, True),
+        ("dense decode b64 sk1024", 64, 1024, None, False),
+        ("dense decode b64 sk8192", 64, 8192, None, False),
+        ("paged decode b128 sk4096 p128", 128, 4096, 128, False),
     ]:
         q = torch.randn(b, 1, hk * r, d, device="cuda", dtype=dt)
         if page is None:
@@ -54,7 +56,7 @@ def main():
             v = torch.randn_like(k)
 
             def call(qq):
-                return fa4aot.flash_attn_func(qq, k, v, causal=True)
+                return fa4aot.flash_attn_func(qq, k, v, causal=True, return_lse=with_lse)
         else:
             npg = sk // page
             k = torch.randn(b * npg, page, hk, d, device="cuda", dtype=dt)
@@ -73,6 +75,7 @@ def main():
                     page_table=table,
                     seqused_k=used,
                     causal=True,
+                    return_lse=with_lse,
                 )
 
         qpad = torch.nn.functional.pad(q.reshape(b, 1, hk, r, d), (0, 0, 0, r2 - r)).reshape(
@@ -88,21 +91,24 @@ def main():
             return R.default_runtime()._plans.values()
 
         R.reset(roots=[a.exact_store])
-        o_exact = call(q)[0]
+        o_exact, l_exact = call(q)
         assert not any(p.pad for p in plans())
         timed("exact", q)
         R.reset(roots=[a.pad_store])
-        o_fold = call(q)[0]
+        o_fold, l_fold = call(q)
         assert any(p.pad is not None and p.pad.fold == r for p in plans())
         timed("folded", q)
         R.reset(roots=[a.pad_store])
         R.default_runtime().fold = False
-        o_pad = call(q)[0]
+        o_pad, l_pad = call(q)
         assert any(p.pad is not None and p.pad.ratio == r2 for p in plans())
         timed("padded", q)
         timed("raw32", qpad)
         row["max_abs_diff_padded_vs_exact"] = (o_pad.float() - o_exact.float()).abs().max().item()
         row["max_abs_diff_folded_vs_exact"] = (o_fold.float() - o_exact.float()).abs().max().item()
+        if with_lse:
+            for mode, lse in (("padded", l_pad), ("folded", l_fold)):
+                row[f"max_abs_diff_lse_{mode}_vs_exact"] = (lse - l_exact).abs().max().item()
         row["folded_over_exact"] = row["folded_graph_us"] / row["exact_graph_us"]
         row["padded_over_exact"] = row["padded_graph_us"] / row["exact_graph_us"]
         row["padded_over_raw32"] = row["padded_graph_us"] / row["raw32_graph_us"]
