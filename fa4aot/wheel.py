@@ -9,7 +9,8 @@ One wheel per store (fingerprint directory: one arch / SM count / toolchain / Py
 
 The entry point `[fa4aot.stores] <name> = fa4aot_cache_<name>` is how `store.default_roots`
 finds it. Artifacts are C shared objects for one Python minor (the store's fingerprint), so the
-wheel is tagged `cp3XX-none-<platform of the ELF parts>` and pip installs it only there.
+wheel is tagged `cp3XX-none-manylinux_<glibc>_<machine of the ELF parts>` and pip installs it
+only there.
 
 Written with zipfile (no setuptools/wheel needed), deterministically: fixed timestamps and modes,
 sorted entries, so the same store gives a byte-identical wheel. Like `pack`, only artifacts whose
@@ -21,6 +22,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
+import struct
 import sysconfig
 import zipfile
 from dataclasses import dataclass, field
@@ -43,7 +45,7 @@ from .store import (
 DEFAULT_VERSION = "1.0.0"
 _DIST_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,98}[A-Za-z0-9])?")
 _VERSION = re.compile(r"[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?")
-_ELF_MACHINES = {62: "linux_x86_64", 183: "linux_aarch64"}
+_ELF_MACHINES = {62: "x86_64", 183: "aarch64"}
 _DATE = (1980, 1, 1, 0, 0, 0)
 _TAG_TEXT = (
     "This store belongs to an installed fa4aot cache wheel: pip owns its files, so fa4aot never\n"
@@ -87,17 +89,61 @@ def _python_tag(tc: dict) -> str:
     return f"cp3{m.group(1)}"
 
 
+def glibc_needed(data: bytes) -> tuple[int, int] | None:
+    """The newest GLIBC_x.y symbol version a 64-bit little-endian ELF object needs (its
+    .gnu.version_r entries), None if it needs none; ValueError if the ELF is malformed."""
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        raise ValueError("not a 64-bit little-endian ELF object")
+    shoff, shentsize, shnum = (
+        struct.unpack_from("<Q", data, 0x28)[0],
+        *struct.unpack_from("<HH", data, 0x3A),
+    )
+    sections = [
+        struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)
+    ]
+    best = None
+    for _name, typ, _flags, _addr, off, size, link, info, _align, _entsize in sections:
+        if typ != 0x6FFFFFFE:  # SHT_GNU_verneed: `info` Verneed entries, names in section `link`
+            continue
+        strtab = sections[link][4]
+        pos = off
+        for _ in range(info):
+            _ver, cnt, _file, aux, nxt = struct.unpack_from("<HHIII", data, pos)
+            apos = pos + aux
+            for _ in range(cnt):
+                _hash, _flags2, _other, name, anext = struct.unpack_from("<IHHII", data, apos)
+                end = data.index(b"\0", strtab + name)
+                m = re.fullmatch(rb"GLIBC_([0-9]+)\.([0-9]+)", data[strtab + name : end])
+                if m:
+                    best = max(best or (0, 0), (int(m.group(1)), int(m.group(2))))
+                apos += anext
+            pos += nxt
+    return best
+
+
 def _platform(files: dict[str, bytes]) -> str:
-    """The platform tag of the first ELF part (stub artifacts are not ELF: this machine's)."""
+    """manylinux_<glibc>_<machine>: the ELF parts' machine and the newest glibc symbol version
+    any of them needs, at least 2.17 (manylinux2014, the oldest tag indexes still take). The
+    parts' other needs (libcute_dsl_runtime.so, libtvm_ffi.so) come from the cutlass-dsl and
+    tvm-ffi wheels fa4aot depends on. Stub artifacts are not ELF: this machine's tag."""
+    machine, glibc = None, (2, 17)
     for name in sorted(files):
         data = files[name]
-        if data[:4] == b"\x7fELF" and len(data) > 20:
-            order = "little" if data[5] == 1 else "big"
-            machine = int.from_bytes(data[18:20], order)
-            if machine in _ELF_MACHINES:
-                return _ELF_MACHINES[machine]
-            raise BuildError(f"{name}: ELF machine {machine} has no wheel platform tag here")
-    return re.sub(r"[-.]", "_", sysconfig.get_platform())
+        if data[:4] != b"\x7fELF" or len(data) < 64:
+            continue
+        m = int.from_bytes(data[18:20], "little" if data[5] == 1 else "big")
+        if m not in _ELF_MACHINES:
+            raise BuildError(f"{name}: ELF machine {m} has no wheel platform tag here")
+        if machine not in (None, m):
+            raise BuildError(f"{name}: ELF machine {m}, but other parts are {machine}")
+        machine = m
+        try:
+            glibc = max(glibc, glibc_needed(data) or glibc)
+        except (ValueError, struct.error, IndexError) as e:
+            raise BuildError(f"{name}: unreadable ELF ({e})") from None
+    if machine is None:
+        return re.sub(r"[-.]", "_", sysconfig.get_platform())
+    return f"manylinux_{glibc[0]}_{glibc[1]}_{_ELF_MACHINES[machine]}"
 
 
 def _artifact_files(stores: list[Store], ids: set[str] | None, res: WheelResult) -> dict:

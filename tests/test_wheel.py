@@ -11,6 +11,7 @@ import io
 import json
 import logging
 import os
+import re
 import shutil
 import site
 import subprocess
@@ -306,3 +307,65 @@ def test_pip_installed_wheels_are_found_and_stack(tmp_path, src):
     off = _check(py, user, variants, FA4AOT_CACHE_WHEELS="0")
     assert [Path(r) for r in off["roots"]] == [user]
     assert set(off["found"].values()) == {None}
+
+
+# -- the platform tag of real ELF parts --------------------------------------------------------
+
+
+def _objdump_glibc(path: Path):
+    out = subprocess.run(["objdump", "-T", str(path)], capture_output=True, text=True, check=True)
+    vers = {
+        tuple(map(int, v.split(".")))
+        for v in re.findall(r"GLIBC_([0-9.]+)\b", out.stdout)
+    }
+    vers = {v for v in vers if len(v) == 2}
+    return max(vers) if vers else None
+
+
+@pytest.mark.skipif(
+    shutil.which("objdump") is None or shutil.which("gcc") is None, reason="binutils/gcc"
+)
+def test_glibc_needed_matches_objdump(tmp_path):
+    """The .gnu.version_r parser agrees with objdump on this Python and on a shared object
+    that calls a versioned glibc function (and on one that calls none, like fa4aot's parts)."""
+    from fa4aot.wheel import glibc_needed
+
+    src = tmp_path / "x.c"
+    src.write_text(
+        "#include <string.h>\nvoid f(char *a, const char *b, unsigned n) { memcpy(a, b, n); }\n"
+    )
+    none = tmp_path / "none.c"
+    none.write_text("int g(int x) { return 2 * x; }\n")
+    for c in (src, none):
+        subprocess.run(
+            ["gcc", "-O2", "-shared", "-fPIC", "-o", str(c.with_suffix(".so")), str(c)], check=True
+        )
+    paths = [Path(os.path.realpath(sys.executable)), src.with_suffix(".so")]
+    for p in paths:
+        want = _objdump_glibc(p)
+        assert want is not None and glibc_needed(p.read_bytes()) == want, p
+    assert glibc_needed(none.with_suffix(".so").read_bytes()) is None
+
+
+def _elf(machine: int) -> bytes:
+    """A 64-bit little-endian ELF header with no sections."""
+    h = bytearray(64)
+    h[:6] = b"\x7fELF\x02\x01"
+    h[18:20] = machine.to_bytes(2, "little")
+    return bytes(h)
+
+
+def test_platform_tag_from_elf_parts():
+    from fa4aot.wheel import _platform
+
+    assert _platform({"a/fwd.so": _elf(62), "a/record.json": b"{}"}) == "manylinux_2_17_x86_64"
+    assert _platform({"a/fwd.so": _elf(183)}) == "manylinux_2_17_aarch64"
+    with pytest.raises(BuildError, match="ELF machine 3 has no wheel platform tag"):
+        _platform({"a/fwd.so": _elf(3)})
+    with pytest.raises(BuildError, match="other parts are 62"):
+        _platform({"a/fwd.so": _elf(62), "b/fwd.so": _elf(183)})
+    bad = bytearray(_elf(62))  # one section header, 1 GB past the end of the file
+    bad[0x28:0x30] = (10**9).to_bytes(8, "little")
+    bad[0x3A:0x3E] = (64).to_bytes(2, "little") + (1).to_bytes(2, "little")
+    with pytest.raises(BuildError, match="unreadable ELF"):
+        _platform({"a/fwd.so": bytes(bad)})
