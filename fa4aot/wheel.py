@@ -94,15 +94,13 @@ def glibc_needed(data: bytes) -> tuple[int, int] | None:
     .gnu.version_r entries), None if it needs none; ValueError if the ELF is malformed."""
     if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
         raise ValueError("not a 64-bit little-endian ELF object")
-    shoff, shentsize, shnum = (
-        struct.unpack_from("<Q", data, 0x28)[0],
-        *struct.unpack_from("<HH", data, 0x3A),
-    )
+    (shoff,) = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
     sections = [
         struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)
     ]
     best = None
-    for _name, typ, _flags, _addr, off, size, link, info, _align, _entsize in sections:
+    for _name, typ, _flags, _addr, off, _size, link, info, _align, _entsize in sections:
         if typ != 0x6FFFFFFE:  # SHT_GNU_verneed: `info` Verneed entries, names in section `link`
             continue
         strtab = sections[link][4]
