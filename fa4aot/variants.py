@@ -65,6 +65,11 @@ class Variant:
         return "dense"
 
     @property
+    def batch_q(self) -> bool:
+        """Varlen or paged K with q in batch form (no cu_seqlens_q / seqused_q): Call.batch_q."""
+        return self.layout != "dense" and not (self.cu_seqlens_q or self.seqused_q)
+
+    @property
     def phase(self) -> str:
         """decode: one query tile per (batch, kv head); prefill: more; any: same kernel for both."""
         if not self.causal and not self.local and self.layout == "dense":
@@ -88,7 +93,7 @@ class Variant:
             self.layout,
             self.phase,
         ]
-        if self.layout != "dense" and not (self.cu_seqlens_q or self.seqused_q):
+        if self.batch_q:
             parts.append("q:batch")
         if self.paged:
             parts.append("page=tile_n(TMA)" if self.paged_tma else "page!=tile_n")
@@ -434,7 +439,6 @@ def representative_call(v: Variant) -> Call:
     else:
         causal, wl, wr = v.causal, None, None
     layout = v.layout
-    batch_q = layout != "dense" and not (v.cu_seqlens_q or v.seqused_q)
     page = None
     if v.paged:
         page = tile.n if v.paged_tma else (16 if tile.n != 16 else 32)
@@ -454,7 +458,7 @@ def representative_call(v: Variant) -> Call:
         return_lse=v.return_lse,
         sink_dtype=v.sink_dtype,
         page_size=page,
-        batch_q=batch_q,
+        batch_q=v.batch_q,
     )
     if call.variant(v.arch) != v:
         raise ValueError(
