@@ -2,20 +2,25 @@
 # Every H200 check and benchmark, in one device call, outputs under $1 (default /tmp/fa4aot-gpu).
 # On the GPU host, from the project root, with a store built here and carried:
 #   source .device/setup.sh && FA4AOT_CACHE_DIR=$PWD/.gpu-store bash benchmarks/gpu_session.sh $OUT [what...]
-# what: any of tests padding dropin conformance host startup wheel (default: all but wheel).
+# what: any of tests split padding dropin conformance host decode startup wheel (default: all
+# but wheel). host: with .gpu-base/fa4aot_base present (an earlier fa4aot), timed side by side.
 # wheel: packs $FA4AOT_CACHE_DIR into a cache wheel (fa4aot wheel), pip-installs it into a fresh
 # --target dir, then `fa4aot doctor` and the conformance check served from the wheel alone (the
 # only other layer is empty).
 set -u
 out=${1:-/tmp/fa4aot-gpu}; shift || true
-what=${*:-tests padding dropin conformance host startup}
+what=${*:-tests split padding dropin conformance host decode startup}
 mkdir -p "$out"
 stamp() { echo "# $(date -u +%Y-%m-%dT%H:%M:%SZ) $(hostname) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"; echo "# command: $*"; }
 for w in $what; do
   case $w in
     tests) { stamp python3 -m pytest -m gpu tests/test_gpu_runtime.py; python3 -m pytest -m gpu tests/test_gpu_runtime.py -q -p no:cacheprovider -rf 2>&1; } > "$out/gpu-tests.txt"; tail -3 "$out/gpu-tests.txt";;
+    split) { stamp python3 -m pytest -m gpu tests/test_gpu_split.py; python3 -m pytest -m gpu tests/test_gpu_split.py -q -s -p no:cacheprovider -rf 2>&1 | grep -v -e Warning -e exe_args; } > "$out/gpu-split-tests.txt"; tail -4 "$out/gpu-split-tests.txt";;
+    decode) { stamp python3 benchmarks/decode_split.py; python3 benchmarks/decode_split.py --out "$out/decode.json" 2>&1 | grep -v -e Warning -e exe_args; } > "$out/decode.txt"; cat "$out/decode.txt";;
     conformance) { stamp python3 .device/checks/gpu_conformance.py; python3 .device/checks/gpu_conformance.py 2>&1; } > "$out/conformance.txt"; tail -1 "$out/conformance.txt";;
-    host) { stamp python3 benchmarks/host_overhead.py; python3 benchmarks/host_overhead.py --out "$out/host.json" 2>&1 | grep -v -e Warning -e exe_args; } > "$out/host.txt"; cat "$out/host.txt";;
+    host) base=""; [ -d .gpu-base/fa4aot_base ] && base="--baseline .gpu-base"
+      fa4=""; python3 -c "import flash_attn.cute" 2>/dev/null || fa4="--no-fa4"
+      { stamp python3 benchmarks/host_overhead.py $base $fa4; python3 benchmarks/host_overhead.py $base $fa4 --out "$out/host.json" 2>&1 | grep -v -e Warning -e exe_args; } > "$out/host.txt"; cat "$out/host.txt";;
     padding) { stamp python3 -m pytest -m gpu tests/test_gpu_padding.py; python3 -m pytest -m gpu tests/test_gpu_padding.py -q -p no:cacheprovider -rf 2>&1; } > "$out/gpu-padding-tests.txt"; tail -3 "$out/gpu-padding-tests.txt"
       { stamp python3 benchmarks/padding.py; python3 benchmarks/padding.py --exact-store .gpu-store-bench --pad-store .gpu-store --out "$out/padding.json" 2>&1; } > "$out/padding.txt"; cat "$out/padding.txt"
       { stamp python3 benchmarks/copy_probe.py; python3 benchmarks/copy_probe.py --pad-store .gpu-store --out "$out/copy-probe.json" 2>&1 | grep -v -e Warning -e exe_args -e _warn_once; } > "$out/copy-probe.txt"; cat "$out/copy-probe.txt";;

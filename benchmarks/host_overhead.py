@@ -1,6 +1,11 @@
 """Host time per call and kernel time: fa4aot vs flash_attn.cute, side by side (H200).
 
     FA4AOT_CACHE_DIR=<store> python benchmarks/host_overhead.py [--out results.json]
+        [--baseline DIR]
+
+--baseline DIR: DIR holds `fa4aot_base`, an earlier fa4aot (e.g. `git archive <rev> fa4aot`,
+renamed); its calls are timed in the same rounds as this checkout's, so a change's host cost is
+measured side by side (before/after), not across runs.
 
 Host time: wall time of N back-to-back calls divided by N while the GPU is busy with a spin
 kernel (launches only queue), median of R repeats; the headline figure
@@ -101,6 +106,7 @@ def main():
         default=max(os.sched_getaffinity(0)),
         help="pin the process to this CPU (default: the last one; -1: no pinning)",
     )
+    ap.add_argument("--baseline", help="dir holding fa4aot_base, an earlier fa4aot, timed alongside")
     a = ap.parse_args()
     if a.cpu >= 0:
         os.sched_setaffinity(0, {a.cpu})  # no migrations mid-measurement (the host is a VM)
@@ -191,15 +197,23 @@ def main():
         )
     # the headline figure: every case's fa4aot call timed round-robin, 31 repeats
     # (and FA4's, when present, in the same rounds)
+    base = None
+    if a.baseline:
+        sys.path.insert(0, a.baseline)
+        import fa4aot_base as base
     fns = {}
     for name, fn_name, args, kw in cases("cuda"):
         fns[("fa4aot", name)] = lambda f=getattr(fa4aot, fn_name), a=args, k=kw: f(*a, **k)
+        if base is not None:
+            f = getattr(base, fn_name)
+            assert torch.equal(f(*args, **kw)[0], getattr(fa4aot, fn_name)(*args, **kw)[0])
+            fns[("baseline", name)] = lambda f=f, a=args, k=kw: f(*a, **k)
         if fa4 is not None:
             fns[("fa4", name)] = lambda f=getattr(fa4, fn_name), a=args, k=kw: f(*a, **k)
     timed = host_us_interleaved(fns)
     for row in rows:
         out = {"case": row["case"]}
-        for who in ("fa4aot", "fa4"):
+        for who in ("fa4aot", "baseline", "fa4"):
             if (who, row["case"]) in timed:
                 med, allv = timed[(who, row["case"])]
                 row[f"{who}_host_us_interleaved"], row[f"{who}_host_us_interleaved_all"] = med, allv

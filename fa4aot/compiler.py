@@ -93,6 +93,7 @@ def _caches():
         "fwd": I._flash_attn_fwd.compile_cache,
         "tile_cumsum": I._compute_tile_cumsum.compile_cache,
         "blocks_to_batch": I._compute_blocks_to_batch.compile_cache,
+        "combine": I._flash_attn_fwd_combine.compile_cache,
     }
 
 
@@ -200,6 +201,8 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
             raise RuntimeError(
                 f"{name} helper presence disagrees with cu_hint for {variant.describe()}"
             )
+    if variant.split_kernel:
+        helpers["combine"] = trace_combine(variant)
     parts: dict[str, Any] = {}
     for name, entries in [("fwd", fwd), *helpers.items()]:
         for key, fn in entries:
@@ -210,7 +213,41 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
                 # (tile, seqlen_q_multiplier, cu_seqlens?, seqused?, splits?, virtual batch?)
                 parts[name]["tile"], parts[name]["seqlen_q_multiplier"] = int(key[0]), int(key[1])
                 parts[name]["cu_seqlens"], parts[name]["seqused"] = bool(key[2]), bool(key[3])
+            if name == "combine":
+                parts[name]["max_splits"] = 1 << COMBINE_LOG_MAX_SPLITS
+                parts[name]["partial_dtype"] = "float32"
     return {"parts": parts, "compile_seconds": seconds, "fa4_key": parts["fwd"]["key"]}
+
+
+# split.MAX_SLOTS partials per row: FA4 derives log_max_splits from the partials' count
+COMBINE_LOG_MAX_SPLITS = 7
+
+
+def trace_combine(variant: Variant) -> list[tuple[Any, Any]]:
+    """Compile FA4's split-KV combine kernel for `variant`'s split plans (split.py): batched
+    float32 partials (FA4's own layout: its bf16-partial build returned wrong outputs on the
+    H200, 2026-11-30, rel. error 0.74-1.0; float32 partials 1.7e-3), an LSE output, up to
+    2**COMBINE_LOG_MAX_SPLITS partials. The head count is in FA4's key but the batched
+    kernel's grid reads it at run time (its varlen scheduler alone uses it): one kernel serves
+    every head count (the GPU tests run several)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    _, I = _fa4()
+    cache = I._flash_attn_fwd_combine.compile_cache
+    cache.clear()
+    dt = getattr(torch, variant.dtype)
+    n, dv = 1 << COMBINE_LOG_MAX_SPLITS, variant.head_dim_v
+    with FakeTensorMode():
+        op = torch.empty(n, 1, 1, 1, dv, dtype=torch.float32, device="cuda")
+        lp = torch.empty(n, 1, 1, 1, dtype=torch.float32, device="cuda")
+        o = torch.empty(1, 1, 1, dv, dtype=dt, device="cuda")
+        lse = torch.empty(1, 1, 1, dtype=torch.float32, device="cuda")
+        I._flash_attn_fwd_combine(op, lp, o, lse)
+    got = list(cache.cache.items())
+    if len(got) != 1:
+        raise RuntimeError(f"expected one combine kernel for {variant.describe()}, got {len(got)}")
+    return got
 
 
 def runtime_library_dirs() -> list[str]:
@@ -284,6 +321,7 @@ _CACHE_OWNERS = {  # FA4 function whose .compile_cache fa4aot serves -> record p
     "_flash_attn_fwd": "fwd",
     "_compute_tile_cumsum": "tile_cumsum",
     "_compute_blocks_to_batch": "blocks_to_batch",
+    "_flash_attn_fwd_combine": "combine",
 }
 
 

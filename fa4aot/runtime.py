@@ -28,6 +28,7 @@ from .errors import (
     Fa4aotError,
     UnsupportedVariant,
 )
+from . import split as S
 from .select import fold_from_env
 from .store import Artifact, Store, default_roots, find_serving_store, runtime_expectation
 from .variants import Variant, features
@@ -42,6 +43,34 @@ _NO_AUX = (None, None)  # FA4's AuxData(tensors=None, scalars=None): a compile-t
 # plan-cache keys clamp it there, so prefill calls of every length share one entry.
 _Q_KEY_CAP = 193
 _BIN_BATCH = C.BIN_BATCH_SEARCH_THRESH  # batch above which varlen calls take the cu_total path
+# Most query rows per sequence a split-KV plan takes: decode and speculative steps (a prefill
+# chunk fills the SMs by itself).
+_SPLIT_ROWS = 16
+_SPLIT_MIN = S.DEFAULT_MODEL.min_chunk  # KV lengths at or below it never split
+
+
+def split_from_env() -> int:
+    """FA4AOT_SPLIT_KV: auto (default: the cost model chooses, -1 here), 0 (never split) or N
+    (always N chunks where a split applies)."""
+    raw = os.environ.get("FA4AOT_SPLIT_KV", "auto")
+    if raw == "auto":
+        return -1
+    if raw.isdigit() and int(raw) <= S.MAX_SLOTS - 1:
+        return int(raw)
+    raise ValueError(
+        f"FA4AOT_SPLIT_KV must be auto, 0 (never split) or a split count 1..{S.MAX_SLOTS - 1}, "
+        f"got {raw!r}"
+    )
+
+
+@dataclass
+class _SplitKernel:
+    """A loaded split-KV chunk kernel (variants.Variant.split_kernel) and its combine."""
+
+    fwd: Any
+    combine: Any
+    max_slots: int
+    artifact: Artifact
 
 
 @dataclass
@@ -89,7 +118,12 @@ class Runtime:
             raise ValueError(f"FA4AOT_PADDING must be allow or deny, got {pad!r}")
         self.padding = pad == "allow"
         self.fold = fold_from_env()  # serve s_q == 1 decode by folding heads into rows
+        self.split = split_from_env()
         self._lock = threading.Lock()
+        self._devices: dict[int, tuple[str, int]] = {}
+        self._split_kernels: dict[tuple, _SplitKernel | None] = {}
+        self._split_n: dict[tuple, int] = {}
+        self._split_consts: dict[tuple, Any] = {}
         self._stores: dict[tuple[str, int], list[Store]] = {}
         self._modules: dict[str, tuple[Any, Any, Artifact]] = {}
         self._plans: dict[tuple, _Plan] = {}
@@ -122,17 +156,94 @@ class Runtime:
         return out
 
     def _load(self, art: Artifact) -> tuple[Any, Any]:
+        fwd = self._load_part(art, "fwd")
+        helper = None
+        if "tile_cumsum" in art.record["parts"]:
+            helper = self._load_part(art, "tile_cumsum")
+        return fwd, helper
+
+    def _load_part(self, art: Artifact, name: str) -> Any:
         art.check_loadable(self.allow_unsafe_dirs)  # stub, unsafe dirs, sha256: before any dlopen
         from . import runtime_lib
 
         runtime_lib.load_runtime_lib()
         import tvm_ffi
 
-        fwd = tvm_ffi.load_module(str(art.part_path("fwd")))["fa4aot_fwd"]
-        helper = None
-        if "tile_cumsum" in art.record["parts"]:
-            helper = tvm_ffi.load_module(str(art.part_path("tile_cumsum")))["fa4aot_tile_cumsum"]
-        return fwd, helper
+        return tvm_ffi.load_module(str(art.part_path(name)))[f"fa4aot_{name}"]
+
+    def device(self, index: int) -> tuple[str, int]:
+        """(arch, SM count) of CUDA device `index`, queried once."""
+        got = self._devices.get(index)
+        if got is None:
+            got = self._devices[index] = _arch_of(torch.device("cuda", index))
+        return got
+
+    def split_kernel(
+        self, dev: int, dtype, head_dim: int, head_dim_v: int, page_size: int | None
+    ) -> _SplitKernel | None:
+        """The split-KV chunk kernel (packed K when page_size is None) with its combine, or
+        None when the stores lack it (the call then runs unsplit)."""
+        key = (dev, dtype, head_dim, head_dim_v, page_size)
+        if key in self._split_kernels:
+            return self._split_kernels[key]
+        arch, sms = self.device(dev)
+        got = None
+        if not C.runtime_unsupported_reason(arch) and not C.unsupported_reason(
+            arch, _DTYPES[dtype], head_dim, head_dim_v
+        ):
+            v = features(
+                arch=arch,
+                dtype=_DTYPES[dtype],
+                head_dim=head_dim,
+                head_dim_v=head_dim_v,
+                num_heads=1,
+                num_heads_kv=1,
+                causal=False,
+                window_left=None,
+                window_right=None,
+                return_lse=True,
+                sink_dtype=None,
+                batch=1,
+                seqlen_q=1,
+                total_q=1,
+                max_seqlen_q=None,
+                cu_seqlens_k=page_size is None,
+                seqused_k=page_size is not None,
+                page_size=page_size,
+            )
+            with self._lock:
+                art = self.find(v, sms)
+                comb = art.record["parts"].get("combine", {}) if art is not None else {}
+                if comb.get("partial_dtype") == "float32":
+                    got = _SplitKernel(
+                        self._load_part(art, "fwd"),
+                        self._load_part(art, "combine"),
+                        int(comb.get("max_splits", S.MAX_SLOTS)),
+                        art,
+                    )
+        self._split_kernels[key] = got
+        return got
+
+    def split_count(self, dev: int, ctas: int, seqlen_k: int, bytes_per_key: int, align: int) -> int:
+        """The cost model's split count (FA4AOT_SPLIT_KV=N forces N), cached per 256 keys."""
+        if self.split >= 0:
+            return self.split
+        bucket = -(-seqlen_k // 256) * 256
+        key = (dev, ctas, bucket, bytes_per_key, align)
+        n = self._split_n.get(key)
+        if n is None:
+            if len(self._split_n) > 4096:
+                self._split_n.clear()
+            n = self._split_n[key] = S.choose_splits(
+                batch=ctas,
+                kv_heads=1,
+                rows=1,
+                seqlen_k=bucket,
+                bytes_per_key=bytes_per_key,
+                num_sms=self.device(dev)[1],
+                align=align,
+            )
+        return n
 
     def plan(self, variant: Variant, num_sms: int) -> _Plan | None:
         """Load the artifact serving `variant` (or None if the store has none)."""
@@ -190,6 +301,50 @@ def reset(roots: list[Path] | None = None, on_miss: str | None = None) -> Runtim
     with _DEFAULT_LOCK:
         _DEFAULT = Runtime(roots, on_miss)
     return _DEFAULT
+
+
+def _launch(
+    fwd,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    scale: float,
+    cu_seqlens_q=None,
+    cu_seqlens_k=None,
+    seqused_q=None,
+    seqused_k=None,
+    page_table=None,
+    window_left=None,
+    window_right=None,
+    learnable_sink=None,
+    cu_total_m_blocks=None,
+):
+    """The one place that spells FA4's sm90 forward ABI (4.0.0b36, tvm-ffi; the stream is
+    torch's current one): q, k, v, out, lse, scale, cu_seqlens_q/k, seqused_q/k, page_table,
+    window left/right, learnable_sink, block sparsity (unused), aux data (FA4 passes a
+    compile-time empty pair), cu_total_m_blocks, cu_total_splits_m_blocks (unused on sm90)."""
+    fwd(
+        q,
+        k,
+        v,
+        out,
+        lse,
+        scale,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        seqused_q,
+        seqused_k,
+        page_table,
+        window_left,
+        window_right,
+        learnable_sink,
+        None,
+        _NO_AUX,
+        cu_total_m_blocks,
+        None,
+    )
 
 
 # -- contract checks --------------------------------------------------------------------------
@@ -432,6 +587,154 @@ def _on_miss(
     return o, lse_
 
 
+# -- split-KV (split.py) ----------------------------------------------------------------------
+
+
+def _try_split(
+    rt: Runtime,
+    dev: int,
+    q4: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kind: str,
+    kv_args: tuple,
+    seqlen_k: int,
+    page_size: int | None,
+    causal: bool,
+    sink,
+    softmax_scale,
+    out,
+    lse,
+    return_lse: bool,
+    varlen_q: bool,
+):
+    """Serve a decode step by a split-KV plan, or return None (the caller runs it unsplit).
+
+    q4: the caller's q as (batch, rows, hq, d); kind: dense | varlen | paged K; kv_args:
+    (cu_seqlens_k, seqused_k, page_table); seqlen_k: a host bound on every KV length; out /
+    lse: the caller's buffers or None (lse laid out as the entry point returns it)."""
+    b, rows, hq, d = q4.shape
+    hk, dv = k.shape[-2], v.shape[-1]
+    if rows > 1 and kind != "paged":
+        return None  # split.split_refusal: only pages can give unrolled rows the same keys
+    kern = rt.split_kernel(dev, q4.dtype, d, dv, page_size)
+    if kern is None:
+        return None
+    align = 128 if page_size is None else math.lcm(128, page_size)
+    n = rt.split_count(dev, b * rows * hk, seqlen_k, (d + dv) * q4.element_size(), align)
+    n = min(n, kern.max_slots - (sink is not None))
+    if n <= 1:
+        return None
+    sp = S.make_split(
+        n, seqlen_k, page_size=page_size, sink=sink is not None, unroll=rows > 1, align=align
+    )
+    if sp.n <= 1:
+        return None
+    cu_k, used_k, pt = kv_args
+    if kind == "dense":
+        try:
+            kk, vv = k.view(b * seqlen_k, hk, d), v.view(b * seqlen_k, hk, dv)
+        except RuntimeError:
+            return None  # K/V strided across batch and sequence: no packed view
+    else:
+        kk, vv = k, v
+    if out is None:
+        out = q4.new_empty((b * rows, hq, dv) if varlen_q else (b, rows, hq, dv))
+    try:  # the combine writes the caller's out in place, as (decode rows, 1, hq, dv)
+        out_c = out.view(b * rows, 1, hq, dv)
+    except RuntimeError:
+        if rows > 1 or varlen_q:
+            return None  # a caller's out whose rows do not merge
+        out_c = out  # (b, 1, hq, dv), any strides
+    if return_lse and lse is None:
+        lse = torch.empty(
+            (hq, b * rows) if varlen_q else (b, hq, rows), dtype=torch.float32, device=q4.device
+        )
+    bb, slots = b * rows, sp.slots
+    nv = bb * slots  # virtual sequences: (sequence, row, chunk), chunk fastest
+    r = hq // hk
+    qr = q4.new_empty((b, rows, slots, hk, r, d))
+    qr.copy_(q4.view(b, rows, 1, hk, r, d).expand(b, rows, slots, hk, r, d))
+    op = q4.new_empty((bb, slots, hq, dv))
+    lp = torch.empty((bb, slots, hq), dtype=torch.float32, device=q4.device)
+    if kind == "dense":
+        cu_k = _const(
+            rt, ("dense_cu", dev, b, seqlen_k, sp.chunk, sp.slots), q4.device,
+            lambda: S.dense_cu_seqlens_k(torch, b, seqlen_k, sp, q4.device),
+        )
+    else:
+        offsets = _const(
+            rt, ("offsets", dev, slots, sp.chunk), q4.device,
+            lambda: torch.arange(0, slots * sp.chunk, sp.chunk, dtype=torch.int32, device=q4.device),
+        )
+        if kind == "varlen":
+            cu_k = S.varlen_cu_seqlens_k(torch, cu_k, offsets)
+        else:
+            if rows > 1:
+                # row t of a causal step sees len - rows + 1 + t keys; a non-causal one all
+                back = torch.arange(rows - 1, -1, -1, dtype=torch.int32, device=q4.device)
+                offs = (back[:, None] if causal else back[:, None] * 0) + offsets
+                used_k = (used_k[:, None, None] - offs).clamp_(0, sp.chunk).flatten()
+            else:
+                used_k = S.chunk_lengths(used_k, offsets, sp.chunk)
+            pt = S.chunk_page_table(torch, pt, sp, page_size, rows)
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(d)
+    _launch(
+        kern.fwd,
+        qr.view(nv, hk, r, d).transpose(1, 2),
+        kk,
+        vv,
+        op.view(nv, hk, r, dv).transpose(1, 2),
+        lp.view(nv, hk, r),
+        float(softmax_scale),
+        None,
+        cu_k,
+        None,
+        used_k,
+        pt,
+    )
+    if sink is not None:  # the empty last slot carries the sink: counted once, as FA4 does
+        lp[:, sp.n].copy_(sink[None, :].expand(bb, hq))
+    if lse is not None and rows == 1:
+        st = (1, 1, b) if varlen_q else (hq, 1, 1)
+        lse_c = torch.as_strided(lse, (b, 1, hq), st, lse.storage_offset())
+    else:
+        lse_c = torch.empty((bb, 1, hq), dtype=torch.float32, device=q4.device)
+    # FA4's combine reads float32 partials in its own layout, (chunk, row, 1, hq, dv): one
+    # converting copy of the kernel's bf16/fp16 ones
+    opf = torch.empty((slots, bb, 1, hq, dv), dtype=torch.float32, device=q4.device)
+    opf.view(slots, bb, hq, dv).copy_(op.permute(1, 0, 2, 3))
+    kern.combine(
+        opf,
+        torch.as_strided(lp, (slots, bb, 1, hq), (hq, slots * hq, 1, 1)),
+        out_c,
+        lse_c,
+        None,
+        None,
+        None,
+        None,
+        None,
+    )
+    if lse is not None and rows > 1:
+        lse.copy_(lse_c.view(bb, hq).t() if varlen_q else lse_c.view(b, rows, hq).transpose(1, 2))
+    return out, lse
+
+
+def _const(rt: Runtime, key: tuple, device, make):
+    """A device tensor that depends only on host-known sizes (chunk offsets, a dense K's
+    cu_seqlens_k): made once and cached, except while a CUDA graph is captured (a tensor made
+    then holds nothing until the graph replays)."""
+    t = rt._split_consts.get(key)
+    if t is None:
+        t = make()
+        if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+            if len(rt._split_consts) > 256:
+                rt._split_consts.clear()
+            rt._split_consts[key] = t
+    return t
+
+
 def flash_attn_func(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -491,6 +794,13 @@ def flash_attn_func(
         dq,
         pad_ok,
     )
+    if sq == 1 and rt.split and wl is None and wr is None and sk > _SPLIT_MIN and b and dq >= 0:
+        got = _try_split(
+            rt, dq, q, k, v, "dense", (None, None, None), sk, None, causal, learnable_sink,
+            softmax_scale, out, lse, return_lse, False,
+        )
+        if got is not None:
+            return got
     plan = rt._plans.get(fkey)
     if plan is None:
         _require_cuda(dq, q)
@@ -561,25 +871,9 @@ def flash_attn_func(
         softmax_scale = 1.0 / math.sqrt(d)
     if learnable_sink is not None and learnable_sink.stride(0) != 1:
         learnable_sink = learnable_sink.contiguous()
-    plan.fwd(
-        q,
-        k,
-        v,
-        out,
-        lse,
-        float(softmax_scale),
-        None,
-        None,
-        None,
-        None,
-        None,
-        plan.window_left,
-        plan.window_right,
-        learnable_sink,
-        None,
-        _NO_AUX,
-        None,
-        None,
+    _launch(
+        plan.fwd, q, k, v, out, lse, float(softmax_scale), None, None, None, None, None,
+        plan.window_left, plan.window_right, learnable_sink,
     )
     return out, lse
 
@@ -638,7 +932,8 @@ def _folded(plan, q, k, v, out, lse, softmax_scale, return_lse, varlen, seqlen_k
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(d)
     cu_seqlens_k, seqused_k, page_table = kv_args
-    plan.fwd(
+    _launch(
+        plan.fwd,
         q.view(b, h2, m, d).transpose(1, 2),
         k,
         v,
@@ -650,13 +945,6 @@ def _folded(plan, q, k, v, out, lse, softmax_scale, return_lse, varlen, seqlen_k
         None,
         seqused_k,
         page_table,
-        None,
-        None,
-        None,
-        None,
-        _NO_AUX,
-        None,
-        None,
     )
     if varlen and return_lse:
         lse.copy_(lf.view(b, hq).t())
@@ -866,6 +1154,29 @@ def flash_attn_varlen_func(
     )
     if not (_aligned(q) and _aligned(k) and _aligned(v)):
         q, k, v = _prep(q, "q", pad_ok), _prep(k, "k", pad_ok), _prep(v, "v", pad_ok)
+    if (
+        rt.split
+        and wl is None
+        and wr is None
+        and seqused_q is None
+        and batch
+        and dev >= 0
+        and (page_table is not None or cu_seqlens_k is not None)
+    ):
+        rows = sq_dense if not varlen_q else max_seqlen_q
+        if rows is not None and 0 < rows <= _SPLIT_ROWS and total_q == batch * rows:
+            if type(max_seqlen_k) is int and max_seqlen_k >= 0:
+                bound = max_seqlen_k  # the caller's contract: it bounds every KV length
+            else:
+                bound = page_table.shape[1] * page_size if paged else ks[0]
+            if bound > _SPLIT_MIN:
+                got = _try_split(
+                    rt, dev, q.view(batch, rows, hq, d), k, v, "paged" if paged else "varlen",
+                    (cu_seqlens_k, seqused_k, page_table), bound, page_size, causal,
+                    learnable_sink, softmax_scale, out, lse, return_lse, varlen_q,
+                )
+                if got is not None:
+                    return got
     plan = rt._plans.get(fkey)
     if plan is None:
         _require_cuda(dev, q)
@@ -990,25 +1301,10 @@ def flash_attn_varlen_func(
             None,
             None,
         )
-    plan.fwd(
-        q,
-        k,
-        v,
-        out,
-        lse,
-        float(softmax_scale),
-        cu_seqlens_q,
-        cu_seqlens_k,
-        seqused_q,
-        seqused_k,
-        page_table,
-        plan.window_left,
-        plan.window_right,
-        learnable_sink,
-        None,
-        _NO_AUX,
+    _launch(
+        plan.fwd, q, k, v, out, lse, float(softmax_scale), cu_seqlens_q, cu_seqlens_k,
+        seqused_q, seqused_k, page_table, plan.window_left, plan.window_right, learnable_sink,
         cu_total,
-        None,
     )
     return out, lse
 

@@ -53,6 +53,9 @@ class Serving:
     # also build the non-causal 1:1 kernels that serve s_q == 1 decode at any head ratio with
     # no copies (query heads folded into query rows; see select.py)
     decode_fold: bool = True
+    # also build the kernels split-KV decode plans run on (split.py): the 1:1 kernel with LSE
+    # per K layout, with FA4's combine kernel beside it
+    split_kv: bool = True
 
 
 @dataclass(frozen=True)
@@ -191,7 +194,8 @@ def _serving(src: str, d: Any, attention: tuple[Attention, ...]) -> Serving:
     spec_len = _int(src, "serving.speculative", d.get("speculative", dflt.speculative), 1, 64)
     lse = _choice(src, "serving.return_lse", d.get("return_lse", dflt.return_lse), LSE_CHOICES)
     fold = _bool(src, "serving.decode_fold", d.get("decode_fold", dflt.decode_fold))
-    return Serving(tp, layouts, phases, max_batch, max_context, pages, spec_len, lse, fold)
+    split = _bool(src, "serving.split_kv", d.get("split_kv", dflt.split_kv))
+    return Serving(tp, layouts, phases, max_batch, max_context, pages, spec_len, lse, fold, split)
 
 
 def parse_spec(text: str, src: str = "<string>") -> Spec:

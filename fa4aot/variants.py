@@ -70,6 +70,21 @@ class Variant:
         return self.layout != "dense" and not (self.cu_seqlens_q or self.seqused_q)
 
     @property
+    def split_kernel(self) -> bool:
+        """The kernel split-KV plans run chunks on (split.py): 1:1, no mask, q in batch form,
+        K packed or paged, LSE returned, no sink. Built with FA4's combine kernel beside it."""
+        return (
+            self.batch_q
+            and self.qhead_per_kvhead == 1
+            and not self.causal
+            and not self.local
+            and self.return_lse
+            and self.sink_dtype is None
+            and not self.seqused_q
+            and (self.paged or (self.cu_seqlens_k and not self.seqused_k))
+        )
+
+    @property
     def phase(self) -> str:
         """decode: one query tile per (batch, kv head); prefill: more; any: same kernel for both."""
         if not self.causal and not self.local and self.layout == "dense":
@@ -333,6 +348,38 @@ def _probe_calls(spec: Spec, att: Attention, arch: str) -> list[Call]:
     gqa = att.num_q_heads > att.num_kv_heads
     if sv.decode_fold and gqa and "decode" in sv.phases and not att.sinks and att.window is None:
         calls += _fold_calls(spec, att, arch, lses)
+    if sv.split_kv and "decode" in sv.phases and att.window is None:
+        calls += _split_calls(spec, att, arch)
+    return calls
+
+
+def _split_calls(spec: Spec, att: Attention, arch: str) -> list[Call]:
+    """The split-KV kernels (split.py): the decode fold's 1:1 kernel returning LSE, on a packed
+    K (which also serves dense K, viewed packed) and on every page size, for any head ratio,
+    mask and sink of the layer (the split runs chunks unmasked and merges sinks itself)."""
+    pages = page_sizes_for(spec, att, arch) if "paged" in spec.serving.layouts else []
+    calls = []
+    for layout, p in [("varlen", None)] + [("paged", p) for p in pages]:
+        calls.append(
+            Call(
+                layout=layout,
+                batch=1,
+                seqlen_q=1,
+                seqlen_k=256,
+                num_heads=1,
+                num_heads_kv=1,
+                head_dim=att.head_dim,
+                head_dim_v=att.head_dim_v,
+                dtype=att.dtype,
+                causal=False,
+                window_left=None,
+                window_right=None,
+                return_lse=True,
+                sink_dtype=None,
+                page_size=p,
+                batch_q=True,
+            )
+        )
     return calls
 
 

@@ -1,0 +1,197 @@
+"""Long-context decode: fa4aot's split-KV plan vs the unsplit kernel vs torch SDPA (cuDNN and
+flash backends) vs the HBM limit, side by side in one process on the same inputs (H200).
+
+    FA4AOT_CACHE_DIR=<store> python benchmarks/decode_split.py --out decode.json
+    python benchmarks/decode_split.py --plot decode.json --png docs/decode-split-heatmap.png
+
+bf16, hd128, one query row per sequence, 32:8 heads unless a row says otherwise. Times are
+`triton.testing.do_bench` medians (eager; `graph` columns: CUDA-graph replays, host excluded).
+limit = K+V bytes / 4.8 TB/s. "unsplit" is the same fa4aot call with FA4AOT_SPLIT_KV=0 (what
+FA4 itself runs). Every fa4aot output is checked against SDPA's before it is timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+HBM = 4.8e12
+TABLE = [  # (batch, s_k, hq, hk): the issue's table
+    (1, 65536, 32, 8),
+    (1, 131072, 8, 1),
+    (2, 32768, 64, 8),
+    (4, 32768, 32, 8),
+    (32, 4096, 32, 8),
+    (1, 8192, 32, 8),
+]
+GRID_B = (1, 2, 4, 8, 16, 32, 64, 128)
+GRID_S = (1024, 4096, 16384, 65536, 131072)
+MAX_KV_BYTES = 36e9  # larger cells would not leave room for SDPA's own copies on a 141 GB card
+
+
+def _bench():
+    import torch
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _timing import eager_us, graph_us
+
+    import fa4aot
+    import fa4aot.runtime as R
+
+    rt = R.default_runtime()
+    dev = torch.device("cuda")
+    dt = torch.bfloat16
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def dense_case(b, sk, hq, hk, d=128, graph=False):
+        torch.cuda.empty_cache()  # the last case's tensors died with its frame
+        kvb = b * sk * hk * 2 * d * 2
+        if kvb > MAX_KV_BYTES:
+            return {"b": b, "sk": sk, "hq": hq, "hk": hk, "skipped": "KV > 36 GB"}
+        q = torch.randn(b, 1, hq, d, device=dev, dtype=dt)
+        k = torch.randn(b, sk, hk, d, device=dev, dtype=dt)
+        v = torch.randn(b, sk, hk, d, device=dev, dtype=dt)
+        out = torch.empty_like(q)
+        qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        row = {"b": b, "sk": sk, "hq": hq, "hk": hk, "kv_mb": kvb / 1e6, "limit": kvb / HBM * 1e6}
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            ref = sdpa(qt, kt, vt, enable_gqa=True).transpose(1, 2)
+        rt.split = -1
+        n = rt.split_count(0, b * hk, sk, 2 * d * 2, 128)
+        row["splits"] = n if rt.split_kernel(0, dt, d, d, None) is not None else 1
+        out.fill_(float("nan"))
+        fa4aot.flash_attn_func(q, k, v, causal=True, out=out)
+        row["err_vs_cudnn"] = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+        row["fa4aot"] = eager_us(lambda: fa4aot.flash_attn_func(q, k, v, causal=True, out=out))
+        if graph:
+            row["fa4aot_graph"] = graph_us(
+                lambda: fa4aot.flash_attn_func(q, k, v, causal=True, out=out), calls=5, replays=20
+            )
+        rt.split = 0
+        o1 = fa4aot.flash_attn_func(q, k, v, causal=True)[0]
+        row["max_diff_vs_unsplit"] = (o1.float() - out.float()).abs().max().item()
+        row["unsplit"] = eager_us(lambda: fa4aot.flash_attn_func(q, k, v, causal=True, out=out))
+        rt.split = -1
+        backends = (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION))
+        for name, be in backends:
+            try:
+                with sdpa_kernel([be]):
+                    sdpa(qt, kt, vt, enable_gqa=True)
+                    row[name] = eager_us(lambda: sdpa(qt, kt, vt, enable_gqa=True))
+            except RuntimeError as e:
+                row[name] = None
+                row[name + "_error"] = str(e).splitlines()[0][:120]
+        return row
+
+    def paged_case(b, sk, hq, hk, page, d=128):
+        torch.cuda.empty_cache()
+        npg = -(-sk // page)
+        q = torch.randn(b, hq, d, device=dev, dtype=dt)
+        kp = torch.randn(b * npg, page, hk, d, device=dev, dtype=dt)
+        vp = torch.randn(b * npg, page, hk, d, device=dev, dtype=dt)
+        table = torch.randperm(b * npg, device=dev, dtype=torch.int32).view(b, npg)
+        used = torch.full((b,), sk, device=dev, dtype=torch.int32)
+        cu_q = torch.arange(b + 1, device=dev, dtype=torch.int32)
+        kw = dict(cu_seqlens_q=cu_q, max_seqlen_q=1, max_seqlen_k=sk, page_table=table,
+                  seqused_k=used, causal=True)
+        out = torch.empty_like(q)
+        kd = kp[table.long()].reshape(b, npg * page, hk, d)[:, :sk]
+        vd = vp[table.long()].reshape(b, npg * page, hk, d)[:, :sk]
+        ref = fa4aot.flash_attn_func(q[:, None], kd, vd, causal=True)[0][:, 0]
+        rt.split = -1
+        out.fill_(float("nan"))
+        fa4aot.flash_attn_varlen_func(q, kp, vp, out=out, **kw)
+        row = {"b": b, "sk": sk, "hq": hq, "hk": hk, "page": page,
+               "limit": b * sk * hk * 2 * d * 2 / HBM * 1e6,
+               "max_diff_vs_dense": (out.float() - ref.float()).abs().max().item(),
+               "nan": bool(out.isnan().any())}
+        row["fa4aot"] = eager_us(lambda: fa4aot.flash_attn_varlen_func(q, kp, vp, out=out, **kw))
+        row["fa4aot_graph"] = graph_us(
+            lambda: fa4aot.flash_attn_varlen_func(q, kp, vp, out=out, **kw), calls=5, replays=20
+        )
+        rt.split = 0
+        row["unsplit"] = eager_us(lambda: fa4aot.flash_attn_varlen_func(q, kp, vp, out=out, **kw))
+        rt.split = -1
+        return row
+
+    res = {"device": torch.cuda.get_device_name(), "table": [], "grid": [], "paged": []}
+    for b, sk, hq, hk in TABLE:
+        res["table"].append(dense_case(b, sk, hq, hk, graph=True))
+        print(_fmt(res["table"][-1]), flush=True)
+        for page in (16, 64, 128):
+            res["paged"].append(paged_case(b, sk, hq, hk, page))
+            r = res["paged"][-1]
+            print(f"  paged {page:>3}: fa4aot {r['fa4aot']:.1f} graph {r['fa4aot_graph']:.1f} "
+                  f"unsplit {r['unsplit']:.1f} diff {r['max_diff_vs_dense']:.2e}", flush=True)
+    for b in GRID_B:
+        for sk in GRID_S:
+            res["grid"].append(dense_case(b, sk, 32, 8))
+            print(_fmt(res["grid"][-1]), flush=True)
+    return res
+
+
+def _fmt(r):
+    if "skipped" in r:
+        return f"b{r['b']} sk{r['sk']} {r['hq']}:{r['hk']}: skipped ({r['skipped']})"
+    f = lambda x: "-" if x is None else f"{x:.1f}"  # noqa: E731
+    return (
+        f"b{r['b']:<3} sk{r['sk']:<6} {r['hq']}:{r['hk']} n={r['splits']:<3} limit {f(r['limit'])} "
+        f"fa4aot {f(r['fa4aot'])} unsplit {f(r['unsplit'])} cudnn {f(r['cudnn'])} "
+        f"flash {f(r['flash'])} graph {f(r.get('fa4aot_graph'))} "
+        f"err {r['err_vs_cudnn']:.1e} diff {r['max_diff_vs_unsplit']:.1e}"
+    )
+
+
+def _plot(path: str, png: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    res = json.load(open(path))
+    cells = {(r["b"], r["sk"]): r for r in res["grid"]}
+    z = [[None] * len(GRID_S) for _ in GRID_B]
+    for i, b in enumerate(GRID_B):
+        for j, sk in enumerate(GRID_S):
+            r = cells.get((b, sk))
+            if r and "skipped" not in r and r.get("cudnn"):
+                z[i][j] = r["cudnn"] / r["fa4aot"]
+    fig, ax = plt.subplots(figsize=(7, 6))
+    import numpy as np
+
+    arr = np.array([[np.nan if x is None else x for x in row] for row in z])
+    im = ax.imshow(arr, cmap="RdYlGn", vmin=0.5, vmax=2.0)
+    for i in range(len(GRID_B)):
+        for j in range(len(GRID_S)):
+            txt = "skip" if np.isnan(arr[i, j]) else f"{arr[i, j]:.2f}"
+            ax.text(j, i, txt, ha="center", va="center", fontsize=8)
+    ax.set_xticks(range(len(GRID_S)), [f"{s // 1024}K" for s in GRID_S])
+    ax.set_yticks(range(len(GRID_B)), [str(b) for b in GRID_B])
+    ax.set_xlabel("context (keys)")
+    ax.set_ylabel("batch")
+    ax.set_title("decode speedup of fa4aot over torch SDPA (cuDNN)\nbf16 hd128 32:8, H200")
+    fig.colorbar(im, ax=ax, label="cuDNN time / fa4aot time")
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    ap.add_argument("--plot")
+    ap.add_argument("--png", default="docs/decode-split-heatmap.png")
+    a = ap.parse_args()
+    if a.plot:
+        _plot(a.plot, a.png)
+        return
+    res = _bench()
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

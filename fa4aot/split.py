@@ -1,0 +1,209 @@
+"""Split-KV for decode steps: a plan that runs one long KV as many short ones, then merges them.
+
+FA4 4.0.0b36 has no split-KV on sm90 (`num_splits != 1` asserts), so a decode step runs one CTA
+per (sequence, KV head): a batch-1 step over a long context uses 8 of the H200's 132 SMs, and one
+CTA streams K/V at about 50 GB/s (1334 us for 67 MB in the issue's table). The plan here needs
+no new forward kernel. The KV of each sequence is cut into `n` chunks of `chunk` keys; chunk j of
+sequence i becomes virtual sequence `i * slots + j` of a cached kernel that returns LSE, and
+FA4's own combine kernel (cross-compiled beside that kernel, `compiler.COMBINE_LOG_MAX_SPLITS`)
+merges the partial outputs by LSE into the caller's `out` and `lse`.
+
+Exactness, rule by rule (`split_refusal` refuses the rest):
+- The chunk kernel is the non-causal 1:1 kernel with q in batch form: one query row sees every
+  key of its chunk, which is what a non-last chunk must see; a row's mask is then exact when
+  every row of a sequence sees all of the sequence's keys: decode (s_q == 1, causal or not), or
+  s_q > 1 non-causal. A causal step of s_q > 1 (speculative decoding) is unrolled into s_q
+  virtual decode rows, row t seeing `len - s_q + 1 + t` keys: only a paged KV can give those
+  rows the same pages with different lengths (cu_seqlens_k ranges cannot overlap).
+- GQA is folded (`select.py`): the r query heads of a KV head are r query rows of the 1:1
+  kernel, so one kernel serves every head ratio.
+- Learnable sinks count once: the chunks run without them, and one extra, empty slot per
+  sequence carries the sink as its LSE (its output is the kernel's zero for no keys).
+- A window is not split (the kernel already reads only the window's keys; no chunk may see a
+  key the window hides).
+
+Nothing here syncs the host: the split count comes from host-known sizes (batch, KV heads,
+the max KV length), per-split lengths, cu_seqlens and page-table views are computed on the GPU
+by a few torch ops, so a captured CUDA graph replays the plan.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+# The combine kernel is compiled for at most 2**7 partials per row (FA4 asserts <= 256).
+MAX_SLOTS = 128
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Time of one decode step as a function of its split count (sm90, H200 figures).
+
+    cta_bytes_per_s: how fast one CTA streams K/V (the issue's table: 67 MB in 1334 us on one
+    CTA; 268 MB in 677 us on 8); hbm_bytes_per_s: what the whole chip streams (537 MB in 137 us
+    on 256 CTAs); overhead_s: the split's extra launches (q replication, metadata, combine),
+    paid only when the step splits. `benchmarks/decode_split.py` measures all three."""
+
+    cta_bytes_per_s: float = 50e9
+    hbm_bytes_per_s: float = 4.0e12
+    overhead_s: float = 7e-6
+    min_chunk: int = 256  # keys: below this a chunk's fixed cost dominates its streaming
+
+
+DEFAULT_MODEL = CostModel()
+
+
+def chunk_keys(seqlen_k: int, n: int, align: int) -> int:
+    """Keys per chunk for n chunks of a KV of seqlen_k keys, rounded up to `align`."""
+    c = -(-max(seqlen_k, 1) // n)
+    return -(-c // align) * align
+
+
+def step_time(
+    n: int,
+    *,
+    ctas: int,
+    seqlen_k: int,
+    bytes_per_key: int,
+    num_sms: int,
+    align: int,
+    model: CostModel = DEFAULT_MODEL,
+) -> float:
+    """Modelled seconds of a decode step on n chunks; ctas: (sequence, KV head) pairs."""
+    c = chunk_keys(seqlen_k, n, align)
+    n_eff = -(-seqlen_k // c)
+    waves = -(-ctas * n_eff // num_sms)
+    stream = max(waves * c * bytes_per_key / model.cta_bytes_per_s,
+                 ctas * seqlen_k * bytes_per_key / model.hbm_bytes_per_s)
+    return stream + (model.overhead_s if n_eff > 1 else 0.0)
+
+
+def choose_splits(
+    *,
+    batch: int,
+    kv_heads: int,
+    rows: int,
+    seqlen_k: int,
+    bytes_per_key: int,
+    num_sms: int,
+    align: int = 128,
+    max_splits: int = MAX_SLOTS,
+    model: CostModel = DEFAULT_MODEL,
+) -> int:
+    """The split count that minimises `step_time` (1: do not split).
+
+    rows: the virtual decode rows per sequence (1, or s_q for an unrolled speculative step);
+    bytes_per_key: K + V bytes of one key of one KV head. A step splits only where the model
+    says it wins. Within 3% of the best time, more CTAs in one wave win: the model's HBM
+    term is a ceiling that more concurrent streams approach (H200, b1/64K 32:8: 11 chunks,
+    88 CTAs, ran at 3.6 TB/s)."""
+    ctas = batch * rows * kv_heads
+    if seqlen_k <= model.min_chunk or ctas >= num_sms:
+        return 1
+    best_n, best_t = 1, None
+    hi = min(max_splits, -(-seqlen_k // model.min_chunk))
+    for n in range(1, hi + 1):
+        c = chunk_keys(seqlen_k, n, align)
+        if n > 1 and -(-seqlen_k // c) < n:
+            continue  # rounding left fewer chunks: the same as a smaller n
+        t = step_time(
+            n, ctas=ctas, seqlen_k=seqlen_k, bytes_per_key=bytes_per_key, num_sms=num_sms,
+            align=align, model=model,
+        )
+        if best_t is None or t < best_t * (1 - 1e-9):
+            best_n, best_t = n, t
+        elif n > 1 and best_n > 1 and t <= best_t * 1.03 and ctas * n <= num_sms:
+            best_n = n
+    return best_n
+
+
+def split_refusal(
+    *, causal: bool, window: bool, seqlen_q: int | None, paged: bool, max_seqlen_q_known: bool
+) -> str | None:
+    """Why a decode call cannot be split exactly (None: it can). The plan then runs unsplit."""
+    if window:
+        return "windowed: the kernel already reads only the window's keys"
+    if seqlen_q is None or not max_seqlen_q_known:
+        return "the query rows per sequence are not host-known (pass max_seqlen_q)"
+    if seqlen_q > 1 and causal and not paged:
+        return (
+            "a causal step of several query rows over a dense or packed KV (its rows see "
+            "different keys; only a paged KV lets the split give them the same pages)"
+        )
+    return None
+
+
+@dataclass(frozen=True)
+class Split:
+    """One split plan: n chunks of `chunk` keys per (sequence, query row); `slots` = n, plus
+    one for a learnable sink. `unroll`: causal s_q > 1 rows run as separate decode rows."""
+
+    n: int
+    chunk: int
+    slots: int
+    unroll: bool
+
+    def describe(self) -> str:
+        s = f"split-KV: {self.n} chunks of {self.chunk} keys, merged by FA4's combine kernel"
+        if self.slots > self.n:
+            s += " (+1 sink slot)"
+        if self.unroll:
+            s += "; speculative rows unrolled into decode rows"
+        return s
+
+
+def make_split(
+    n: int, seqlen_k: int, *, page_size: int | None, sink: bool, unroll: bool, align: int = 128
+) -> Split:
+    a = align if page_size is None else math.lcm(align, page_size)
+    c = chunk_keys(seqlen_k, n, a)
+    n_eff = -(-seqlen_k // c)
+    return Split(n_eff, c, n_eff + (1 if sink else 0), unroll)
+
+
+# -- the GPU-side metadata (torch ops; no host sync) ------------------------------------------
+
+
+def dense_cu_seqlens_k(torch, batch: int, seqlen_k: int, sp: Split, device):
+    """cu_seqlens_k of the virtual sequences over a dense K viewed as (batch * seqlen_k, ...):
+    virtual sequence i * slots + j holds keys [i*sk + min(j*c, sk), i*sk + min((j+1)*c, sk))."""
+    j = torch.arange(sp.slots, device=device, dtype=torch.int32)
+    starts = (j * sp.chunk).clamp_(max=seqlen_k)
+    rows = torch.arange(batch, device=device, dtype=torch.int32)[:, None] * seqlen_k + starts
+    tail = torch.full((1,), batch * seqlen_k, device=device, dtype=torch.int32)
+    return torch.cat([rows.flatten(), tail])
+
+
+def varlen_cu_seqlens_k(torch, cu_seqlens_k, offsets):
+    """cu_seqlens_k of the virtual sequences over a packed K: sequence i's chunk j starts at
+    min(cu[i] + j*c, cu[i+1]); offsets: (slots,) int32 j*c."""
+    b = cu_seqlens_k.shape[0] - 1
+    out = cu_seqlens_k.new_empty(b * offsets.shape[0] + 1)
+    starts = cu_seqlens_k[:-1, None] + offsets
+    torch.minimum(starts, cu_seqlens_k[1:, None], out=out[:-1].view(b, offsets.shape[0]))
+    out[-1:].copy_(cu_seqlens_k[-1:])
+    return out
+
+
+def chunk_lengths(seqused, offsets, chunk: int):
+    """Per-chunk KV lengths: clamp(len - j*c, 0, c); seqused (rows,) -> (rows * slots,)."""
+    return (seqused[:, None] - offsets).clamp_(0, chunk).flatten()
+
+
+def chunk_page_table(torch, page_table, sp: Split, page_size: int, rows_per_seq: int = 1):
+    """(b, P) page table -> (b * rows_per_seq * slots, chunk // page_size): row (i, t, j) holds
+    sequence i's pages of chunk j. A view when the table is contiguous, holds exactly
+    slots * pages-per-chunk pages and rows_per_seq == 1; else one copy."""
+    b, p = page_table.shape
+    pp = sp.chunk // page_size
+    want = sp.slots * pp
+    t = page_table
+    if p < want:
+        t = torch.nn.functional.pad(t, (0, want - p))
+    elif p > want:
+        t = t[:, :want]
+    t = t.view(b, 1, sp.slots, pp) if t.is_contiguous() else t.reshape(b, 1, sp.slots, pp)
+    if rows_per_seq > 1:
+        t = t.expand(b, rows_per_seq, sp.slots, pp)
+    return t.reshape(b * rows_per_seq * sp.slots, pp)

@@ -1,0 +1,260 @@
+"""Split-KV plans on the CPU: the cost model, and the runtime's split path (chunk bounds,
+per-chunk lengths, page-table views, GQA fold, sink slot, LSE layouts) run end to end with
+torch stand-ins for the two kernels, checked against an fp32 reference attention."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fa4aot import runtime as R
+from fa4aot import split as S
+from reference import attention_ref, rel_err
+
+
+# -- the cost model --------------------------------------------------------------------------
+
+
+def _n(b, hk, sk, rows=1, sms=132, d=128):
+    return S.choose_splits(
+        batch=b, kv_heads=hk, rows=rows, seqlen_k=sk, bytes_per_key=2 * d * 2, num_sms=sms
+    )
+
+
+def test_full_chip_or_short_context_never_splits():
+    assert _n(32, 8, 4096) == 1  # 256 CTAs already fill 132 SMs
+    assert _n(1, 8, 256) == 1
+    assert _n(1, 8, 512) == 1  # the split's launches cost more than it saves
+
+
+@pytest.mark.parametrize(
+    "b,hk,sk", [(1, 8, 65536), (1, 1, 131072), (2, 8, 32768), (4, 8, 32768), (1, 8, 8192)]
+)
+def test_long_context_low_batch_fills_the_sms(b, hk, sk):
+    n = _n(b, hk, sk)
+    assert n > 1
+    assert b * hk * n <= 132  # one wave
+    assert b * hk * n >= 132 // 2
+    kw = dict(ctas=b * hk, seqlen_k=sk, bytes_per_key=512, num_sms=132, align=128)
+    assert S.step_time(n, **kw) < S.step_time(1, **kw)
+
+
+def test_splits_only_where_the_model_says_it_wins():
+    for b in (1, 2, 4, 8, 16, 32, 64, 128):
+        for sk in (1024, 4096, 16384, 65536, 131072):
+            n = _n(b, 8, sk)
+            kw = dict(ctas=b * 8, seqlen_k=sk, bytes_per_key=512, num_sms=132, align=128)
+            t1 = S.step_time(1, **kw)
+            assert S.step_time(n, **kw) <= t1
+            if n > 1:
+                assert S.step_time(n, **kw) < t1
+
+
+def test_chunks_cover_the_kv_and_align():
+    for sk in (257, 1000, 4096, 65537):
+        for n in (2, 3, 16, 127):
+            for page in (None, 16, 64, 128, 256):
+                sp = S.make_split(n, sk, page_size=page, sink=False, unroll=False)
+                a = 128 if page is None else math.lcm(128, page)
+                assert sp.chunk % a == 0
+                assert sp.n * sp.chunk >= sk > (sp.n - 1) * sp.chunk
+                assert sp.n <= n
+
+
+def test_refusals_name_the_reason():
+    assert "window" in S.split_refusal(
+        causal=True, window=True, seqlen_q=1, paged=True, max_seqlen_q_known=True
+    )
+    assert S.split_refusal(causal=True, window=False, seqlen_q=4, paged=False,
+                           max_seqlen_q_known=True)
+    assert S.split_refusal(causal=True, window=False, seqlen_q=4, paged=True,
+                           max_seqlen_q_known=True) is None
+    assert S.split_refusal(causal=True, window=False, seqlen_q=1, paged=False,
+                           max_seqlen_q_known=True) is None
+
+
+# -- the runtime's split path with stand-in kernels ---------------------------------------------
+
+
+def fake_fwd(q, k, v, out, lse, scale, cu_q, cu_k, used_q, used_k, pt, wl, wr, sink, bs, aux,
+             cu_total, cu_splits):
+    """FA4's 1:1 non-causal kernel, q in batch form (B, M, H, d), K packed (cu_seqlens_k) or
+    paged (page_table + seqused_k); empty sequences give out 0 and lse -inf."""
+    assert cu_q is None and used_q is None and sink is None and wl is None and wr is None
+    B, M, H, d = q.shape
+    for s in range(B):
+        if pt is not None:
+            n = int(used_k[s])
+            kk = k[pt[s].long()].reshape(-1, H, d)[:n]
+            vv = v[pt[s].long()].reshape(-1, H, v.shape[-1])[:n]
+        else:
+            a, e = int(cu_k[s]), int(cu_k[s + 1])
+            kk, vv = k[a:e], v[a:e]
+        if kk.shape[0] == 0:
+            out[s] = 0
+            lse[s] = float("-inf")
+            continue
+        sc = torch.einsum("mhd,nhd->hmn", q[s].float(), kk.float()) * scale
+        lse[s] = torch.logsumexp(sc, -1)
+        out[s] = torch.einsum("hmn,nhd->mhd", torch.softmax(sc, -1), vv.float()).to(out.dtype)
+
+
+def fake_combine(op, lp, out, lse, *rest):
+    """FA4's combine, batched: op (N, B, S, H, D), lp (N, B, S, H) -> out (B, S, H, D), lse."""
+    assert all(x is None for x in rest)
+    assert op.dtype == torch.float32 and op.is_contiguous()  # the layout FA4's combine reads
+    assert lp.stride(2) == 1
+    m = lp.max(0).values
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    w = torch.exp(lp - m)
+    tot = w.sum(0)
+    lse.copy_(torch.where(tot > 0, torch.log(tot) + m, torch.full_like(m, float("-inf"))))
+    o = (w[..., None] * op.float()).sum(0) / tot.clamp_min(1e-30)[..., None]
+    out.copy_(o.to(out.dtype))
+
+
+class _FakeRuntime:
+    def __init__(self, n):
+        self.n = n
+        self._split_consts = {}
+
+    def split_kernel(self, dev, dtype, d, dv, page_size):
+        return R._SplitKernel(fake_fwd, fake_combine, S.MAX_SLOTS, None)
+
+    def split_count(self, dev, ctas, seqlen_k, bytes_per_key, align):
+        return self.n
+
+
+def _inputs(b, sq, hq, hk, d, lens, seed):
+    g = torch.Generator().manual_seed(seed)
+    sk = max(max(lens), 1)
+    q = torch.randn(b, sq, hq, d, generator=g).bfloat16()
+    k = torch.randn(b, sk, hk, d, generator=g).bfloat16()
+    v = torch.randn(b, sk, hk, d, generator=g).bfloat16()
+    return q, k, v
+
+
+def _ref(q, k, v, lens, causal, sink):
+    b, sq = q.shape[:2]
+    return attention_ref(
+        q, k, v, torch.full((b,), sq), torch.tensor(lens), causal=causal, sink=sink
+    )
+
+
+@pytest.mark.parametrize("n", [2, 5, 16])
+@pytest.mark.parametrize("hq,hk", [(8, 2), (4, 4), (20, 1)])
+@pytest.mark.parametrize("sink", [False, True])
+def test_dense_decode_split_matches_reference(n, hq, hk, sink):
+    b, d, sk = 3, 16, 700
+    q, k, v = _inputs(b, 1, hq, hk, d, [sk] * b, seed=n * 7 + hq)
+    s = torch.randn(hq) if sink else None
+    out = torch.full((b, 1, hq, d), float("nan")).bfloat16()
+    lse = torch.full((b, hq, 1), float("nan"))
+    got = R._try_split(
+        _FakeRuntime(n), 0, q, k, v, "dense", (None, None, None), sk, None, True, s, None,
+        out, lse, True, False,
+    )
+    assert got is not None and got[0] is out and got[1] is lse
+    ro, rl = _ref(q, k, v, [sk] * b, True, s)
+    assert rel_err(out, ro) < 1e-2
+    assert torch.allclose(lse, rl, atol=1e-3)
+
+
+@pytest.mark.parametrize("n", [2, 7])
+@pytest.mark.parametrize("lse_wanted", [False, True])
+def test_varlen_decode_split_with_empty_and_one_token_sequences(n, lse_wanted):
+    lens = [0, 1, 300, 1000, 129]
+    b, hq, hk, d = len(lens), 8, 2, 16
+    q, k, v = _inputs(b, 1, hq, hk, d, lens, seed=n)
+    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32)
+    kp = torch.cat([k[i, :n_] for i, n_ in enumerate(lens)])
+    vp = torch.cat([v[i, :n_] for i, n_ in enumerate(lens)])
+    out = torch.full((b, hq, d), float("nan")).bfloat16()
+    got = R._try_split(
+        _FakeRuntime(n), 0, q, kp, vp, "varlen", (cu, None, None), max(lens), None, True, None,
+        None, out, None, lse_wanted, True,
+    )
+    assert got is not None
+    o, lse = got
+    ro, rl = _ref(q, k, v, lens, True, None)
+    assert not o.isnan().any()
+    assert rel_err(o, ro[:, 0]) < 1e-2
+    assert (lse is not None) == lse_wanted
+    if lse_wanted:
+        assert lse.shape == (hq, b)
+        assert torch.allclose(lse.t(), rl[..., 0], atol=1e-3)
+
+
+@pytest.mark.parametrize("page", [16, 64, 128])
+@pytest.mark.parametrize("sq,causal", [(1, True), (2, True), (4, True), (3, False)])
+@pytest.mark.parametrize("varlen_q", [False, True])
+def test_paged_split_with_speculative_rows(page, sq, causal, varlen_q):
+    lens = [5, 1000, 0, 257, 640]
+    b, hq, hk, d = len(lens), 8, 2, 16
+    q, k, v = _inputs(b, sq, hq, hk, d, lens, seed=page + sq)
+    maxp = -(-max(lens) // page) + 1  # one spare column
+    g = torch.Generator().manual_seed(1)
+    perm = torch.randperm(b * maxp, generator=g)
+    table = perm.view(b, maxp).to(torch.int32)
+    kpool = torch.zeros(b * maxp, page, hk, d).bfloat16()
+    vpool = torch.zeros(b * maxp, page, hk, d).bfloat16()
+    for i, n_ in enumerate(lens):
+        for j in range(-(-n_ // page)):
+            w = min(page, n_ - j * page)
+            kpool[table[i, j], :w] = k[i, j * page : j * page + w]
+            vpool[table[i, j], :w] = v[i, j * page : j * page + w]
+    used = torch.tensor(lens, dtype=torch.int32)
+    qq = q.reshape(b * sq, hq, d) if varlen_q else q
+    got = R._try_split(
+        _FakeRuntime(6), 0, q, kpool, vpool, "paged", (None, used, table), maxp * page, page,
+        causal, None, None, None, None, True, varlen_q,
+    )
+    assert got is not None
+    o, lse = got
+    assert o.shape == (*qq.shape[:-1], d)
+    ro, rl = _ref(q, k, v, lens, causal, None)
+    o4 = o.view(b, sq, hq, d)
+    lse3 = lse.t().reshape(b, sq, hq).transpose(1, 2) if varlen_q else lse
+    assert rel_err(o4, ro) < 1e-2
+    fin = torch.isfinite(rl)
+    assert torch.equal(fin, torch.isfinite(lse3))
+    assert torch.allclose(lse3[fin], rl[fin], atol=1e-3)
+
+
+def test_speculative_rows_need_pages():
+    q, k, v = _inputs(2, 2, 4, 2, 16, [600, 600], seed=0)
+    cu = torch.tensor([0, 600, 1200], dtype=torch.int32)
+    got = R._try_split(
+        _FakeRuntime(4), 0, q, k.reshape(-1, 2, 16), v.reshape(-1, 2, 16), "varlen",
+        (cu, None, None), 600, None, True, None, None, None, None, False, False,
+    )
+    assert got is None
+
+
+def test_page_table_view_is_free_when_it_fits():
+    sp = S.make_split(4, 4096, page_size=128, sink=False, unroll=False)
+    t = torch.arange(2 * 32, dtype=torch.int32).view(2, 32)
+    v = S.chunk_page_table(torch, t, sp, 128)
+    assert v.data_ptr() == t.data_ptr() and v.shape == (8, 8)
+    assert torch.equal(v[5], t[1, 8:16])
+
+
+def test_split_setting():
+    import os
+
+    old = os.environ.get("FA4AOT_SPLIT_KV")
+    try:
+        for raw, want in (("auto", -1), ("0", 0), ("16", 16)):
+            os.environ["FA4AOT_SPLIT_KV"] = raw
+            assert R.split_from_env() == want
+        for bad in ("yes", "-1", "500", ""):
+            os.environ["FA4AOT_SPLIT_KV"] = bad
+            with pytest.raises(ValueError, match="FA4AOT_SPLIT_KV"):
+                R.split_from_env()
+    finally:
+        if old is None:
+            os.environ.pop("FA4AOT_SPLIT_KV", None)
+        else:
+            os.environ["FA4AOT_SPLIT_KV"] = old
