@@ -122,8 +122,9 @@ class Runtime:
         self._lock = threading.Lock()
         self._devices: dict[int, tuple[str, int]] = {}
         self._split_kernels: dict[tuple, _SplitKernel | None] = {}
-        self._split_n: dict[tuple, int] = {}
+        self._split_n: dict[tuple, S.Split | None] = {}
         self._split_consts: dict[tuple, Any] = {}
+        self._split_runs: dict[tuple, Any] = {}
         self._stores: dict[tuple[str, int], list[Store]] = {}
         self._modules: dict[str, tuple[Any, Any, Artifact]] = {}
         self._plans: dict[tuple, _Plan] = {}
@@ -215,8 +216,10 @@ class Runtime:
                 art = self.find(v, sms)
                 comb = art.record["parts"].get("combine", {}) if art is not None else {}
                 if comb.get("partial_dtype") == "float32":
+                    if art.id not in self._modules:  # the decode fold may have loaded it
+                        self._modules[art.id] = (*self._load(art), art)
                     got = _SplitKernel(
-                        self._load_part(art, "fwd"),
+                        self._modules[art.id][0],
                         self._load_part(art, "combine"),
                         int(comb.get("max_splits", S.MAX_SLOTS)),
                         art,
@@ -224,26 +227,40 @@ class Runtime:
         self._split_kernels[key] = got
         return got
 
-    def split_count(self, dev: int, ctas: int, seqlen_k: int, bytes_per_key: int, align: int) -> int:
-        """The cost model's split count (FA4AOT_SPLIT_KV=N forces N), cached per 256 keys."""
-        if self.split >= 0:
-            return self.split
+    def split_for(
+        self, dev: int, dtype, ctas: int, seqlen_k: int, d: int, dv: int,
+        page_size: int | None, sink: bool,
+    ) -> S.Split | None:
+        """The split plan of a decode step with `ctas` (sequence, row, KV head) triples over
+        at most seqlen_k keys, or None (run it unsplit: the cost model says splitting loses,
+        FA4AOT_SPLIT_KV=0, or the store lacks the split kernel). Planned for seqlen_k rounded
+        up to 256 keys and cached, so a decode loop whose KV grows a key a step replans (and
+        reallocates nothing) once per 256 steps."""
         bucket = -(-seqlen_k // 256) * 256
-        key = (dev, ctas, bucket, bytes_per_key, align)
-        n = self._split_n.get(key)
-        if n is None:
-            if len(self._split_n) > 4096:
-                self._split_n.clear()
-            n = self._split_n[key] = S.choose_splits(
-                batch=ctas,
-                kv_heads=1,
-                rows=1,
-                seqlen_k=bucket,
-                bytes_per_key=bytes_per_key,
-                num_sms=self.device(dev)[1],
-                align=align,
-            )
-        return n
+        key = (dev, dtype, ctas, bucket, d, dv, page_size, sink)
+        try:
+            return self._split_n[key]
+        except KeyError:
+            pass
+        sp = None
+        kern = self.split_kernel(dev, dtype, d, dv, page_size) if self.split else None
+        if kern is not None:
+            align = 128 if page_size is None else math.lcm(128, page_size)
+            n = self.split
+            if n < 0:
+                n = S.choose_splits(
+                    batch=ctas, kv_heads=1, rows=1, seqlen_k=bucket,
+                    bytes_per_key=(d + dv) * dtype.itemsize, num_sms=self.device(dev)[1],
+                    align=align,
+                )
+            n = min(n, kern.max_slots - sink)
+            if n > 1:
+                sp = S.make_split(n, bucket, page_size=page_size, sink=sink, align=align)
+                sp = sp if sp.n > 1 else None
+        if len(self._split_n) > 4096:
+            self._split_n.clear()
+        self._split_n[key] = sp
+        return sp
 
     def plan(self, variant: Variant, num_sms: int) -> _Plan | None:
         """Load the artifact serving `variant` (or None if the store has none)."""
@@ -607,8 +624,10 @@ def _try_split(
     lse,
     return_lse: bool,
     varlen_q: bool,
+    sp: S.Split,
 ):
-    """Serve a decode step by a split-KV plan, or return None (the caller runs it unsplit).
+    """Serve a decode step by the split-KV plan `sp` (Runtime.split_for), or return None (the
+    caller runs it unsplit).
 
     q4: the caller's q as (batch, rows, hq, d); kind: dense | varlen | paged K; kv_args:
     (cu_seqlens_k, seqused_k, page_table); seqlen_k: a host bound on every KV length; out /
@@ -617,20 +636,6 @@ def _try_split(
     hk, dv = k.shape[-2], v.shape[-1]
     if rows > 1 and kind != "paged":
         return None  # split.split_refusal: only pages can give unrolled rows the same keys
-    kern = rt.split_kernel(dev, q4.dtype, d, dv, page_size)
-    if kern is None:
-        return None
-    align = 128 if page_size is None else math.lcm(128, page_size)
-    n = rt.split_count(dev, b * rows * hk, seqlen_k, (d + dv) * q4.element_size(), align)
-    n = min(n, kern.max_slots - (sink is not None))
-    if n <= 1:
-        return None
-    sp = S.make_split(
-        n, seqlen_k, page_size=page_size, sink=sink is not None, unroll=rows > 1, align=align
-    )
-    if sp.n <= 1:
-        return None
-    cu_k, used_k, pt = kv_args
     if kind == "dense":
         try:
             kk, vv = k.view(b * seqlen_k, hk, d), v.view(b * seqlen_k, hk, dv)
@@ -650,44 +655,35 @@ def _try_split(
         lse = torch.empty(
             (hq, b * rows) if varlen_q else (b, hq, rows), dtype=torch.float32, device=q4.device
         )
-    bb, slots = b * rows, sp.slots
-    nv = bb * slots  # virtual sequences: (sequence, row, chunk), chunk fastest
-    r = hq // hk
-    qr = q4.new_empty((b, rows, slots, hk, r, d))
-    qr.copy_(q4.view(b, rows, 1, hk, r, d).expand(b, rows, slots, hk, r, d))
-    op = q4.new_empty((bb, slots, hq, dv))
-    lp = torch.empty((bb, slots, hq), dtype=torch.float32, device=q4.device)
+    cuda = q4.device.type == "cuda"  # (CPU tensors: the tests' stand-in kernels)
+    capturing = cuda and torch.cuda.is_current_stream_capturing()
+    stream = torch._C._cuda_getCurrentRawStream(dev) if cuda else 0
+    key = (dev, stream, kind, q4.dtype, b, rows, hq, hk, d, dv, sp, page_size, causal)
+    run = None if capturing else rt._split_runs.get(key)
+    if run is None:
+        run = _SplitRun(rt, dev, q4, hk, dv, kind, sp, page_size, causal, b if kind == "dense"
+                        else None, seqlen_k, capturing)
+        if not capturing:
+            if len(rt._split_runs) > 64:
+                rt._split_runs.clear()
+            rt._split_runs[key] = run
+    run.q_dst.copy_(q4.view(b, rows, 1, hk, hq // hk, d).expand(run.q_dst.shape))
+    cu_k, used_k, pt = kv_args
     if kind == "dense":
-        cu_k = _const(
-            rt, ("dense_cu", dev, b, seqlen_k, sp.chunk, sp.slots), q4.device,
-            lambda: S.dense_cu_seqlens_k(torch, b, seqlen_k, sp, q4.device),
-        )
+        cu_k = run.cu_k
+    elif kind == "varlen":
+        cu_k = S.varlen_cu_seqlens_k(torch, cu_k, run.offsets)
     else:
-        offsets = _const(
-            rt, ("offsets", dev, slots, sp.chunk), q4.device,
-            lambda: torch.arange(0, slots * sp.chunk, sp.chunk, dtype=torch.int32, device=q4.device),
-        )
-        if kind == "varlen":
-            cu_k = S.varlen_cu_seqlens_k(torch, cu_k, offsets)
-        else:
-            if rows > 1:
-                # row t of a causal step sees len - rows + 1 + t keys; a non-causal one all
-                back = torch.arange(rows - 1, -1, -1, dtype=torch.int32, device=q4.device)
-                offs = (back[:, None] if causal else back[:, None] * 0) + offsets
-                used_k = (used_k[:, None, None] - offs).clamp_(0, sp.chunk).flatten()
-            else:
-                used_k = S.chunk_lengths(used_k, offsets, sp.chunk)
-            pt = S.chunk_page_table(torch, pt, sp, page_size, rows)
-    if softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(d)
+        used_k = S.chunk_lengths(used_k, run.offsets, sp.chunk)
+        pt = S.chunk_page_table(torch, pt, sp, page_size, rows)
     _launch(
-        kern.fwd,
-        qr.view(nv, hk, r, d).transpose(1, 2),
+        run.kern.fwd,
+        run.kq,
         kk,
         vv,
-        op.view(nv, hk, r, dv).transpose(1, 2),
-        lp.view(nv, hk, r),
-        float(softmax_scale),
+        run.ko,
+        run.kl,
+        float(1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale),
         None,
         cu_k,
         None,
@@ -695,30 +691,70 @@ def _try_split(
         pt,
     )
     if sink is not None:  # the empty last slot carries the sink: counted once, as FA4 does
-        lp[:, sp.n].copy_(sink[None, :].expand(bb, hq))
+        run.lp_sink.copy_(sink[None, :].expand(run.lp_sink.shape))
+    run.opf_dst.copy_(run.op_src)
     if lse is not None and rows == 1:
         st = (1, 1, b) if varlen_q else (hq, 1, 1)
         lse_c = torch.as_strided(lse, (b, 1, hq), st, lse.storage_offset())
     else:
-        lse_c = torch.empty((bb, 1, hq), dtype=torch.float32, device=q4.device)
-    # FA4's combine reads float32 partials in its own layout, (chunk, row, 1, hq, dv): one
-    # converting copy of the kernel's bf16/fp16 ones
-    opf = torch.empty((slots, bb, 1, hq, dv), dtype=torch.float32, device=q4.device)
-    opf.view(slots, bb, hq, dv).copy_(op.permute(1, 0, 2, 3))
-    kern.combine(
-        opf,
-        torch.as_strided(lp, (slots, bb, 1, hq), (hq, slots * hq, 1, 1)),
-        out_c,
-        lse_c,
-        None,
-        None,
-        None,
-        None,
-        None,
-    )
+        lse_c = run.lse_scratch
+    run.kern.combine(run.opf, run.lp_c, out_c, lse_c, None, None, None, None, None)
     if lse is not None and rows > 1:
+        bb = b * rows
         lse.copy_(lse_c.view(bb, hq).t() if varlen_q else lse_c.view(b, rows, hq).transpose(1, 2))
     return out, lse
+
+
+class _SplitRun:
+    """What a split decode step of one shape needs besides its inputs: the kernels, scratch
+    buffers and the kernel-facing views of them, made once per (device, stream, shape) and
+    reused by later steps: steps on one stream are ordered, so a step never overwrites
+    scratch an earlier one still reads. While a CUDA graph is captured nothing is reused or
+    kept: the graph gets scratch of its own, from its pool."""
+
+    def __init__(self, rt, dev, q4, hk, dv, kind, sp, page_size, causal, dense_b, seqlen_k,
+                 capturing):
+        b, rows, hq, d = q4.shape
+        r, slots = hq // hk, sp.slots
+        bb, nv = b * rows, b * rows * slots  # decode rows; virtual sequences (chunk fastest)
+        dvc = q4.device
+        self.kern = rt.split_kernel(dev, q4.dtype, d, dv, page_size)
+        qr = q4.new_empty((b, rows, slots, hk, r, d))
+        self.q_dst = qr
+        self.kq = qr.view(nv, hk, r, d).transpose(1, 2)  # GQA folded: r rows of a 1:1 kernel
+        op = q4.new_empty((bb, slots, hq, dv))
+        self.ko = op.view(nv, hk, r, dv).transpose(1, 2)
+        lp = torch.empty((bb, slots, hq), dtype=torch.float32, device=dvc)
+        self.kl = lp.view(nv, hk, r)
+        self.lp_sink = lp[:, sp.n] if slots > sp.n else None
+        # FA4's combine reads float32 partials in its own layout, (chunk, row, 1, hq, dv), and
+        # LSE partials with the seqlen mode contiguous: one converting copy of the kernel's
+        # partial outputs
+        self.opf = torch.empty((slots, bb, 1, hq, dv), dtype=torch.float32, device=dvc)
+        self.opf_dst = self.opf.view(slots, bb, hq, dv)
+        self.op_src = op.permute(1, 0, 2, 3)
+        self.lp_c = torch.as_strided(lp, (slots, bb, 1, hq), (hq, slots * hq, 1, 1))
+        self.lse_scratch = torch.empty((bb, 1, hq), dtype=torch.float32, device=dvc)
+
+        def const(key, make):
+            return make() if capturing else _const(rt, key, dvc, make)
+
+        if kind == "dense":
+            self.cu_k = const(
+                ("dense_cu", dev, dense_b, seqlen_k, sp.chunk, slots),
+                lambda: S.dense_cu_seqlens_k(torch, dense_b, seqlen_k, sp, dvc),
+            )
+        else:
+            offs = lambda: torch.arange(  # noqa: E731
+                0, slots * sp.chunk, sp.chunk, dtype=torch.int32, device=dvc
+            )
+            self.offsets = const(("offsets", dev, slots, sp.chunk), offs)
+            if rows > 1:
+                # unrolled row t of a causal step sees len - rows + 1 + t keys; a
+                # non-causal one all of them: per (row, chunk) offsets
+                back = torch.arange(rows - 1, -1, -1, dtype=torch.int32, device=dvc)
+                self.offsets = ((back[:, None] if causal else back[:, None] * 0)
+                                + self.offsets).flatten()
 
 
 def _const(rt: Runtime, key: tuple, device, make):
@@ -795,12 +831,14 @@ def flash_attn_func(
         pad_ok,
     )
     if sq == 1 and rt.split and wl is None and wr is None and sk > _SPLIT_MIN and b and dq >= 0:
-        got = _try_split(
-            rt, dq, q, k, v, "dense", (None, None, None), sk, None, causal, learnable_sink,
-            softmax_scale, out, lse, return_lse, False,
-        )
-        if got is not None:
-            return got
+        sp = rt.split_for(dq, q.dtype, b * hk, sk, d, dv, None, learnable_sink is not None)
+        if sp is not None:
+            got = _try_split(
+                rt, dq, q, k, v, "dense", (None, None, None), sk, None, causal, learnable_sink,
+                softmax_scale, out, lse, return_lse, False, sp,
+            )
+            if got is not None:
+                return got
     plan = rt._plans.get(fkey)
     if plan is None:
         _require_cuda(dq, q)
@@ -1169,11 +1207,15 @@ def flash_attn_varlen_func(
                 bound = max_seqlen_k  # the caller's contract: it bounds every KV length
             else:
                 bound = page_table.shape[1] * page_size if paged else ks[0]
-            if bound > _SPLIT_MIN:
+            sp = None
+            if bound > _SPLIT_MIN and (paged or rows == 1):
+                sp = rt.split_for(dev, q.dtype, batch * rows * hk, bound, d, dv, page_size,
+                                  learnable_sink is not None)
+            if sp is not None:
                 got = _try_split(
                     rt, dev, q.view(batch, rows, hq, d), k, v, "paged" if paged else "varlen",
                     (cu_seqlens_k, seqused_k, page_table), bound, page_size, causal,
-                    learnable_sink, softmax_scale, out, lse, return_lse, varlen_q,
+                    learnable_sink, softmax_scale, out, lse, return_lse, varlen_q, sp,
                 )
                 if got is not None:
                     return got

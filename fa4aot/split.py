@@ -137,29 +137,26 @@ def split_refusal(
 @dataclass(frozen=True)
 class Split:
     """One split plan: n chunks of `chunk` keys per (sequence, query row); `slots` = n, plus
-    one for a learnable sink. `unroll`: causal s_q > 1 rows run as separate decode rows."""
+    one for a learnable sink."""
 
     n: int
     chunk: int
     slots: int
-    unroll: bool
 
     def describe(self) -> str:
         s = f"split-KV: {self.n} chunks of {self.chunk} keys, merged by FA4's combine kernel"
         if self.slots > self.n:
             s += " (+1 sink slot)"
-        if self.unroll:
-            s += "; speculative rows unrolled into decode rows"
         return s
 
 
 def make_split(
-    n: int, seqlen_k: int, *, page_size: int | None, sink: bool, unroll: bool, align: int = 128
+    n: int, seqlen_k: int, *, page_size: int | None, sink: bool, align: int = 128
 ) -> Split:
     a = align if page_size is None else math.lcm(align, page_size)
     c = chunk_keys(seqlen_k, n, a)
     n_eff = -(-seqlen_k // c)
-    return Split(n_eff, c, n_eff + (1 if sink else 0), unroll)
+    return Split(n_eff, c, n_eff + (1 if sink else 0))
 
 
 # -- the GPU-side metadata (torch ops; no host sync) ------------------------------------------

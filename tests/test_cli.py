@@ -56,8 +56,8 @@ def test_build_dry_run_json_lists_the_default_plan(run, tmp_path):
     r = run("build", "--dry-run", "--json")
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
-    assert len(doc["rows"]) == 106
-    assert len({row["id"] for row in doc["rows"]}) == 106
+    assert len(doc["rows"]) == 109
+    assert len({row["id"] for row in doc["rows"]}) == 109
     assert all(set(row) == {"arch", "id", "variant", "spec"} for row in doc["rows"])
     assert any(
         row["spec"] == "llama-3.1-8b/full" and row["variant"].startswith("sm90 bfloat16 hd128")
@@ -97,7 +97,7 @@ def test_specs_json_reports_unsupported_layers(run):
         "qwen3-32b",
     }
     # per spec, so shared kernels are listed under each spec that needs them
-    assert len({row["id"] for row in needed}) == 106
+    assert len({row["id"] for row in needed}) == 109
 
 
 def test_specs_one_spec(run):

@@ -289,6 +289,27 @@ def test_gpu_decode_fold_any_ratio(ratio):
         assert len(outer) == 5 and all(p.pad is not None and p.pad.fold == ratio for p in outer)
 
 
+@pytest.mark.parametrize("layer", [x for x in LAYERS if x[5] is None], ids=lambda x: f"{x[0]}-{x[1]}")
+@pytest.mark.parametrize("page", [None, "varlen", 16, 64, 128])
+def test_gpu_split_decode(layer, page):
+    """Long-context decode steps with a forced split (FA4AOT_SPLIT_KV=8): the split-KV chunk
+    kernels and their combine, for every layer (test_gpu_split.py checks the plan in depth)."""
+    import fa4aot.runtime as R
+
+    _, _, hq, hk, d, _, sinks, lses = layer
+    rt = R.default_runtime()
+    rt.split = 8
+    try:
+        for lse in lses:
+            if page is None:
+                run_dense(hq, hk, d, 2, 1, 3000, None, sinks, lse)
+            else:
+                run_varlen(hq, hk, d, [1, 1, 1], [3000, 1, 1777], None, sinks, lse,
+                           page=None if page == "varlen" else page)
+    finally:
+        rt.split = -1
+
+
 def test_gpu_every_artifact_exercised():
     """Runs last in this module: every artifact of the default specs was loaded by the cases
     above (the store's per-spec index lists them)."""

@@ -30,9 +30,11 @@ def _report():
     """Prints this run's split vs unsplit errors at the end (kept in docs/gpu/)."""
     yield
     if ERRS:
-        worst = max(ERRS, key=lambda e: e[1] / max(e[2], 1e-9))
-        print(f"\nsplit cases: {len(ERRS)}; max split err {max(e[1] for e in ERRS):.3e}; "
-              f"max unsplit err {max(e[2] for e in ERRS):.3e}; worst split/unsplit {worst}")
+        both = [e for e in ERRS if e[2] is not None]
+        worst = max(both, key=lambda e: e[1] / max(e[2], 1e-9)) if both else None
+        print(f"\nsplit cases: {len(ERRS)} ({len(ERRS) - len(both)} with no unsplit kernel); "
+              f"max split err {max(e[1] for e in ERRS):.3e}; max unsplit err "
+              f"{max((e[2] for e in both), default=0):.3e}; worst split/unsplit {worst}")
 
 
 class _Spy:
@@ -67,13 +69,26 @@ def _lse_err(lse, ref):
 
 
 def _both(call, n, spy, want_split):
-    """call(out, lse) -> (out, lse) on poisoned buffers, split n-way then unsplit."""
+    """call() -> (out, lse) on poisoned buffers, split n-way then unsplit. The unsplit run is
+    (None, None) when the store lacks its kernel (a 20:1 ratio, bf16 sinks with LSE): the
+    split serves those calls from the 1:1 kernel alone. A call neither can serve skips, as the
+    typed refusal it is."""
+    from fa4aot.errors import ArtifactMissing
+
     _rt(n)
     before = spy.split
-    o1, l1 = call()
+    try:
+        o1, l1 = call()
+    except ArtifactMissing as e:
+        _rt(-1)
+        assert not want_split, e
+        pytest.skip(f"not served, typed refusal: {str(e)[:80]}")
     assert spy.split - before == (1 if want_split else 0)
     _rt(0)
-    o0, l0 = call()
+    try:
+        o0, l0 = call()
+    except ArtifactMissing:
+        o0 = l0 = None
     _rt(-1)
     return (o1, l1), (o0, l0)
 
@@ -83,9 +98,13 @@ def _poison(shape, dtype=torch.bfloat16):
 
 
 def _record(tag, err1, err0, lerr=None):
+    """err0: the unsplit kernel's error on the same inputs, None when the store lacks it (the
+    bound is then the unsplit kernels' worst seen on the H200, 2.3e-3, with margin)."""
     ERRS.append((tag, err1, err0))
-    assert err1 < 1e-2, f"{tag}: split rel err {err1:.3e}"
-    assert err1 <= 1.5 * err0 + 2e-4, f"{tag}: split {err1:.3e} vs unsplit {err0:.3e}"
+    if err0 is None:
+        assert err1 < 4e-3, f"{tag}: split rel err {err1:.3e} (no unsplit kernel to compare)"
+    else:
+        assert err1 <= 1.5 * err0 + 2e-4, f"{tag}: split {err1:.3e} vs unsplit {err0:.3e}"
     if lerr is not None:
         assert lerr < 1e-3, f"{tag}: LSE err {lerr:.3e}"
 
@@ -122,7 +141,7 @@ def test_dense_decode(monkeypatch, hq, hk, d, sinks, n, lse):
     ro, rl = attention_ref(q, k, v, torch.ones(b, device="cuda", dtype=torch.long), lens,
                            causal=True, sink=sink)
     assert not o1.isnan().any()
-    _record(f"dense {hq}:{hk} hd{d} n{n}", rel_err(o1, ro), rel_err(o0, ro),
+    _record(f"dense {hq}:{hk} hd{d} n{n}", rel_err(o1, ro), None if o0 is None else rel_err(o0, ro),
             _lse_err(l1, rl) if lse else None)
 
 
@@ -194,7 +213,8 @@ def test_varlen_and_paged(monkeypatch, hq, hk, d, sinks, layout, sq, lse):
     if lse:
         rl = rl.permute(1, 0, 2).reshape(hq, b * sq)
         lerr = _lse_err(l1, rl)
-    _record(f"{layout} {hq}:{hk} hd{d} sq{sq}", rel_err(o1, ro), rel_err(o0, ro), lerr)
+    _record(f"{layout} {hq}:{hk} hd{d} sq{sq}", rel_err(o1, ro),
+            None if o0 is None else rel_err(o0, ro), lerr)
 
 
 def test_window_is_not_split(monkeypatch):

@@ -130,7 +130,7 @@ def test_identity_is_canonical_json_and_stable():
         '"name":"full","num_kv_heads":2,"num_q_heads":8,"sinks":false,"window":null}],'
         '"model":"org/tiny","name":"tiny","serving":{"decode_fold":true,"layouts":["dense","paged"],'
         '"max_batch":256,"max_context":32768,"page_sizes":[16,"tile"],"phases":["decode"],'
-        '"return_lse":false,"speculative":1,"tp":[1,2]}}'
+        '"return_lse":false,"speculative":1,"split_kv":true,"tp":[1,2]}}'
     )
     assert json.loads(s.identity()) == json.loads(json.dumps(s.to_dict()))
     assert "source" not in json.loads(s.identity())

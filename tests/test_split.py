@@ -56,7 +56,7 @@ def test_chunks_cover_the_kv_and_align():
     for sk in (257, 1000, 4096, 65537):
         for n in (2, 3, 16, 127):
             for page in (None, 16, 64, 128, 256):
-                sp = S.make_split(n, sk, page_size=page, sink=False, unroll=False)
+                sp = S.make_split(n, sk, page_size=page, sink=False)
                 a = 128 if page is None else math.lcm(128, page)
                 assert sp.chunk % a == 0
                 assert sp.n * sp.chunk >= sk > (sp.n - 1) * sp.chunk
@@ -116,15 +116,25 @@ def fake_combine(op, lp, out, lse, *rest):
 
 
 class _FakeRuntime:
+    """Runtime.split_for's plan for a forced count n, with stand-in kernels."""
+
     def __init__(self, n):
         self.n = n
         self._split_consts = {}
+        self._split_runs = {}
 
     def split_kernel(self, dev, dtype, d, dv, page_size):
         return R._SplitKernel(fake_fwd, fake_combine, S.MAX_SLOTS, None)
 
-    def split_count(self, dev, ctas, seqlen_k, bytes_per_key, align):
-        return self.n
+    def plan(self, seqlen_k, page_size, sink):
+        return S.make_split(self.n, seqlen_k, page_size=page_size, sink=sink)
+
+
+def _split(rt, q, k, v, kind, kv, seqlen_k, page, causal, sink, out, lse, want_lse, varlen_q):
+    return R._try_split(
+        rt, 0, q, k, v, kind, kv, seqlen_k, page, causal, sink, None, out, lse, want_lse,
+        varlen_q, rt.plan(seqlen_k, page, sink is not None),
+    )
 
 
 def _inputs(b, sq, hq, hk, d, lens, seed):
@@ -152,10 +162,8 @@ def test_dense_decode_split_matches_reference(n, hq, hk, sink):
     s = torch.randn(hq) if sink else None
     out = torch.full((b, 1, hq, d), float("nan")).bfloat16()
     lse = torch.full((b, hq, 1), float("nan"))
-    got = R._try_split(
-        _FakeRuntime(n), 0, q, k, v, "dense", (None, None, None), sk, None, True, s, None,
-        out, lse, True, False,
-    )
+    got = _split(_FakeRuntime(n), q, k, v, "dense", (None, None, None), sk, None, True, s,
+                 out, lse, True, False)
     assert got is not None and got[0] is out and got[1] is lse
     ro, rl = _ref(q, k, v, [sk] * b, True, s)
     assert rel_err(out, ro) < 1e-2
@@ -172,10 +180,8 @@ def test_varlen_decode_split_with_empty_and_one_token_sequences(n, lse_wanted):
     kp = torch.cat([k[i, :n_] for i, n_ in enumerate(lens)])
     vp = torch.cat([v[i, :n_] for i, n_ in enumerate(lens)])
     out = torch.full((b, hq, d), float("nan")).bfloat16()
-    got = R._try_split(
-        _FakeRuntime(n), 0, q, kp, vp, "varlen", (cu, None, None), max(lens), None, True, None,
-        None, out, None, lse_wanted, True,
-    )
+    got = _split(_FakeRuntime(n), q, kp, vp, "varlen", (cu, None, None), max(lens), None, True,
+                 None, out, None, lse_wanted, True)
     assert got is not None
     o, lse = got
     ro, rl = _ref(q, k, v, lens, True, None)
@@ -207,10 +213,8 @@ def test_paged_split_with_speculative_rows(page, sq, causal, varlen_q):
             vpool[table[i, j], :w] = v[i, j * page : j * page + w]
     used = torch.tensor(lens, dtype=torch.int32)
     qq = q.reshape(b * sq, hq, d) if varlen_q else q
-    got = R._try_split(
-        _FakeRuntime(6), 0, q, kpool, vpool, "paged", (None, used, table), maxp * page, page,
-        causal, None, None, None, None, True, varlen_q,
-    )
+    got = _split(_FakeRuntime(6), q, kpool, vpool, "paged", (None, used, table), maxp * page,
+                 page, causal, None, None, None, True, varlen_q)
     assert got is not None
     o, lse = got
     assert o.shape == (*qq.shape[:-1], d)
@@ -226,15 +230,13 @@ def test_paged_split_with_speculative_rows(page, sq, causal, varlen_q):
 def test_speculative_rows_need_pages():
     q, k, v = _inputs(2, 2, 4, 2, 16, [600, 600], seed=0)
     cu = torch.tensor([0, 600, 1200], dtype=torch.int32)
-    got = R._try_split(
-        _FakeRuntime(4), 0, q, k.reshape(-1, 2, 16), v.reshape(-1, 2, 16), "varlen",
-        (cu, None, None), 600, None, True, None, None, None, None, False, False,
-    )
+    got = _split(_FakeRuntime(4), q, k.reshape(-1, 2, 16), v.reshape(-1, 2, 16), "varlen",
+                 (cu, None, None), 600, None, True, None, None, None, False, False)
     assert got is None
 
 
 def test_page_table_view_is_free_when_it_fits():
-    sp = S.make_split(4, 4096, page_size=128, sink=False, unroll=False)
+    sp = S.make_split(4, 4096, page_size=128, sink=False)
     t = torch.arange(2 * 32, dtype=torch.int32).view(2, 32)
     v = S.chunk_page_table(torch, t, sp, 128)
     assert v.data_ptr() == t.data_ptr() and v.shape == (8, 8)

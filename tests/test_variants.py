@@ -31,9 +31,9 @@ def plan():
 # -- enumeration of the default specs ----------------------------------------------------------
 
 
-def test_default_specs_enumerate_106_distinct_variants(plan):
+def test_default_specs_enumerate_109_distinct_variants(plan):
     vs = plan.variants()
-    assert len(vs) == 106
+    assert len(vs) == 109  # 106 + the split-KV kernels of hd128 (3 new; hd64 had them)
     assert all(n.variant.arch == ARCH and vid == n.variant.id for vid, n in vs.items())
     per_spec = {}
     for n in vs.values():
@@ -125,7 +125,10 @@ def test_decode_fold_variants(plan):
     """Every causal, window-free, sink-free layer with a decode phase also gets the non-causal
     1:1 kernels the decode fold runs on: one per K layout (dense, varlen K, paged per TMA path)
     and LSE choice, q in batch form. Windowed and sink layers get none."""
-    folds = [n for n in plan.variants().values() if n.variant.mask == "full"]
+    # (hd64's unmasked kernels are gpt-oss's split-KV kernels: test_split_kv_variants)
+    folds = [
+        n for n in plan.variants().values() if n.variant.mask == "full" and n.variant.head_dim == 128
+    ]
     got = {
         (n.variant.head_dim, n.variant.layout, n.variant.paged_tma, n.variant.return_lse)
         for n in folds
@@ -141,6 +144,29 @@ def test_decode_fold_variants(plan):
         assert n.call.batch_q == (v.layout != "dense")
         assert n.layer == "full" and n.spec in ("llama-3.1-70b", "llama-3.1-8b")
         assert "q:batch" in v.describe() or v.layout == "dense"
+
+
+def test_split_kv_variants(plan):
+    """Every window-free layer with a decode phase gets the split-KV kernels (split.py): the
+    1:1 unmasked kernel returning LSE, q in batch form, on a packed K and on each paged path,
+    sinks or not; windowed layers get none."""
+    got = {
+        (n.variant.head_dim, n.variant.layout, n.variant.paged_tma)
+        for n in plan.variants().values()
+        if n.variant.split_kernel
+    }
+    assert got == {
+        (d, layout, tma)
+        for d in (64, 128)  # gpt-oss (sinks); llama, qwen
+        for layout, tma in [("varlen", None), ("paged", True), ("paged", False)]
+    }
+    base = (Path(__file__).parent / "specs" / "tiny.toml").read_text()
+    on = base.replace("split_kv = false", "split_kv = true")
+    split = [n.variant for n in enumerate_variants(parse_spec(on), ARCH).needs]
+    assert sum(v.split_kernel for v in split) == 1  # dense K is served packed: one kernel
+    windowed = on.replace("head_dim = 64", "head_dim = 64\nwindow = 128")
+    assert not any(v.split_kernel for v in
+                   (n.variant for n in enumerate_variants(parse_spec(windowed), ARCH).needs))
 
 
 def test_decode_fold_off_prefill_only_and_mha_specs_build_no_fold_kernels():
