@@ -87,7 +87,8 @@ def test_specs_json_reports_unsupported_layers(run):
         gemma_full[0]["status"].startswith("unsupported: head_dim 512/512")
         and gemma_full[0]["id"] == ""
     )
-    needed = [row for row in rows if row["status"] == "needed"]
+    needed = [row for row in rows if row["status"] in ("built", "missing")]
+    assert {row["status"] for row in needed} == {"missing"}  # nothing built in this store
     assert {row["spec"] for row in needed} == {
         "gemma-4",
         "gpt-oss-20b",
@@ -123,7 +124,10 @@ def test_second_build_reports_cached(run, built, spec_file):
     cache, first = built
     r = run("build", "--cache", str(cache), "--spec", str(spec_file), "-j", "1")
     assert r.exit_code == 0, r.output
-    assert r.stdout.strip() == f"nothing to build: all 2 variants are in {first['store']}"
+    first_line, last = r.stdout.splitlines()
+    assert first_line == f"nothing to build: all 2 variants are in {first['store']}"
+    # the last line says how to point the runtime at it (--cache is not a runtime layer)
+    assert last.startswith(f"serve it with: export FA4AOT_CACHE_DIR={cache}:")
 
 
 def test_build_human_summary(run, tmp_path, spec_file):
@@ -165,8 +169,13 @@ def test_ls_json(run, built):
 
 
 def test_ls_empty_store(run, tmp_path):
-    r = run("ls", "--cache", str(tmp_path / "nothing"))
+    (tmp_path / "empty").mkdir()
+    r = run("ls", "--cache", str(tmp_path / "empty"))
     assert r.exit_code == 0 and r.stdout.strip() == "(nothing)"
+    assert r.stderr == f"read: {tmp_path / 'empty'} (--cache)\n"  # the layers it read, named
+    # a --cache that names no directory is a typo, not an empty store
+    r = run("ls", "--cache", str(tmp_path / "nothing"))
+    assert r.exit_code == 1 and "no such directory (--cache)" in r.stderr
 
 
 def test_inspect_by_id_prefix(run, built):
@@ -304,10 +313,16 @@ def explain_store(monkeypatch):
 
     held = [call(hq=32).variant("sm90"), fold_kernel("dense"), fold_kernel("paged", page=128)]
     held += [call(hq=32, layout="paged", page=128).variant("sm90")]
+    from fa4aot.cli.common import Match
+
     monkeypatch.setattr(
-        cli,
+        cli.explain,
         "_cached_artifacts",
-        lambda *a: [SimpleNamespace(record={"variant": x.to_dict()}) for x in held],
+        lambda *a: (
+            [SimpleNamespace(record={"variant": x.to_dict()}) for x in held],
+            {},
+            Match(stores=[SimpleNamespace(dir="(test)")]),
+        ),
     )
 
 
@@ -326,9 +341,12 @@ def test_explain_decode_fold_then_padding(run, explain_store, monkeypatch, layou
     # a speculative step (4 rows) cannot fold: padded
     r = run("explain", "--heads", "20:1", "--head-dim", "128", "--seqlen-q", "4", *layout, "--json")
     assert [c["fold"] for c in json.loads(r.stdout)["choices"]] == [1]
-    monkeypatch.setenv("FA4AOT_DECODE_FOLD", "0")
-    r = run("explain", "--heads", "20:1", "--head-dim", "128", *layout, "--json")
+    from fa4aot import settings
+
+    with settings.scope(decode_fold="0"):
+        r = run("explain", "--heads", "20:1", "--head-dim", "128", *layout, "--json")
     assert [(c["ratio"], c["fold"]) for c in json.loads(r.stdout)["choices"]] == [(32, 1)]
-    monkeypatch.setenv("FA4AOT_DECODE_FOLD", "yes")  # the runtime refuses it; so does explain
-    r = run("explain", "--heads", "20:1", "--head-dim", "128", *layout)
-    assert r.exit_code == 2 and "FA4AOT_DECODE_FOLD must be 0 or 1, got 'yes'" in r.output
+    with settings.scope(decode_fold="yes"):  # the runtime refuses it; so does explain
+        r = run("explain", "--heads", "20:1", "--head-dim", "128", *layout)
+    assert r.exit_code == 1
+    assert r.stderr == "error: FA4AOT_DECODE_FOLD='yes' is invalid: expected 0 or 1\n"
