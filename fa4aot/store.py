@@ -141,8 +141,9 @@ class Layer:
 
     @property
     def explicit(self) -> bool:
-        """Named by the user (a typo there is an error, not an empty store)."""
-        return self.source in ("--cache", "FA4AOT_CACHE_DIR")
+        """Named on the command line: one that does not exist is a typo, not an empty store.
+        (An absent FA4AOT_CACHE_DIR layer is normal: a node cache before its first build.)"""
+        return self.source == "--cache"
 
     def problem(self) -> str | None:
         """Why this layer cannot be read: absent, not a directory, unreadable (None: it can)."""

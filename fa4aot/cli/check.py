@@ -186,6 +186,6 @@ def doctor(cache, out):
     if out.as_json:
         out.document(r)
     else:
-        click.echo(format_text(r))
+        out.text(format_text(r))
     if r["problems"]:
         sys.exit(1)

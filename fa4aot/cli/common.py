@@ -29,8 +29,9 @@ def layers_for(
     cache: str | None, out, *, wheels: bool = True, verb: str = "read", strict: bool = True
 ) -> list[Layer]:
     """resolve_layers, named on `out`; with `strict`, a layer that cannot be read fails the
-    command when it was named explicitly (--cache, FA4AOT_CACHE_DIR: a typo is not an empty
-    store) or exists but is unreadable; an absent default layer is only noted."""
+    command when it was named on the command line (--cache: a typo is not an empty store) or
+    exists but is unreadable or not a directory; an absent FA4AOT_CACHE_DIR or default layer
+    is normal (a node cache before its first build) and reads as empty."""
     layers = resolve_layers(cache, wheels=wheels)
     out.read_layers(layers, verb)
     if strict:

@@ -137,20 +137,20 @@ def explain(
     if out.as_json:
         out.document(doc)
     else:
-        click.echo(f"call variant: {want.describe()} (id {want.id})")
+        out.text(f"call variant: {want.describe()} (id {want.id})")
         if why:
-            click.echo(f"FA4 cannot run it exactly: {why}")
+            out.text(f"FA4 cannot run it exactly: {why}")
         if choices:
-            click.echo(f"served by   : {choices[0].describe(want)}")
+            out.text(f"served by   : {choices[0].describe(want)}")
             for c in choices[1:4]:
-                click.echo(f"alternative : {c.describe(want)}")
+                out.text(f"alternative : {c.describe(want)}")
         else:
-            click.echo("served by   : nothing cached (the runtime raises ArtifactMissing)")
+            out.text("served by   : nothing cached (the runtime raises ArtifactMissing)")
             for v in nearest(want, avail):
-                click.echo(f"nearest     : {v.describe()} ({v.id})")
+                out.text(f"nearest     : {v.describe()} ({v.id})")
         if corrupt.get(want.id):
-            click.echo(f"corrupt     : the exact artifact fails its checks: {corrupt[want.id]}")
+            out.text(f"corrupt     : the exact artifact fails its checks: {corrupt[want.id]}")
         if not match.stores:
-            click.echo(f"stores      : none for this target; {match.describe_others()}")
+            out.text(f"stores      : none for this target; {match.describe_others()}")
     if not choices:
         sys.exit(1)

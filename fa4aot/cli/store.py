@@ -117,7 +117,7 @@ def inspect(artifact_id, cache, out):
     if out.as_json:
         out.document(doc)
     else:
-        click.echo(json.dumps(doc, indent=2, sort_keys=True))
+        out.text(json.dumps(doc, indent=2, sort_keys=True))
 
 
 @main.command()
