@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 import fa4aot.build as B
+from fa4aot import settings
 from fa4aot.cli import main
 
 TINY = (Path(__file__).parent / "specs" / "tiny.toml").read_text()
@@ -17,22 +18,23 @@ TINY = (Path(__file__).parent / "specs" / "tiny.toml").read_text()
 
 @pytest.fixture
 def env(tmp_path):
-    # FA4AOT_CACHE_DIR too: a command that forgot --cache must not touch the user's cache
+    # cache_dir too: a command that forgot --cache must not touch the user's cache
     return {
-        "FA4AOT_STUB_COMPILER": "1",
-        "FA4AOT_STUB_DELAY": "0",
-        "FA4AOT_PROGRESS": "0",
-        "FA4AOT_CACHE_DIR": str(tmp_path / "default-cache"),
-        "FA4AOT_DEBUG": None,
+        "stub_compiler": "1",
+        "stub_delay": "0",
+        "progress": "0",
+        "cache_dir": str(tmp_path / "default-cache"),
+        "debug": None,
     }
 
 
 @pytest.fixture
 def run(env):
-    runner = CliRunner(env=env)
+    runner = CliRunner()
 
     def invoke(*args):
-        return runner.invoke(main, list(args), catch_exceptions=False)
+        with settings.scope(**env):
+            return runner.invoke(main, list(args), catch_exceptions=False)
 
     return invoke
 
@@ -145,7 +147,7 @@ def test_build_in_worker_processes(run, tmp_path, spec_file):
 def test_build_defaults_to_the_cache_dir_env(run, env, spec_file):
     r = run("build", "--spec", str(spec_file), "-j", "1", "--json")
     assert r.exit_code == 0, r.output
-    assert Path(json.loads(r.stdout)["store"]).is_relative_to(Path(env["FA4AOT_CACHE_DIR"]))
+    assert Path(json.loads(r.stdout)["store"]).is_relative_to(Path(env["cache_dir"]))
 
 
 def test_ls_json(run, built):
@@ -341,8 +343,6 @@ def test_explain_decode_fold_then_padding(run, explain_store, monkeypatch, layou
     # a speculative step (4 rows) cannot fold: padded
     r = run("explain", "--heads", "20:1", "--head-dim", "128", "--seqlen-q", "4", *layout, "--json")
     assert [c["fold"] for c in json.loads(r.stdout)["choices"]] == [1]
-    from fa4aot import settings
-
     with settings.scope(decode_fold="0"):
         r = run("explain", "--heads", "20:1", "--head-dim", "128", *layout, "--json")
     assert [(c["ratio"], c["fold"]) for c in json.loads(r.stdout)["choices"]] == [(32, 1)]

@@ -71,7 +71,7 @@ def test_variant_from_fa4_key_matches_every_default_variant():
             c.clear()
 
 
-def test_install_serves_from_store_and_refuses_misses(tiny_store, monkeypatch, tmp_path):
+def test_install_serves_from_store_and_refuses_misses(tiny_store, monkeypatch, tmp_path, knobs):
     import fa4aot
     from fa4aot import compiler
 
@@ -80,7 +80,7 @@ def test_install_serves_from_store_and_refuses_misses(tiny_store, monkeypatch, t
     from flash_attn.cute import interface as I
 
     original = I._flash_attn_fwd.compile_cache
-    monkeypatch.setenv("FA4AOT_MISS_LOG", str(tmp_path / "misses.jsonl"))
+    knobs(miss_log=str(tmp_path / "misses.jsonl"))
     counters = fa4aot.install(cache=root, on_miss="error", arch="sm90", num_sms=132)
     try:
         _fake_dense(1)

@@ -154,9 +154,8 @@ page_sizes = [128]
 
 
 @pytest.fixture
-def stub(monkeypatch):
-    monkeypatch.setenv("FA4AOT_STUB_COMPILER", "1")
-    monkeypatch.setenv("FA4AOT_STUB_DELAY", "0")
+def stub(knobs):
+    knobs(stub_compiler="1", stub_delay="0")
 
 
 def _build_paged(root, **kw):
@@ -210,10 +209,10 @@ def test_block_sizes_skip_stores_of_other_package_versions(tmp_path, stub, monke
     assert _tma(tmp_path) == ()
 
 
-def test_block_sizes_skip_stub_records_outside_stub_builds(tmp_path, stub, monkeypatch):
+def test_block_sizes_skip_stub_records_outside_stub_builds(tmp_path, stub, monkeypatch, knobs):
     store = _build_paged(tmp_path)
     assert _tma(tmp_path) == (128,)  # stub builds count their own stubs (the contract tests)
-    monkeypatch.delenv("FA4AOT_STUB_COMPILER")
+    knobs(stub_compiler=None)
     assert _tma(tmp_path) == ()  # a serving process: stubs are no kernels
     tma = [
         d

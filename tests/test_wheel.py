@@ -200,7 +200,7 @@ def test_builds_never_go_into_a_wheel_store(tmp_path, src):
         S.build_root([blocked / "store", wheel_root])
 
 
-def test_entry_point_discovery_skips_broken_ones(tmp_path, monkeypatch, caplog):
+def test_entry_point_discovery_skips_broken_ones(tmp_path, monkeypatch, caplog, knobs):
     good = tmp_path / "mods" / "fa4aot_cache_good"
     (good / "store").mkdir(parents=True)
     (good / "__init__.py").write_text(
@@ -220,12 +220,12 @@ def test_entry_point_discovery_skips_broken_ones(tmp_path, monkeypatch, caplog):
         ]
     ]
     monkeypatch.setattr(S.metadata, "entry_points", lambda group: eps)
-    monkeypatch.setenv("FA4AOT_CACHE_DIR", str(tmp_path / "user"))
+    knobs(cache_dir=str(tmp_path / "user"))
     with caplog.at_level(logging.WARNING, logger="fa4aot"):
         assert S.default_roots() == [tmp_path / "user", good / "store"]
     assert all(n in caplog.text for n in ("a-missing", "b-boom", "c-noroot"))
     assert S.default_roots(wheels=False) == [tmp_path / "user"]
-    monkeypatch.setenv("FA4AOT_CACHE_WHEELS", "0")
+    knobs(cache_wheels="0")
     assert S.default_roots() == [tmp_path / "user"]
 
 
