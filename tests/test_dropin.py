@@ -130,7 +130,7 @@ def test_coverage_hit_then_missing(tiny_store, tmp_path):
         main, ["coverage", "--spec", str(spec_file), "--cache", str(root), "--json"]
     )
     assert r.exit_code == 0, r.output
-    doc = json.loads(r.output)
+    doc = json.loads(r.stdout)
     assert doc["counts"] == {"hit": 2, "padding": 0, "missing": 0, "unsupported": 0}
     bigger = tmp_path / "tiny2.toml"
     bigger.write_text(TINY.replace('phases = ["decode"]', 'phases = ["decode", "prefill"]'))
@@ -138,7 +138,7 @@ def test_coverage_hit_then_missing(tiny_store, tmp_path):
         main, ["coverage", "--spec", str(bigger), "--cache", str(root), "--json"]
     )
     assert r.exit_code == 1
-    doc = json.loads(r.output)
+    doc = json.loads(r.stdout)
     assert doc["counts"]["hit"] == 2 and doc["counts"]["missing"] == 2
     assert {row["variant"].split()[6] for row in doc["rows"] if row["status"] == "missing"} == {
         "prefill"
@@ -157,7 +157,7 @@ def test_coverage_reports_padding(tiny_store, tmp_path):
         main, ["coverage", "--spec", str(spec), "--cache", str(root), "--json", "--no-trace"]
     )
     assert r.exit_code == 0, r.output
-    doc = json.loads(r.output)
+    doc = json.loads(r.stdout)
     assert doc["counts"]["padding"] == 2
     assert all("head_dim 56 -> 64" in row["detail"] for row in doc["rows"])
 
