@@ -85,6 +85,11 @@ def test_verify_refuses_a_missing_or_unreadable_root(run, tmp_path):
         r = run("verify", "--cache", str(root))
         assert r.exit_code == 1 and r.stdout == ""
         assert r.stderr == f"error: store layer {root}: {why} (--cache)\n"
+        r = run("doctor", "--cache", str(root), "--json")
+        assert r.exit_code == 1
+        assert f"store layer {root}: {why} (--cache)" in json.loads(r.stdout)["problems"]
+        r = run("coverage", "--cache", str(root), "--spec", "llama-3.1-8b", "--no-trace")
+        assert r.exit_code == 1 and r.stderr == f"error: store layer {root}: {why} (--cache)\n"
     r = run("verify")  # the default layer does not exist: nothing was verified
     assert r.exit_code == 1 and "no store layer to verify" in r.stderr
 

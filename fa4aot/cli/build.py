@@ -270,7 +270,7 @@ def _build_arch(
             plan=plan,
             shard=shard,
             replace_spec=replace_spec,
-            on_start=progress.start,
+            on_start=lambda *a: (out.flush(), progress.start(*a)),
         )
     except KeyboardInterrupt:
         progress.close()

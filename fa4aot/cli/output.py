@@ -29,7 +29,7 @@ class Output:
         if self.as_json:
             self.document({"rows": rows, **extra})
             return
-        self._flush()
+        self.flush()
         if not rows:
             click.echo("(nothing)")
             return
@@ -46,7 +46,7 @@ class Output:
     def text(self, line: str = "") -> None:
         """A line of the human report (stdout); nothing under --json."""
         if not self.as_json:
-            self._flush()
+            self.flush()
             click.echo(line)
 
     # -- side channels (stderr) -------------------------------------------------------------
@@ -56,7 +56,7 @@ class Output:
             click.echo(line, err=True)
 
     def warning(self, msg: str) -> None:
-        self._flush()
+        self.flush()
         self.warnings.append(msg)
         click.echo(f"warning: {msg}", err=True)
 
@@ -68,7 +68,8 @@ class Output:
         if layers:  # shown with the report, so that an error stays one line
             self._note = f"{verb}: " + ", ".join(layer.describe() for layer in layers)
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
+        """Show the layers line now (before progress output, say)."""
         if self._note is not None:
             note, self._note = self._note, None
             self.note(note)
