@@ -24,6 +24,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _settings_restored():
+    """Whatever a test overrode (scopes, monkeypatch.setitem in build_stub, in any teardown
+    order), the next test starts from the settings it found: torn down last of the function
+    fixtures, so no interleaving of undos can leak an override (e.g. stub_compiler) onward."""
+    from fa4aot import settings
+
+    saved = settings.settings.overrides()
+    yield
+    settings.settings._overrides.clear()
+    settings.settings.apply(saved)
+
+
 @pytest.fixture
 def knobs():
     """Override fa4aot settings for one test, as monkeypatch does for attributes:

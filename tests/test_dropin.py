@@ -131,7 +131,7 @@ def test_coverage_hit_then_missing(tiny_store, tmp_path):
     )
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
-    assert doc["counts"] == {"hit": 2, "padding": 0, "missing": 0, "unsupported": 0}
+    assert doc["counts"] == {"hit": 2, "padding": 0, "missing": 0, "unsupported": 0, "corrupt": 0}
     bigger = tmp_path / "tiny2.toml"
     bigger.write_text(TINY.replace('phases = ["decode"]', 'phases = ["decode", "prefill"]'))
     r = CliRunner().invoke(
