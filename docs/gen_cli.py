@@ -73,7 +73,10 @@ def _probe(cpus: int) -> dict:
     import fa4aot.cli as real
 
     name = "fa4aot._gen_cli_probe"
-    spec = importlib.util.spec_from_file_location(name, real.__file__)
+    # fa4aot.cli is a package: its command modules import as the probe's submodules
+    spec = importlib.util.spec_from_file_location(
+        name, real.__file__, submodule_search_locations=list(real.__path__)
+    )
     mod = importlib.util.module_from_spec(spec)
     patched = {"cpu_count": lambda: cpus}
     if hasattr(os, "process_cpu_count"):
@@ -89,7 +92,8 @@ def _probe(cpus: int) -> dict:
     finally:
         for k, f in saved.items():
             setattr(os, k, f)
-        sys.modules.pop(name, None)
+        for m in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+            sys.modules.pop(m, None)
     return _defaults(mod.main)
 
 

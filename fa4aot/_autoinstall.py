@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.util
-import os
 import sys
+
+from fa4aot.errors import Fa4aotError
 
 TARGET = "flash_attn.cute.interface"
 PTH_NAME = "fa4aot-autoinstall.pth"
+# The .pth line reads the variable itself: importing fa4aot at every interpreter start would cost
+# milliseconds in every Python process of the host; the check costs a dictionary lookup.
 PTH_LINE = "import os; os.environ.get('FA4AOT_INSTALL') and __import__('fa4aot._autoinstall')._autoinstall.activate()\n"
 
 
@@ -45,9 +48,17 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 
 def activate() -> None:
-    mode = os.environ.get("FA4AOT_INSTALL", "")
-    if mode not in ("error", "warn", "jit"):
-        print(f"fa4aot: FA4AOT_INSTALL={mode!r} ignored (error, warn or jit)", file=sys.stderr)
+    """Install now if FA4 is imported, else when it is. An invalid FA4AOT_INSTALL must not stop
+    the interpreter it runs in: it is ignored with one warning per process, however often the
+    hook runs (a `.pth` line and an explicit call, or a re-executed site)."""
+    from fa4aot import settings
+
+    try:
+        mode = settings.install_mode()
+    except Fa4aotError as e:
+        settings.warn_once(f"fa4aot: ignored: {e}")
+        return
+    if mode is None:
         return
     if TARGET in sys.modules:
         from fa4aot.dropin import install

@@ -10,7 +10,6 @@ serves any page size (per-row page lookup).
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +32,9 @@ class BlockSizes:
 def _counts_stubs() -> bool:
     """Stub records (FA4AOT_STUB_COMPILER=1 test builds) are no kernels and the runtime refuses
     them; they count only in a process that builds stubs itself (the contract's own tests)."""
-    return os.environ.get("FA4AOT_STUB_COMPILER") == "1"
+    from . import settings
+
+    return settings.stub_compiler()
 
 
 def _paged_variants(stores: list[Store]) -> list[Variant]:

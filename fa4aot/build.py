@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import constraints as C
-from . import locking
+from . import locking, settings
 from .errors import BuildError, CorruptArtifact
 from .specs import Spec
 from .merge import shard as shard_ids
@@ -91,7 +92,7 @@ def _compile_stub(call: Call, variant: Variant, workdir: Path) -> dict[str, Any]
     (compiling real kernels in 8 racing processes would take minutes). It mimics the real
     builder's file traffic: an object file written in chunks (export), then a shared object
     written from it (link). Never loadable: the runtime refuses records marked stub."""
-    delay = float(os.environ.get("FA4AOT_STUB_DELAY", "0.05"))
+    delay = settings.stub_delay()
     obj, so = workdir / "fwd.o", workdir / "fwd.so"
     for path, src, phase in ((obj, None, "export"), (so, obj, "link")):
         data = src.read_bytes() if src else f"stub {variant.id}\n".encode() * 1600
@@ -110,8 +111,14 @@ def _compile_stub(call: Call, variant: Variant, workdir: Path) -> dict[str, Any]
     }
 
 
-def _init_worker(arch: str, num_sms: int) -> None:
-    if os.environ.get("FA4AOT_STUB_COMPILER") != "1":
+def _init_worker(arch: str, num_sms: int, overrides: dict | None = None) -> None:
+    # Ctrl-C at a terminal signals the whole process group. A worker that took it would only
+    # fail its current variant and go on to the next (the pool reports a KeyboardInterrupt as
+    # that task's result): the parent alone decides, and terminates the workers (build()).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if overrides:  # the parent's settings.scope(...) holds in its workers too
+        settings.settings.apply(overrides)
+    if not settings.stub_compiler():
         from . import compiler
 
         compiler.configure(arch, num_sms)
@@ -168,7 +175,7 @@ def build_one(root: str, toolchain: dict, need: dict) -> dict:
             workdir = Path(tempfile.mkdtemp(prefix=f"{vid}.{owner_tag()}", dir=store.dir / "tmp"))
             try:
                 (workdir / "build").mkdir()
-                stub = os.environ.get("FA4AOT_STUB_COMPILER") == "1"
+                stub = settings.stub_compiler()
                 out = (_compile_stub if stub else _compile_real)(call, variant, workdir / "build")
                 record = make_record(variant, call, out, workdir / "build", toolchain, need)
                 if not publish(store, vid, workdir, record):
@@ -268,6 +275,8 @@ def build(
     progress: Callable[[int, int, BuildResult], None] | None = None,
     plan: Plan | None = None,
     shard: tuple[int, int] | None = None,
+    replace_spec: bool = False,
+    on_start: Callable[[Store, int, int], None] | None = None,
 ) -> tuple[Store, Plan, list[BuildResult]]:
     """Build every variant the specs need that no layer holds. Never raises for one variant's
     failure (it is a `failed` result); raises BuildError when nothing can be built at all.
@@ -278,6 +287,14 @@ def build(
 
     `shard` (I, N): build only shard I of N of the variants (merge.shard); the spec indexes
     still list every variant of each spec, so the shards' stores merge into the whole.
+
+    A spec index of the same name recording a different spec refuses the build (BuildError)
+    before anything is compiled, unless `replace_spec`. `on_start(store, total, to_build)` is
+    called once the target and the work are known.
+
+    KeyboardInterrupt (Ctrl-C): pending variants are cancelled, worker processes terminated,
+    and the interrupt re-raised. Nothing half-written is left where readers look: each artifact
+    is published by one rename, and a killed worker's scratch is swept by the next build.
     """
     C.arch_number(arch)
     num_sms = num_sms or C.DEFAULT_NUM_SMS[arch]
@@ -290,6 +307,9 @@ def build(
     except OSError as e:
         raise BuildError(f"cannot write the store at {target}: {e.strerror or e}") from None
     sweep_temp(store)
+    if not replace_spec:
+        for s in specs:
+            _check_spec_index(store, s)
     others = [Store(r, toolchain) for r in roots if r != target]
     plan = plan or plan_for(specs, arch)
     todo = plan.variants()
@@ -314,6 +334,8 @@ def build(
         else:
             pending.append(need)  # a corrupt copy in `store` is quarantined by the worker
     total = len(todo)
+    if on_start:
+        on_start(store, total, len(pending))
     for r in results:
         if progress:
             progress(len(results), total, r)
@@ -330,7 +352,7 @@ def build(
         )
         for n in pending
     ]
-    if pending and os.environ.get("FA4AOT_STUB_COMPILER") != "1" and not toolchain["fa4"]:
+    if pending and not settings.stub_compiler() and not toolchain["fa4"]:
         raise BuildError(
             "the builder needs FA4 and the CuTe DSL compiler: pip install 'fa4aot[build]' "
             "(serving needs neither)"
@@ -346,21 +368,56 @@ def build(
         else:
             import multiprocessing as mp
 
-            with ProcessPoolExecutor(
+            ex = ProcessPoolExecutor(
                 max_workers=min(jobs, len(args)),
                 mp_context=mp.get_context("spawn"),
                 initializer=_init_worker,
-                initargs=(arch, num_sms),
-            ) as ex:
+                initargs=(arch, num_sms, settings.settings.overrides()),
+            )
+            try:
                 futs = [ex.submit(build_one, *a) for a in args]
                 for f in as_completed(futs):
                     r = BuildResult(**f.result())
                     results.append(r)
                     if progress:
                         progress(len(results), total, r)
+            except BaseException:
+                _stop_pool(ex)
+                raise
+            ex.shutdown(wait=True)
     for s in specs:
         write_spec_index(store, s, plan)
     return store, plan, results
+
+
+def _stop_pool(ex: ProcessPoolExecutor) -> None:
+    """Cancel what has not started and terminate the workers now: leaving the `with` block of
+    an executor waits for every running compile, which is what made the first Ctrl-C stop only
+    the progress display while the workers went on for minutes."""
+    procs = list((getattr(ex, "_processes", None) or {}).values())
+    ex.shutdown(wait=False, cancel_futures=True)
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(timeout=10)
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+def _check_spec_index(store: Store, spec: Spec) -> None:
+    """BuildError if the store's index of `spec.name` records another spec: one name must mean
+    one spec in a store (ls, coverage and pack --spec read the index by name)."""
+    try:
+        held = json.loads(store.spec_index(spec.name).read_bytes()).get("spec")
+    except (OSError, ValueError, AttributeError):
+        return  # no index (or an unreadable one, which the build rewrites)
+    if held is not None and held != json.loads(json.dumps(spec.to_dict())):
+        raise BuildError(
+            f"{store.spec_index(spec.name)} already records a different spec named "
+            f"{spec.name!r}: rename one of them, or rebuild with --replace-spec to replace it"
+        )
 
 
 def _target_copy(store: Store, vid: str):

@@ -14,14 +14,13 @@ from typing import Any
 from . import __version__
 from .errors import Fa4aotError
 from .store import (
-    WHEEL_TAG,
+    Layer,
     _cutlass_libs,
     _version,
-    default_roots,
-    entry_point_roots,
     find_serving_store,
     mismatches,
     not_writable_reason,
+    resolve_layers,
     runtime_expectation,
     scan_root,
 )
@@ -48,32 +47,45 @@ def _gpu() -> dict[str, Any] | None:
         return None
 
 
-def report() -> dict[str, Any]:
+def report(layers: list[Layer] | None = None) -> dict[str, Any]:
+    """`layers`: the store layers to judge (default: what the runtime reads, resolve_layers)."""
+    from . import settings
     from .runtime_lib import find_runtime_lib
 
     problems: list[str] = []
+    setting_rows = settings.settings.report()
+    problems += [r["error"] for r in setting_rows if "error" in r]
     versions = {"fa4aot": __version__, "python": platform.python_version()}
     versions.update({p: _version(p) for p in PACKAGES})
     versions["cutlass_libs"] = _cutlass_libs()
     try:
         runtime_lib: str | None = find_runtime_lib()
-    except Fa4aotError as e:
+    except Fa4aotError as e:  # SettingError included
         runtime_lib = None
         problems.append(str(e))
     gpu = _gpu()
     expected = runtime_expectation(gpu["arch"], gpu["num_sms"]) if gpu else None
     # without a GPU, compatibility is judged on what this process fixes: versions and Python
     here = {k: v for k, v in runtime_expectation("", 0).items() if k not in ("arch", "num_sms")}
-    wheel_roots = set(entry_point_roots())
-    layers = []
-    roots = default_roots()
-    for root in roots:
+    if layers is None:
+        try:
+            layers = resolve_layers(None)
+        except Fa4aotError as e:  # an invalid FA4AOT_CACHE_DIR: reported above
+            layers = []
+            if str(e) not in problems:
+                problems.append(str(e))
+    out_layers = []
+    roots = [lay.root for lay in layers]
+    for lay in layers:
+        root = lay.root
+        why = lay.problem()
+        if why and (lay.explicit or root.exists()):
+            problems.append(f"store layer {why}")
         stores, broken = scan_root(root)
+        problems += [f"broken store {d}: {e}" for d, e in broken]
         layer = {
             "root": str(root),
-            "source": "cache wheel"
-            if root in wheel_roots or (root / WHEEL_TAG).exists()
-            else "layer",
+            "source": lay.source,
             "exists": root.is_dir(),
             "writable": not_writable_reason(root) is None,
             "stores": [],
@@ -81,6 +93,8 @@ def report() -> dict[str, Any]:
         }
         for s in stores:
             arts = list(s.iter_artifacts())
+            corrupt = _corrupt(arts)
+            problems += [f"corrupt artifact {d}: {e}" for d, e in corrupt]
             diff = mismatches(s.toolchain, expected or here)
             layer["stores"].append(
                 {
@@ -90,11 +104,12 @@ def report() -> dict[str, Any]:
                     "python": s.toolchain.get("python"),
                     "artifacts": sum(not isinstance(a, Exception) for _, a in arts),
                     "unreadable": sum(isinstance(a, Exception) for _, a in arts),
+                    "corrupt": [f"{d}: {e}" for d, e in corrupt],
                     "compatible": not diff,
                     "mismatches": diff,
                 }
             )
-        layers.append(layer)
+        out_layers.append(layer)
     serving: list[str] | None = None
     if gpu:
         try:
@@ -115,11 +130,27 @@ def report() -> dict[str, Any]:
         "executable": sys.executable,
         "runtime_lib": runtime_lib,
         "gpu": gpu,
-        "layers": layers,
+        "layers": out_layers,
+        "settings": setting_rows,
         "serving": serving,
         "compiler_installed": versions["flash-attn-4"] is not None,
         "problems": problems,
     }
+
+
+def _corrupt(arts) -> list[tuple[str, str]]:
+    """(artifact, why) for each artifact whose record or parts fail their checks: every part's
+    sha256 is computed, as the runtime does before it loads one (a flipped byte is a problem)."""
+    bad = []
+    for vid, a in arts:
+        if isinstance(a, Exception):
+            bad.append((vid, str(a)))
+            continue
+        try:
+            a.verify()
+        except Fa4aotError as e:
+            bad.append((str(a.dir), str(e)))
+    return bad
 
 
 def format_text(r: dict[str, Any]) -> str:
@@ -134,6 +165,10 @@ def format_text(r: dict[str, Any]) -> str:
         if g
         else "gpu:                  none visible to torch (building needs none)"
     )
+    lines.append("settings:")
+    for s in r["settings"]:
+        shown = s.get("error") or (s["value"] if s["value"] is not None else "(unset)")
+        lines.append(f"  {s['variable']:<26}{shown}  [{s['source']}]")
     lines.append("store layers (lookup order):")
     for layer in r["layers"]:
         flags = [layer["source"], "writable" if layer["writable"] else "read-only"]
@@ -143,6 +178,7 @@ def format_text(r: dict[str, Any]) -> str:
         for s in layer["stores"]:
             ok = "compatible" if s["compatible"] else "incompatible: " + "; ".join(s["mismatches"])
             lines.append(f"    {s['dir']}: {s['artifacts']} artifacts, {ok}")
+            lines += [f"    corrupt: {c}" for c in s["corrupt"]]
         lines += [f"    broken: {b}" for b in layer["broken"]]
     if r["serving"] is not None:
         lines.append("would serve from:     " + (", ".join(r["serving"]) or "(nothing)"))

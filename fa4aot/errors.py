@@ -45,3 +45,8 @@ class UnsafeArchive(Fa4aotError):
 class MergeConflict(Fa4aotError):
     """Stores to merge disagree (one variant id or spec name with different content), or one of
     them fails its checks. Nothing is merged."""
+
+
+class SettingError(Fa4aotError, ValueError):
+    """An FA4AOT_* environment variable holds a value it does not allow. The message names the
+    variable, the value and the allowed values (fa4aot/settings.py; `fa4aot doctor` lists all)."""

@@ -111,9 +111,11 @@ def fs_type(path: Path, mounts: str | None = None) -> str:
 
 
 def lock_mode(directory: Path) -> str:
-    env = os.environ.get("FA4AOT_LOCK")
-    if env in ("flock", "marker"):
-        return env
+    from . import settings
+
+    kind = settings.lock_kind()
+    if kind != "auto":
+        return kind
     return "flock" if fs_type(directory) in LOCAL_FS else "marker"
 
 
@@ -213,10 +215,9 @@ def pid_alive(pid: int, start: str = "") -> bool:
 
 
 def lease_s() -> float:
-    try:
-        return max(1.0, float(os.environ.get("FA4AOT_LOCK_LEASE_S", "60")))
-    except ValueError:
-        return 60.0
+    from . import settings
+
+    return settings.lock_lease_s()
 
 
 def holder_stale(text: str, mtime: float, now: float | None = None) -> bool:

@@ -14,22 +14,23 @@ import os
 import threading
 from pathlib import Path
 
+from . import settings
+from .errors import SettingError
 from .variants import Variant
 
 _seen: set[str] = set()
 _lock = threading.Lock()
 
 
-def _max_lines() -> int:
-    try:
-        return int(os.environ.get("FA4AOT_MISS_LOG_MAX", "1000"))
-    except ValueError:
-        return 1000
-
-
 def record_miss(variant: Variant, path: str | None = None) -> bool:
-    """Append `variant` to the miss log if set and new. Never raises (a log must not fail a call)."""
-    path = path or os.environ.get("FA4AOT_MISS_LOG")
+    """Append `variant` to the miss log if set and new. Never raises (a log must not fail a call):
+    an invalid FA4AOT_MISS_LOG_MAX logs nothing and says so once."""
+    try:
+        path = path or settings.miss_log()
+        limit = settings.miss_log_max() if path else 0
+    except SettingError as e:
+        settings.warn_once(f"fa4aot: miss log off: {e}")
+        return False
     if not path:
         return False
     with _lock:
@@ -38,7 +39,7 @@ def record_miss(variant: Variant, path: str | None = None) -> bool:
         _seen.add(variant.id)
         try:
             existing = read_misses(path)
-            if variant.id in {v.id for v in existing} or len(existing) >= _max_lines():
+            if variant.id in {v.id for v in existing} or len(existing) >= limit:
                 return False
             line = (
                 json.dumps({"id": variant.id, "variant": variant.to_dict()}, sort_keys=True) + "\n"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import os
 from importlib import metadata
 from pathlib import Path
 
@@ -18,11 +17,13 @@ def find_runtime_lib() -> str:
     The wheel's files are found through its package metadata: nothing of the compiler is
     imported.
     """
-    env = os.environ.get("FA4AOT_RUNTIME_LIB")
+    from . import settings
+
+    env = settings.runtime_lib()
     if env:
-        if not Path(env).is_file():
+        if not env.is_file():
             raise RuntimeLibraryMissing(f"FA4AOT_RUNTIME_LIB={env} does not exist")
-        return env
+        return str(env)
     for flavor in ("cu13", "cu12"):
         try:
             dist = metadata.distribution(f"nvidia-cutlass-dsl-libs-{flavor}")

@@ -21,7 +21,6 @@ across the decode/prefill boundary or change the tile), never guessed.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -70,10 +69,9 @@ def _call_features(feat: dict, ratio: int, head_dim: int, head_dim_v: int) -> di
 
 def fold_from_env() -> bool:
     """FA4AOT_DECODE_FOLD: 1 (default) or 0; read by the runtime and by `fa4aot explain`."""
-    fold = os.environ.get("FA4AOT_DECODE_FOLD", "1")
-    if fold not in ("0", "1"):
-        raise ValueError(f"FA4AOT_DECODE_FOLD must be 0 or 1, got {fold!r}")
-    return fold == "1"
+    from . import settings
+
+    return settings.decode_fold()  # SettingError (a ValueError) on a bad value
 
 
 def foldable(feat: dict) -> bool:

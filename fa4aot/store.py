@@ -128,16 +128,75 @@ def mismatches(tc: dict[str, Any], expected: dict[str, Any]) -> list[str]:
 def default_roots(wheels: bool = True) -> list[Path]:
     """Store roots, in lookup order: FA4AOT_CACHE_DIR (':'-separated layers), else platformdirs;
     then (unless `wheels` is False) the read-only stores of installed cache wheels."""
-    env = os.environ.get("FA4AOT_CACHE_DIR")
+    return [layer.root for layer in resolve_layers(None, wheels=wheels)]
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One store root in lookup order, and where it was named: `--cache`, `FA4AOT_CACHE_DIR`,
+    `user cache dir` (platformdirs, the default) or `cache wheel <entry point>`."""
+
+    root: Path
+    source: str
+
+    @property
+    def explicit(self) -> bool:
+        """Named on the command line: one that does not exist is a typo, not an empty store.
+        (An absent FA4AOT_CACHE_DIR layer is normal: a node cache before its first build.)"""
+        return self.source == "--cache"
+
+    def problem(self) -> str | None:
+        """Why this layer cannot be read: absent, not a directory, unreadable (None: it can)."""
+        try:
+            st = self.root.stat()
+        except FileNotFoundError:
+            return f"{self.root}: no such directory ({self.source})"
+        except OSError as e:
+            return f"{self.root}: unreadable: {e.strerror} ({self.source})"
+        if not stat.S_ISDIR(st.st_mode):
+            return f"{self.root}: not a directory ({self.source})"
+        if not os.access(self.root, os.R_OK | os.X_OK):
+            return f"{self.root}: not readable by uid {os.getuid()} ({self.source})"
+        return None
+
+    def describe(self) -> str:
+        return f"{self.root} ({self.source})"
+
+
+def resolve_layers(cache: str | os.PathLike | None, *, wheels: bool = True) -> list[Layer]:
+    """The store layers a command reads, in lookup order; the one rule for every command.
+
+    `cache` (a `--cache` value: ':'-separated directories) names the layers outright, and only
+    those. Otherwise: the FA4AOT_CACHE_DIR layers, else the user cache dir; then, unless
+    `wheels` is False, the stores of installed cache wheels. Commands that write use the first
+    writable layer (build_root); commands that read search them all in this order."""
+    from . import settings
+
+    if cache is not None and str(cache) != "":
+        roots = [Path(p).expanduser() for p in str(cache).split(os.pathsep) if p.strip()]
+        if not roots:
+            raise Fa4aotError(f"--cache {str(cache)!r} names no directory")
+        return _dedup([Layer(r, "--cache") for r in roots])
+    env = settings.cache_dir()
     if env:
-        roots = [Path(p).expanduser() for p in env.split(os.pathsep) if p]
+        layers = [Layer(r, "FA4AOT_CACHE_DIR") for r in env]
     else:
         import platformdirs
 
-        roots = [Path(platformdirs.user_cache_dir("fa4aot"))]
+        layers = [Layer(Path(platformdirs.user_cache_dir("fa4aot")), "user cache dir")]
     if wheels:
-        roots += [r for r in entry_point_roots() if r not in roots]
-    return roots
+        layers += [Layer(r, f"cache wheel {name}") for name, r in entry_point_stores()]
+    return _dedup(layers)
+
+
+def _dedup(layers: list[Layer]) -> list[Layer]:
+    seen: set[Path] = set()
+    out = []
+    for layer in layers:
+        if layer.root not in seen:
+            seen.add(layer.root)
+            out.append(layer)
+    return out
 
 
 WHEEL_STORES = "fa4aot.stores"  # entry point group of cache wheels (wheel.py writes them)
@@ -148,12 +207,19 @@ def entry_point_roots() -> list[Path]:
     """The store roots of installed cache wheels (`pip install fa4aot-cache-...`), by entry point
     name. Each entry point names a tiny module whose ROOT is its store; one that fails to load is
     skipped with a warning. FA4AOT_CACHE_WHEELS=0 turns discovery off."""
-    if os.environ.get("FA4AOT_CACHE_WHEELS") == "0":
+    return [root for _, root in entry_point_stores()]
+
+
+def entry_point_stores() -> list[tuple[str, Path]]:
+    """(entry point name, store root) of each installed cache wheel (entry_point_roots)."""
+    from . import settings
+
+    if not settings.cache_wheels():
         return []
     import logging
 
     log = logging.getLogger("fa4aot")
-    roots: list[Path] = []
+    roots: list[tuple[str, Path]] = []
     try:
         eps = sorted(metadata.entry_points(group=WHEEL_STORES), key=lambda e: (e.name, e.value))
     except Exception as e:  # noqa: BLE001 - a broken installation must not stop the runtime
@@ -168,8 +234,8 @@ def entry_point_roots() -> list[Path]:
             continue
         if not root.is_dir():
             log.warning("fa4aot: skipping cache wheel %s: %s is not a directory", ep.name, root)
-        elif root not in roots:
-            roots.append(root)
+        elif root not in [r for _, r in roots]:
+            roots.append((ep.name, root))
     return roots
 
 
@@ -248,7 +314,9 @@ def _umask() -> int:
 
 def crash_point(point: str) -> None:
     """Crash-test hook: FA4AOT_FAULT=<point> SIGKILLs this process there (stub stores only)."""
-    if os.environ.get("FA4AOT_FAULT") == point and os.environ.get("FA4AOT_STUB_COMPILER") == "1":
+    from . import settings
+
+    if settings.stub_compiler() and settings.fault() == point:
         os.kill(os.getpid(), signal.SIGKILL)
 
 

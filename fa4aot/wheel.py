@@ -42,9 +42,8 @@ from .store import (
     spec_ids,
 )
 
-DEFAULT_VERSION = "1.0.0"
+BASE_VERSION = "1.0.0"  # public part of a content-derived version (see content_version)
 _DIST_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,98}[A-Za-z0-9])?")
-_VERSION = re.compile(r"[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?")
 _ELF_MACHINES = {62: "x86_64", 183: "aarch64"}
 _DATE = (1980, 1, 1, 0, 0, 0)
 _TAG_TEXT = (
@@ -61,6 +60,45 @@ class WheelResult:
     artifacts: list[str] = field(default_factory=list)
     skipped: list[dict] = field(default_factory=list)  # {"id", "error"}: corrupt, left out
     size: int = 0  # bytes of the .whl
+    version: str = ""
+
+
+def check_version(version: str) -> str:
+    """`version` in its PEP 440 normal form; BuildError if it is not one."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return str(Version(version))
+    except InvalidVersion:
+        raise BuildError(
+            f"invalid version {version!r}: use a PEP 440 version such as 1.0.0 or 1.0.0+local"
+        ) from None
+
+
+def content_version(fp: str, entries: dict[str, bytes]) -> str:
+    """1.0.0+fp<fingerprint hash>.<content hash>: the toolchain and the exact artifacts and spec
+    indexes in the wheel. Two different stores never share a version (pip would keep the first
+    installed and call the second "already satisfied"), and one store always gives one version
+    (rebuilding a wheel is reproducible)."""
+    h = hashlib.sha256()
+    for name in sorted(entries):
+        h.update(name.encode() + b"\0" + hashlib.sha256(entries[name]).digest())
+    fp_hash = fp.rsplit("-", 1)[-1][:8]
+    return check_version(f"{BASE_VERSION}+fp{fp_hash}.{h.hexdigest()[:12]}")
+
+
+def requirements(tc: dict) -> list[str]:
+    """Requires-Dist of a cache wheel: the exact runtime it was built for. The parts link
+    against libtvm_ffi.so and libcute_dsl_runtime.so of these versions, and the records are
+    read by this fa4aot; pip then refuses an environment the store cannot serve."""
+    from . import __version__
+
+    reqs = [f"fa4aot=={__version__}"]
+    if tc.get("tvm_ffi"):
+        reqs.append(f"apache-tvm-ffi=={tc['tvm_ffi']}")
+    if tc.get("cutlass_libs") and tc.get("cutlass_dsl"):
+        reqs.append(f"nvidia-cutlass-dsl-libs-{tc['cutlass_libs']}=={tc['cutlass_dsl']}")
+    return reqs
 
 
 def normalize_name(name: str) -> str:
@@ -190,9 +228,10 @@ def _metadata(dist: str, version: str, tc: dict, fp: str, n: int, specs: list[st
     )
     if specs:
         body += "\nSpecs: " + ", ".join(specs) + "\n"
+    requires = "".join(f"Requires-Dist: {r}\n" for r in requirements(tc))
     return (
         f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\nSummary: {summary}\n"
-        f"Requires-Python: =={tc['python']}.*\nRequires-Dist: fa4aot\n"
+        f"Requires-Python: =={tc['python']}.*\n{requires}"
         f"Description-Content-Type: text/markdown\n\n{body}"
     )
 
@@ -202,7 +241,7 @@ def _write_wheel(
     stores: list[Store],
     arts: dict,
     out_dir: Path,
-    version: str,
+    version: str | None,
     specs: list[str] | None,
 ) -> None:
     tc, fp = stores[0].toolchain, stores[0].dir.name
@@ -210,6 +249,10 @@ def _write_wheel(
     pkg = f"fa4aot_cache_{ep.replace('-', '_')}"
     tag = f"{_python_tag(tc)}-none-{_platform(arts)}"
     base = f"{pkg}/store/{LAYOUT}/{fp}"
+    spec_files = _spec_files(stores, specs)
+    if version is None:
+        version = content_version(fp, {**arts, **{f"specs/{n}": d for n, d in spec_files.items()}})
+    res.version = version
     info = f"{res.dist.replace('-', '_')}-{version}.dist-info"
     init = (
         f'"""fa4aot cache wheel {res.dist}: the store {fp}.\n\n'
@@ -221,7 +264,7 @@ def _write_wheel(
         f"{pkg}/__init__.py": init.encode(),
         f"{pkg}/store/{WHEEL_TAG}": _TAG_TEXT.encode(),
         f"{base}/toolchain.json": (stores[0].dir / "toolchain.json").read_bytes(),
-        **{f"{base}/specs/{n}": d for n, d in _spec_files(stores, specs).items()},
+        **{f"{base}/specs/{n}": d for n, d in spec_files.items()},
         **{f"{base}/artifacts/{n}": d for n, d in arts.items()},
         f"{info}/METADATA": meta.encode(),
         f"{info}/WHEEL": (
@@ -240,7 +283,7 @@ def build_wheels(
     name: str | None = None,
     specs: list[str] | None = None,
     arch: str | None = None,
-    version: str = DEFAULT_VERSION,
+    version: str | None = None,
     store: str | None = None,
 ) -> list[WheelResult]:
     """Write one wheel per store found in `roots` into `out_dir` (layers: the same fingerprint
@@ -249,12 +292,13 @@ def build_wheels(
     `specs`: only artifacts these specs asked for (each must match some); `arch`: only stores of
     that arch; `store`: only stores whose directory name starts with it (like `pack --store`).
     `name`: the cache name (dist `fa4aot-cache-<name>`); default arch[-<N>sm][-<spec>...].
+    `version`: default content_version (1.0.0+fp<hash>.<content hash>, one per content).
     A store with no valid artifact to put in gets no wheel. Raises BuildError for no store, an
     invalid name or version, a spec matching nothing, two stores that would write the same wheel,
     or no wheel to write at all.
     """
-    if not _VERSION.fullmatch(version):
-        raise BuildError(f"invalid version {version!r}: use a PEP 440 version such as 1.0.0")
+    if version is not None:
+        version = check_version(version)
     if name is not None:
         normalize_name(name)
     by_fp = _stores(roots, arch, store)

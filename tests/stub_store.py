@@ -95,8 +95,12 @@ def build_stub(root: Path, spec: Path, monkeypatch, **kw):
     from fa4aot.build import build
     from fa4aot.specs import load_spec
 
-    monkeypatch.setenv("FA4AOT_STUB_COMPILER", "1")
-    monkeypatch.setenv("FA4AOT_STUB_DELAY", "0")
+    from fa4aot import settings
+
+    # for the rest of the test (later builds in it stay stub builds), undone at teardown: a
+    # settings override, not an os.environ edit
+    for attr, value in (("stub_compiler", "1"), ("stub_delay", "0")):
+        monkeypatch.setitem(settings.settings._overrides, attr, value)
     store, plan, results = build(
         [load_spec(spec)], arch=kw.pop("arch", "sm90"), root=root, jobs=1, **kw
     )

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from fa4aot import settings
 import fa4aot.build as B
 from fa4aot.errors import CorruptArtifact, FingerprintMismatch
 from fa4aot.runtime import Runtime
@@ -42,16 +43,14 @@ def real(tmp_path_factory):
     """
     root = tmp_path_factory.mktemp("store")
     spec = parse_spec(TINY, "tiny.toml")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.delenv("FA4AOT_STUB_COMPILER", raising=False)
+    with settings.scope(stub_compiler=None):  # held in the spawned workers too
         store, plan, results = B.build([spec], arch=ARCH, root=root, jobs=2)
     return root, spec, store, plan, results
 
 
 @pytest.fixture
-def stub(monkeypatch):
-    monkeypatch.setenv("FA4AOT_STUB_COMPILER", "1")
-    monkeypatch.setenv("FA4AOT_STUB_DELAY", "0")
+def stub(knobs):
+    knobs(stub_compiler="1", stub_delay="0")
 
 
 def test_real_build_lands_every_variant(real):
@@ -179,9 +178,8 @@ def test_store_for_another_python_is_not_served_here(tmp_path, stub):
         )
 
 
-def test_failing_variant_is_reported_and_the_others_land(tmp_path, monkeypatch):
-    monkeypatch.delenv("FA4AOT_STUB_COMPILER", raising=False)
-    monkeypatch.setenv("FA4AOT_STUB_DELAY", "0")
+def test_failing_variant_is_reported_and_the_others_land(tmp_path, monkeypatch, knobs):
+    knobs(stub_compiler=None, stub_delay="0")
     spec = parse_spec(TINY4, "tiny.toml")
     ids = sorted(enumerate_variants(spec, ARCH).variants())
     assert len(ids) == 4

@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 import fa4aot.build as B
+from fa4aot import settings
 from fa4aot.cli import main
 
 TINY = (Path(__file__).parent / "specs" / "tiny.toml").read_text()
@@ -17,22 +18,23 @@ TINY = (Path(__file__).parent / "specs" / "tiny.toml").read_text()
 
 @pytest.fixture
 def env(tmp_path):
-    # FA4AOT_CACHE_DIR too: a command that forgot --cache must not touch the user's cache
+    # cache_dir too: a command that forgot --cache must not touch the user's cache
     return {
-        "FA4AOT_STUB_COMPILER": "1",
-        "FA4AOT_STUB_DELAY": "0",
-        "FA4AOT_PROGRESS": "0",
-        "FA4AOT_CACHE_DIR": str(tmp_path / "default-cache"),
-        "FA4AOT_DEBUG": None,
+        "stub_compiler": "1",
+        "stub_delay": "0",
+        "progress": "0",
+        "cache_dir": str(tmp_path / "default-cache"),
+        "debug": None,
     }
 
 
 @pytest.fixture
 def run(env):
-    runner = CliRunner(env=env)
+    runner = CliRunner()
 
     def invoke(*args):
-        return runner.invoke(main, list(args), catch_exceptions=False)
+        with settings.scope(**env):
+            return runner.invoke(main, list(args), catch_exceptions=False)
 
     return invoke
 
@@ -87,7 +89,8 @@ def test_specs_json_reports_unsupported_layers(run):
         gemma_full[0]["status"].startswith("unsupported: head_dim 512/512")
         and gemma_full[0]["id"] == ""
     )
-    needed = [row for row in rows if row["status"] == "needed"]
+    needed = [row for row in rows if row["status"] in ("built", "missing")]
+    assert {row["status"] for row in needed} == {"missing"}  # nothing built in this store
     assert {row["spec"] for row in needed} == {
         "gemma-4",
         "gpt-oss-20b",
@@ -123,7 +126,10 @@ def test_second_build_reports_cached(run, built, spec_file):
     cache, first = built
     r = run("build", "--cache", str(cache), "--spec", str(spec_file), "-j", "1")
     assert r.exit_code == 0, r.output
-    assert r.stdout.strip() == f"nothing to build: all 2 variants are in {first['store']}"
+    first_line, last = r.stdout.splitlines()
+    assert first_line == f"nothing to build: all 2 variants are in {first['store']}"
+    # the last line says how to point the runtime at it (--cache is not a runtime layer)
+    assert last.startswith(f"serve it with: export FA4AOT_CACHE_DIR={cache}:")
 
 
 def test_build_human_summary(run, tmp_path, spec_file):
@@ -141,7 +147,7 @@ def test_build_in_worker_processes(run, tmp_path, spec_file):
 def test_build_defaults_to_the_cache_dir_env(run, env, spec_file):
     r = run("build", "--spec", str(spec_file), "-j", "1", "--json")
     assert r.exit_code == 0, r.output
-    assert Path(json.loads(r.stdout)["store"]).is_relative_to(Path(env["FA4AOT_CACHE_DIR"]))
+    assert Path(json.loads(r.stdout)["store"]).is_relative_to(Path(env["cache_dir"]))
 
 
 def test_ls_json(run, built):
@@ -165,8 +171,13 @@ def test_ls_json(run, built):
 
 
 def test_ls_empty_store(run, tmp_path):
-    r = run("ls", "--cache", str(tmp_path / "nothing"))
+    (tmp_path / "empty").mkdir()
+    r = run("ls", "--cache", str(tmp_path / "empty"))
     assert r.exit_code == 0 and r.stdout.strip() == "(nothing)"
+    assert r.stderr == f"read: {tmp_path / 'empty'} (--cache)\n"  # the layers it read, named
+    # a --cache that names no directory is a typo, not an empty store
+    r = run("ls", "--cache", str(tmp_path / "nothing"))
+    assert r.exit_code == 1 and "no such directory (--cache)" in r.stderr
 
 
 def test_inspect_by_id_prefix(run, built):
@@ -304,10 +315,16 @@ def explain_store(monkeypatch):
 
     held = [call(hq=32).variant("sm90"), fold_kernel("dense"), fold_kernel("paged", page=128)]
     held += [call(hq=32, layout="paged", page=128).variant("sm90")]
+    from fa4aot.cli.common import Match
+
     monkeypatch.setattr(
-        cli,
+        cli.explain,
         "_cached_artifacts",
-        lambda *a: [SimpleNamespace(record={"variant": x.to_dict()}) for x in held],
+        lambda *a: (
+            [SimpleNamespace(record={"variant": x.to_dict()}) for x in held],
+            {},
+            Match(stores=[SimpleNamespace(dir="(test)")]),
+        ),
     )
 
 
@@ -326,9 +343,10 @@ def test_explain_decode_fold_then_padding(run, explain_store, monkeypatch, layou
     # a speculative step (4 rows) cannot fold: padded
     r = run("explain", "--heads", "20:1", "--head-dim", "128", "--seqlen-q", "4", *layout, "--json")
     assert [c["fold"] for c in json.loads(r.stdout)["choices"]] == [1]
-    monkeypatch.setenv("FA4AOT_DECODE_FOLD", "0")
-    r = run("explain", "--heads", "20:1", "--head-dim", "128", *layout, "--json")
+    with settings.scope(decode_fold="0"):
+        r = run("explain", "--heads", "20:1", "--head-dim", "128", *layout, "--json")
     assert [(c["ratio"], c["fold"]) for c in json.loads(r.stdout)["choices"]] == [(32, 1)]
-    monkeypatch.setenv("FA4AOT_DECODE_FOLD", "yes")  # the runtime refuses it; so does explain
-    r = run("explain", "--heads", "20:1", "--head-dim", "128", *layout)
-    assert r.exit_code == 2 and "FA4AOT_DECODE_FOLD must be 0 or 1, got 'yes'" in r.output
+    with settings.scope(decode_fold="yes"):  # the runtime refuses it; so does explain
+        r = run("explain", "--heads", "20:1", "--head-dim", "128", *layout)
+    assert r.exit_code == 1
+    assert r.stderr == "error: FA4AOT_DECODE_FOLD='yes' is invalid: expected 0 or 1\n"

@@ -161,7 +161,7 @@ def _exception_classes() -> set[str]:
         n for n, o in vars(builtins).items() if isinstance(o, type) and issubclass(o, BaseException)
     }
     classes = []
-    for f in sorted(PKG.glob("*.py")):
+    for f in sorted(PKG.rglob("*.py")):
         for node in ast.walk(ast.parse(f.read_text())):
             if isinstance(node, ast.ClassDef):
                 bases = {
@@ -206,7 +206,7 @@ def test_every_raised_error_class_is_a_documented_one():
     """Every `raise X(...)` of an fa4aot exception class names a class with a section."""
     classes = _exception_classes()
     raised = set()
-    for f in sorted(PKG.glob("*.py")):
+    for f in sorted(PKG.rglob("*.py")):
         for node in ast.walk(ast.parse(f.read_text())):
             # `raise X(...)`, and `return X(...)` of helpers such as `_fail` that build one
             value = node.exc if isinstance(node, ast.Raise) else getattr(node, "value", None)
@@ -222,7 +222,21 @@ def test_every_raised_error_class_is_a_documented_one():
 
 
 def _env_vars() -> set[str]:
-    return {m.rstrip("_") for f in sorted(PKG.glob("*.py")) for m in ENV_RE.findall(f.read_text())}
+    """Every FA4AOT_* variable: the settings (fa4aot/settings.py, where they are read) and any
+    name spelled out in the package's code or docstrings."""
+    from fa4aot.settings import Settings
+
+    files = sorted(PKG.rglob("*.py"))
+    spelled = {m.rstrip("_") for f in files for m in ENV_RE.findall(f.read_text())}
+    return spelled | {s.env for s in Settings.all()}
+
+
+def test_every_variable_named_in_the_code_is_a_setting():
+    from fa4aot.settings import Settings
+
+    known = {s.env for s in Settings.all()}
+    assert {"FA4AOT_SPLIT_KV", "FA4AOT_PADDING", "FA4AOT_CACHE_DIR"} <= known
+    assert _env_vars() == known, sorted(_env_vars() - known)
 
 
 def test_every_environment_variable_is_documented():

@@ -71,7 +71,7 @@ def test_variant_from_fa4_key_matches_every_default_variant():
             c.clear()
 
 
-def test_install_serves_from_store_and_refuses_misses(tiny_store, monkeypatch, tmp_path):
+def test_install_serves_from_store_and_refuses_misses(tiny_store, monkeypatch, tmp_path, knobs):
     import fa4aot
     from fa4aot import compiler
 
@@ -80,7 +80,7 @@ def test_install_serves_from_store_and_refuses_misses(tiny_store, monkeypatch, t
     from flash_attn.cute import interface as I
 
     original = I._flash_attn_fwd.compile_cache
-    monkeypatch.setenv("FA4AOT_MISS_LOG", str(tmp_path / "misses.jsonl"))
+    knobs(miss_log=str(tmp_path / "misses.jsonl"))
     counters = fa4aot.install(cache=root, on_miss="error", arch="sm90", num_sms=132)
     try:
         _fake_dense(1)
@@ -130,15 +130,15 @@ def test_coverage_hit_then_missing(tiny_store, tmp_path):
         main, ["coverage", "--spec", str(spec_file), "--cache", str(root), "--json"]
     )
     assert r.exit_code == 0, r.output
-    doc = json.loads(r.output)
-    assert doc["counts"] == {"hit": 2, "padding": 0, "missing": 0, "unsupported": 0}
+    doc = json.loads(r.stdout)
+    assert doc["counts"] == {"hit": 2, "padding": 0, "missing": 0, "unsupported": 0, "corrupt": 0}
     bigger = tmp_path / "tiny2.toml"
     bigger.write_text(TINY.replace('phases = ["decode"]', 'phases = ["decode", "prefill"]'))
     r = CliRunner().invoke(
         main, ["coverage", "--spec", str(bigger), "--cache", str(root), "--json"]
     )
     assert r.exit_code == 1
-    doc = json.loads(r.output)
+    doc = json.loads(r.stdout)
     assert doc["counts"]["hit"] == 2 and doc["counts"]["missing"] == 2
     assert {row["variant"].split()[6] for row in doc["rows"] if row["status"] == "missing"} == {
         "prefill"
@@ -157,7 +157,7 @@ def test_coverage_reports_padding(tiny_store, tmp_path):
         main, ["coverage", "--spec", str(spec), "--cache", str(root), "--json", "--no-trace"]
     )
     assert r.exit_code == 0, r.output
-    doc = json.loads(r.output)
+    doc = json.loads(r.stdout)
     assert doc["counts"]["padding"] == 2
     assert all("head_dim 56 -> 64" in row["detail"] for row in doc["rows"])
 

@@ -94,7 +94,7 @@ def test_nothing_to_build_names_the_layers_that_hold_the_variants(tmp_path, monk
 
     r = cli("build", "--spec", str(spec), "-j", "1", env=env)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == (
+    assert r.stdout.splitlines()[0] == (
         f"nothing to build: all {N_TINY} variants are in the store layers: "
         f"{N_TINY} in {img_store.dir}"
     )
@@ -103,14 +103,17 @@ def test_nothing_to_build_names_the_layers_that_hold_the_variants(tmp_path, monk
     r = cli("build", "--spec", str(spec), "-j", "1", env=env)
     assert r.returncode == 0, r.stderr
     half = N_TINY // 2
-    assert r.stdout.strip() == (
+    assert r.stdout.splitlines()[0] == (
         f"nothing to build: all {N_TINY} variants are in the store layers: "
         f"{half} in {target}, {half} in {img_store.dir}"
     )
 
     build_stub(node, spec, monkeypatch)  # all of them in the target: the one-layer wording
     r = cli("build", "--spec", str(spec), "-j", "1", env=env)
-    assert r.stdout.strip() == f"nothing to build: all {N_TINY} variants are in {target}"
+    first, last = r.stdout.splitlines()
+    assert first == f"nothing to build: all {N_TINY} variants are in {target}"
+    # the last line: the runtime reads this layer already (it is FA4AOT_CACHE_DIR's first)
+    assert last == f"the runtime reads it already: {node} (FA4AOT_CACHE_DIR)"
 
 
 def test_corrupt_target_copy_is_rebuilt_through_the_cli(tmp_path, monkeypatch):
@@ -151,9 +154,8 @@ page_sizes = [128]
 
 
 @pytest.fixture
-def stub(monkeypatch):
-    monkeypatch.setenv("FA4AOT_STUB_COMPILER", "1")
-    monkeypatch.setenv("FA4AOT_STUB_DELAY", "0")
+def stub(knobs):
+    knobs(stub_compiler="1", stub_delay="0")
 
 
 def _build_paged(root, **kw):
@@ -207,10 +209,10 @@ def test_block_sizes_skip_stores_of_other_package_versions(tmp_path, stub, monke
     assert _tma(tmp_path) == ()
 
 
-def test_block_sizes_skip_stub_records_outside_stub_builds(tmp_path, stub, monkeypatch):
+def test_block_sizes_skip_stub_records_outside_stub_builds(tmp_path, stub, monkeypatch, knobs):
     store = _build_paged(tmp_path)
     assert _tma(tmp_path) == (128,)  # stub builds count their own stubs (the contract tests)
-    monkeypatch.delenv("FA4AOT_STUB_COMPILER")
+    knobs(stub_compiler=None)
     assert _tma(tmp_path) == ()  # a serving process: stubs are no kernels
     tma = [
         d

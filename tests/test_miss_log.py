@@ -12,6 +12,7 @@ from click.testing import CliRunner
 import fa4aot.missing as M
 from fa4aot.build import plan_for
 from fa4aot.cli import main
+from fa4aot import settings
 from fa4aot.specs import resolve_specs
 from fa4aot.variants import Variant
 
@@ -19,8 +20,8 @@ from fa4aot.variants import Variant
 @pytest.fixture(autouse=True)
 def _fresh(monkeypatch):
     monkeypatch.setattr(M, "_seen", set())  # the per-process dedupe set
-    monkeypatch.delenv("FA4AOT_MISS_LOG", raising=False)
-    monkeypatch.delenv("FA4AOT_MISS_LOG_MAX", raising=False)
+    with settings.scope(miss_log=None, miss_log_max=None):
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +44,8 @@ def test_round_trip(tmp_path, variants):
 def test_env_names_the_log(tmp_path, variants, monkeypatch):
     assert M.record_miss(variants[0]) is False  # no log configured: nothing written, no error
     log = tmp_path / "env.jsonl"
-    monkeypatch.setenv("FA4AOT_MISS_LOG", str(log))
-    assert M.record_miss(variants[0]) is True
+    with settings.scope(miss_log=str(log)):
+        assert M.record_miss(variants[0]) is True
     assert M.read_misses(log) == [variants[0]]
 
 
@@ -65,15 +66,20 @@ def test_duplicate_lines_read_once(tmp_path, variants):
     assert M.read_misses(log) == [variants[0]]
 
 
-def test_log_is_bounded(tmp_path, variants, monkeypatch):
-    monkeypatch.setenv("FA4AOT_MISS_LOG_MAX", "2")
+def test_log_is_bounded(tmp_path, variants, monkeypatch, capsys):
     log = tmp_path / "m.jsonl"
-    got = [M.record_miss(v, str(log)) for v in variants[:5]]
+    with settings.scope(miss_log_max="2"):
+        got = [M.record_miss(v, str(log)) for v in variants[:5]]
     assert got == [True, True, False, False, False]
     assert M.read_misses(log) == variants[:2]
-    monkeypatch.setenv("FA4AOT_MISS_LOG_MAX", "not a number")  # falls back to the default bound
+    # an invalid bound: the log is off (a serving call never fails for it), said once
     monkeypatch.setattr(M, "_seen", set())
-    assert M.record_miss(variants[5], str(log)) is True
+    with settings.scope(miss_log_max="not a number"):
+        assert M.record_miss(variants[5], str(log)) is False
+        assert M.record_miss(variants[6], str(log)) is False
+    assert M.read_misses(log) == variants[:2]
+    err = capsys.readouterr().err
+    assert err.count("FA4AOT_MISS_LOG_MAX='not a number' is invalid") == 1
 
 
 def test_torn_and_foreign_lines_are_skipped(tmp_path, variants):

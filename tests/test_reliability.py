@@ -235,8 +235,8 @@ def test_lock_is_taken_over_at_once_after_its_holder_is_sigkilled(tmp_path, mode
     assert lock.exists() == (mode == "flock")  # flock files stay (same inode for all waiters)
 
 
-def test_marker_of_another_machine_is_stale_only_after_its_lease(tmp_path, monkeypatch):
-    monkeypatch.setenv("FA4AOT_LOCK_LEASE_S", "1")
+def test_marker_of_another_machine_is_stale_only_after_its_lease(tmp_path, knobs):
+    knobs(lock_lease_s="1")
     lock = tmp_path / "y.lock"
     lock.write_text(
         json.dumps({"machine": "elsewhere/boot/1", "pid": 1, "start": "", "nonce": "n"})
@@ -251,8 +251,8 @@ def test_marker_of_another_machine_is_stale_only_after_its_lease(tmp_path, monke
     assert not lock.exists()
 
 
-def test_marker_holder_keeps_its_lease_fresh(tmp_path, monkeypatch):
-    monkeypatch.setenv("FA4AOT_LOCK_LEASE_S", "1")
+def test_marker_holder_keeps_its_lease_fresh(tmp_path, knobs):
+    knobs(lock_lease_s="1")
     lock = tmp_path / "z.lock"
     with locking.hold(lock, timeout=1, mode="marker"):
         t0 = lock.stat().st_mtime
@@ -291,8 +291,8 @@ tmpfs /mnt/nfs/tmp tmpfs rw 0 0
 """
 
 
-def test_filesystem_detection_picks_the_lock_and_refuses_object_stores(monkeypatch):
-    monkeypatch.delenv("FA4AOT_LOCK", raising=False)
+def test_filesystem_detection_picks_the_lock_and_refuses_object_stores(monkeypatch, knobs):
+    knobs(lock=None)
     cases = {
         "/": "ext4",
         "/home/u/cache": "ext4",
@@ -318,7 +318,7 @@ def test_filesystem_detection_picks_the_lock_and_refuses_object_stores(monkeypat
     monkeypatch.setattr(locking, "fs_type", lambda p, m=None: "fuse.s3fs")
     assert "no atomic rename" in locking.write_refusal(Path("/mnt/s3"))
     monkeypatch.setattr(locking, "fs_type", real)
-    monkeypatch.setenv("FA4AOT_LOCK", "marker")
+    knobs(lock="marker")
     assert locking.lock_mode(Path("/")) == "marker"
 
 

@@ -22,8 +22,9 @@ BF16 = torch.bfloat16
 
 
 @pytest.fixture(autouse=True)
-def _isolated_runtime(tmp_path, monkeypatch):
-    monkeypatch.setenv("FA4AOT_CACHE_DIR", str(tmp_path / "cache"))
+def _isolated_runtime(tmp_path, monkeypatch, knobs):
+    knobs(cache_dir=str(tmp_path / "cache"), padding=None)
+    # Runtime.__init__ still reads FA4AOT_PADDING from the environment itself
     monkeypatch.delenv("FA4AOT_PADDING", raising=False)
     R.reset(roots=[tmp_path / "cache"])
     yield
@@ -469,9 +470,8 @@ page_sizes = {json.dumps(page_sizes)}
 
 
 @pytest.fixture
-def stub(monkeypatch):
-    monkeypatch.setenv("FA4AOT_STUB_COMPILER", "1")
-    monkeypatch.setenv("FA4AOT_STUB_DELAY", "0")
+def stub(knobs):
+    knobs(stub_compiler="1", stub_delay="0")
 
 
 def _build(root, spec):

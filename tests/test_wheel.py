@@ -66,11 +66,17 @@ def test_wheel_contents_record_metadata_entry_point_and_tag(tmp_path, src, n_oth
     (res,) = build_wheels([src.root], tmp_path)
     assert res.dist == "fa4aot-cache-sm90" and res.store == src.dir.name
     assert len(res.artifacts) == N_TINY + n_other and res.skipped == []
-    assert res.path.name.startswith(f"fa4aot_cache_sm90-1.0.0-{PYTAG}-none-linux_")
+    # the version is derived from the content: the fingerprint, then a hash of what is inside
+    from packaging.version import Version
+
+    fp_hash = src.dir.name.rsplit("-", 1)[1][:8]
+    v = Version(res.version)
+    assert v.public == "1.0.0" and v.local.startswith(f"fp{fp_hash}.") and len(v.local) == 23
+    assert res.path.name.startswith(f"fa4aot_cache_sm90-{res.version}-{PYTAG}-none-linux_")
     assert res.size == res.path.stat().st_size
     files = _zip(res.path)
     info = _info(files)
-    assert info == "fa4aot_cache_sm90-1.0.0.dist-info"
+    assert info == f"fa4aot_cache_sm90-{res.version}.dist-info"
     rows = list(csv.reader(io.StringIO(files[f"{info}/RECORD"].decode())))
     assert sorted(r[0] for r in rows) == sorted(files)  # every member, once
     for name, digest, size in rows:
@@ -81,8 +87,18 @@ def test_wheel_contents_record_metadata_entry_point_and_tag(tmp_path, src, n_oth
         assert digest == "sha256=" + b64.decode() and int(size) == len(files[name])
     meta = files[f"{info}/METADATA"].decode()
     py = f"{sys.version_info.major}.{sys.version_info.minor}"
-    for line in ("Name: fa4aot-cache-sm90", "Version: 1.0.0", "Requires-Dist: fa4aot"):
-        assert line + "\n" in meta
+    for line in ("Name: fa4aot-cache-sm90", f"Version: {res.version}", "Requires-Dist: fa4aot=="):
+        assert line in meta
+    # the exact runtime the parts were linked against, and the fa4aot that reads the records
+    import fa4aot
+
+    requires = [ln.split(": ", 1)[1] for ln in meta.splitlines() if ln.startswith("Requires-Dist")]
+    assert requires[0] == f"fa4aot=={fa4aot.__version__}"
+    tc = src.toolchain
+    if tc["tvm_ffi"]:
+        assert f"apache-tvm-ffi=={tc['tvm_ffi']}" in requires
+    if tc["cutlass_libs"] and tc["cutlass_dsl"]:
+        assert f"nvidia-cutlass-dsl-libs-{tc['cutlass_libs']}=={tc['cutlass_dsl']}" in requires
     assert f"Requires-Python: =={py}.*\n" in meta
     wheel = files[f"{info}/WHEEL"].decode()
     assert "Root-Is-Purelib: false\n" in wheel and f"Tag: {PYTAG}-none-linux_" in wheel
@@ -184,7 +200,7 @@ def test_builds_never_go_into_a_wheel_store(tmp_path, src):
         S.build_root([blocked / "store", wheel_root])
 
 
-def test_entry_point_discovery_skips_broken_ones(tmp_path, monkeypatch, caplog):
+def test_entry_point_discovery_skips_broken_ones(tmp_path, monkeypatch, caplog, knobs):
     good = tmp_path / "mods" / "fa4aot_cache_good"
     (good / "store").mkdir(parents=True)
     (good / "__init__.py").write_text(
@@ -204,12 +220,12 @@ def test_entry_point_discovery_skips_broken_ones(tmp_path, monkeypatch, caplog):
         ]
     ]
     monkeypatch.setattr(S.metadata, "entry_points", lambda group: eps)
-    monkeypatch.setenv("FA4AOT_CACHE_DIR", str(tmp_path / "user"))
+    knobs(cache_dir=str(tmp_path / "user"))
     with caplog.at_level(logging.WARNING, logger="fa4aot"):
         assert S.default_roots() == [tmp_path / "user", good / "store"]
     assert all(n in caplog.text for n in ("a-missing", "b-boom", "c-noroot"))
     assert S.default_roots(wheels=False) == [tmp_path / "user"]
-    monkeypatch.setenv("FA4AOT_CACHE_WHEELS", "0")
+    knobs(cache_wheels="0")
     assert S.default_roots() == [tmp_path / "user"]
 
 
@@ -369,3 +385,14 @@ def test_platform_tag_from_elf_parts():
     bad[0x3A:0x3E] = (64).to_bytes(2, "little") + (1).to_bytes(2, "little")
     with pytest.raises(BuildError, match="unreadable ELF"):
         _platform({"a/fwd.so": bytes(bad)})
+
+
+def test_version_follows_the_content(tmp_path, src):
+    """One store, one version; a store whose content differs gets another (pip would otherwise
+    call the second wheel "already installed")."""
+    (a,) = build_wheels([src.root], tmp_path / "a", specs=["tiny"])
+    (b,) = build_wheels([src.root], tmp_path / "b", specs=["tiny"])
+    (c,) = build_wheels([src.root], tmp_path / "c")  # more artifacts
+    assert a.version == b.version != c.version
+    assert a.version.split(".")[-1] != c.version.split(".")[-1]
+    assert a.version.split("+")[1].split(".")[0] == c.version.split("+")[1].split(".")[0]

@@ -1,0 +1,191 @@
+"""`fa4aot coverage` and `fa4aot doctor`: will this host (or this image) serve, and if not,
+why. Both fail (exit 1) on anything that would stop serving: a layer that cannot be read, a
+corrupt artifact, no store for the target, an invalid setting, a missing variant, and (coverage,
+unless --allow-unsupported) a layer FA4 cannot run."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import click
+
+from .. import constraints as C
+from . import main
+from .common import cache_option, layers_for, loadable_artifacts, matching_stores
+from .output import with_output
+
+
+def compiler_missing() -> str | None:
+    """Why FA4's entry points cannot be traced here (None: they can). Checked before importing
+    anything: a serving image has neither cutlass nor flash_attn, by design."""
+    for mod, dist in (("cutlass", "nvidia-cutlass-dsl"), ("flash_attn", "flash-attn-4")):
+        try:
+            found = importlib.util.find_spec(mod) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            return f"{mod} is not installed ({dist})"
+    return None
+
+
+@main.command()
+@click.option(
+    "--spec",
+    "specs",
+    multiple=True,
+    help="Default spec name or TOML path (repeatable). Default: all.",
+)
+@click.option("--arch", default="sm90", show_default=True, type=click.Choice(sorted(C.ARCHS)))
+@click.option(
+    "--num-sms",
+    type=click.IntRange(1, 1024),
+    help="SM count of the target GPU (default: the arch's).",
+)
+@click.option("--python", "python", help="Python minor of the serving runtime (default: any).")
+@cache_option("read")
+@click.option(
+    "--trace/--no-trace",
+    default=True,
+    show_default=True,
+    help="Also trace FA4's real entry points under fake tensors (no GPU, nothing compiled) "
+    "and check the store holds FA4's exact compile keys (what fa4aot.install serves). Skipped, "
+    "with a warning, where the compiler is not installed.",
+)
+@click.option(
+    "--allow-unsupported",
+    is_flag=True,
+    help="Exit 0 even if a spec has layers FA4 cannot run on the arch (they are still listed).",
+)
+@with_output
+def coverage(specs, arch, num_sms, python, cache, trace, allow_unsupported, out):
+    """Does the store cover the specs' serving envelopes? Each variant: hit, servable by padding
+    (with its cost), or missing. Artifacts are checked as the runtime checks them before loading
+    (checksums, ownership). Exit 1 if anything is missing or corrupt, no store matches the
+    target, a setting is invalid, or a layer is unsupported (without --allow-unsupported): run
+    it before shipping an image."""
+    from .. import settings
+    from ..build import plan_for
+    from ..select import choose
+    from ..specs import resolve_specs
+    from ..variants import Variant
+
+    settings.check()
+    num_sms = num_sms or C.DEFAULT_NUM_SMS[arch]
+    layers = layers_for(cache, out)
+    match = matching_stores(layers, arch, num_sms, python)
+    match.require()
+    found = loadable_artifacts(match.stores)
+    arts = found.artifacts
+    avail = [Variant.from_dict(a.record["variant"]) for a in arts]
+    keys = {(part, p["key"]) for a in arts for part, p in a.record["parts"].items()}
+    spec_list = resolve_specs(list(specs))
+    trace_skipped = None
+    if trace:
+        trace_skipped = compiler_missing()
+        if trace_skipped:
+            out.warning(
+                f"--trace skipped: {trace_skipped}; FA4's compile keys were not checked "
+                "(pip install 'fa4aot[build]' to check them, or pass --no-trace)"
+            )
+            trace = False
+    rows, missing = [], 0
+    for spec in spec_list:
+        plan = plan_for([spec], arch)
+        needs = list(plan.variants().values())
+        traced = None
+        if trace and needs:
+            from .. import compiler
+
+            compiler.configure(arch, num_sms)
+            traced = compiler.trace_keys([n.call for n in needs])
+        for i, n in enumerate(needs):
+            feat = n.call.feature_kwargs()
+            ch = choose(arch, feat, avail)
+            row = {
+                "spec": spec.name,
+                "layer": n.layer,
+                "id": n.variant.id,
+                "variant": n.variant.describe(),
+            }
+            if ch and ch[0].exact:
+                row["status"] = "hit"
+                if traced is not None:
+                    absent = [
+                        f"{name}"
+                        for name, ks in traced[i].items()
+                        for k in ks
+                        if (name, k) not in keys
+                    ]
+                    if absent:
+                        row["status"] = "missing"
+                        row["detail"] = (
+                            f"FA4 compile key(s) of {', '.join(absent)} not in the store"
+                        )
+            elif ch:
+                row["status"] = "padding"
+                row["detail"] = ch[0].describe(n.variant)
+                row["cost"] = round(ch[0].cost, 3)
+            else:
+                row["status"] = "missing"
+            if n.variant.id in found.corrupt and row["status"] != "hit":
+                row["detail"] = f"corrupt: {found.corrupt[n.variant.id]}"
+            missing += row["status"] == "missing"
+            rows.append(row)
+        for u in plan.unsupported:
+            rows.append(
+                {
+                    "spec": spec.name,
+                    "layer": u.layer,
+                    "id": "",
+                    "variant": "",
+                    "status": "unsupported",
+                    "detail": u.reason + (f"; served by {u.served_by}" if u.served_by else ""),
+                }
+            )
+    counts = {
+        k: sum(r["status"] == k for r in rows) for k in ("hit", "padding", "missing", "unsupported")
+    }
+    counts["corrupt"] = len(found.corrupt)
+    corrupt = [{"id": vid, "error": err} for vid, err in sorted(found.corrupt.items())]
+    out.table(
+        rows,
+        ["spec", "layer", "id", "status", "variant", "detail"],
+        counts=counts,
+        corrupt=corrupt,
+        stores=[str(s.dir) for s in match.stores],
+        trace="skipped: " + trace_skipped if trace_skipped else trace,
+    )
+    for c in corrupt:
+        out.text(f"corrupt: {c['id']}: {c['error']}")
+    out.text(
+        f"{counts['hit']} hit, {counts['padding']} by padding, {counts['missing']} missing, "
+        f"{counts['unsupported']} unsupported by FA4, {counts['corrupt']} corrupt"
+    )
+    fail_unsupported = counts["unsupported"] and not allow_unsupported
+    if fail_unsupported:
+        out.text(
+            "unsupported layers fail the check: serve them another way, or pass "
+            "--allow-unsupported to accept them"
+        )
+    if missing or found.corrupt or fail_unsupported:
+        sys.exit(1)
+
+
+@main.command()
+@cache_option("read")
+@with_output
+def doctor(cache, out):
+    """Versions, settings (value and source), GPU (arch, SM count), runtime library, visible
+    store layers and whether each is compatible and intact, and what the runtime would serve
+    from. Exit 1 if something stops serving here."""
+    from ..doctor import format_text, report
+
+    layers = layers_for(cache, out, strict=False)
+    r = report(layers)
+    if out.as_json:
+        out.document(r)
+    else:
+        out.text(format_text(r))
+    if r["problems"]:
+        sys.exit(1)

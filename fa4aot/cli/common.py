@@ -1,0 +1,136 @@
+"""What several commands share: the one `--cache` option, the layers it resolves to, and the
+stores (of those layers) that would serve a given arch / SM count / Python."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import click
+
+from ..errors import Fa4aotError, FingerprintMismatch
+from ..store import Layer, Store, build_toolchain, resolve_layers, scan_root
+
+CACHE_HELP = {
+    "read": "Store layers to read, ':'-separated (default: the $FA4AOT_CACHE_DIR layers, else "
+    "the user cache dir, then installed cache wheels).",
+    "write": "Store layers, ':'-separated; writes go to the first writable one (default: the "
+    "$FA4AOT_CACHE_DIR layers, else the user cache dir).",
+    "ship": "Store layers to read, ':'-separated (default: the $FA4AOT_CACHE_DIR layers, else "
+    "the user cache dir; not installed cache wheels).",
+}
+
+
+def cache_option(kind: str = "read"):
+    return click.option("--cache", help=CACHE_HELP[kind])
+
+
+def layers_for(
+    cache: str | None, out, *, wheels: bool = True, verb: str = "read", strict: bool = True
+) -> list[Layer]:
+    """resolve_layers, named on `out`; with `strict`, a layer that cannot be read fails the
+    command when it was named on the command line (--cache: a typo is not an empty store) or
+    exists but is unreadable or not a directory; an absent FA4AOT_CACHE_DIR or default layer
+    is normal (a node cache before its first build) and reads as empty."""
+    layers = resolve_layers(cache, wheels=wheels)
+    out.read_layers(layers, verb)
+    if strict:
+        for layer in layers:
+            why = layer.problem()
+            if why is None:
+                continue
+            if layer.explicit or layer.root.exists():
+                raise Fa4aotError(f"store layer {why}")
+    return layers
+
+
+def existing(layers: list[Layer]) -> list[Layer]:
+    return [layer for layer in layers if layer.problem() is None]
+
+
+@dataclass
+class Match:
+    """Stores of the layers that serve (arch, num_sms, python) with this machine's toolchain,
+    and the others (named when nothing matches)."""
+
+    stores: list[Store] = field(default_factory=list)
+    others: list[Store] = field(default_factory=list)
+    want: dict = field(default_factory=dict)
+
+    def describe_others(self) -> str:
+        if not self.others:
+            return "no store at all"
+        return "stores there: " + "; ".join(
+            f"{s.dir} ({s.toolchain.get('arch')}, {s.toolchain.get('num_sms')} SMs, python "
+            f"{s.toolchain.get('python')})"
+            for s in self.others
+        )
+
+    def require(self) -> None:
+        """FingerprintMismatch unless some store matches, naming the stores that do exist."""
+        if self.stores:
+            return
+        w = self.want
+        py = w.get("python")
+        raise FingerprintMismatch(
+            f"no store for {w['arch']} with {w['num_sms']} SMs"
+            + (f", python {py}" if py else "")
+            + f" built by this toolchain; {self.describe_others()}. Build it with: fa4aot build "
+            f"--arch {w['arch']} --num-sms {w['num_sms']}"
+            + (f" --python {py}" if py else "")
+        )
+
+
+def matching_stores(layers: list[Layer], arch: str, num_sms: int, python: str | None) -> Match:
+    """Every layer's store built by this machine's toolchain for (arch, SM count), and for
+    `python` when given (a build machine checks stores made for another interpreter)."""
+    want = build_toolchain(arch, num_sms, python)
+    keys = [
+        k
+        for k in ("fa4", "cutlass_dsl", "cutlass_libs", "tvm_ffi", "arch", "num_sms")
+        if want.get(k)
+    ]
+    keys += ["python"] if python else []
+    m = Match(want={**want, "python": python})
+    for layer in existing(layers):
+        for s in scan_root(Path(layer.root))[0]:
+            ok = all(s.toolchain.get(k) == want[k] for k in keys)
+            (m.stores if ok else m.others).append(s)
+    return m
+
+
+@dataclass
+class Loadable:
+    """Artifacts of some stores as the runtime would judge them before dlopen
+    (Artifact.check_loadable: not a stub, a safe path, every part's sha256)."""
+
+    artifacts: list = field(default_factory=list)
+    corrupt: dict[str, str] = field(default_factory=dict)  # variant id -> why
+    stub_ids: set[str] = field(default_factory=set)  # test stubs whose checksums hold
+
+
+def loadable_artifacts(stores: list[Store]) -> Loadable:
+    from .. import settings
+
+    res = Loadable()
+    unsafe_ok = settings.allow_unsafe_dirs()
+    for s in stores:
+        for vid, a in s.iter_artifacts():
+            if isinstance(a, Exception):
+                res.corrupt.setdefault(vid, str(a))
+                continue
+            if a.record.get("stub"):  # test builds: never served, never a finding
+                try:
+                    a.verify()
+                    res.stub_ids.add(vid)
+                except Fa4aotError as e:
+                    res.corrupt.setdefault(vid, str(e))
+                continue
+            try:
+                a.check_loadable(unsafe_ok)
+            except Fa4aotError as e:
+                res.corrupt.setdefault(vid, str(e))
+                continue
+            res.artifacts.append(a)
+    # a good copy in another layer serves; the corrupt one is still a finding (reported)
+    return res
