@@ -393,7 +393,9 @@ class _Installed:
 
             from . import runtime_lib
 
-            art.check_loadable(os.environ.get("FA4AOT_ALLOW_UNSAFE_DIRS") == "1")  # before dlopen
+            from . import settings
+
+            art.check_loadable(settings.allow_unsafe_dirs())  # before dlopen
             runtime_lib.load_runtime_lib()
             self.loaded[k] = tvm_ffi.load_module(str(art.part_path(part)))[f"fa4aot_{part}"]
         return self.loaded[k]

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -28,6 +27,7 @@ from .errors import (
     Fa4aotError,
     UnsupportedVariant,
 )
+from . import settings
 from . import split as S
 from .select import fold_from_env
 from .store import Artifact, Store, default_roots, find_serving_store, runtime_expectation
@@ -47,20 +47,6 @@ _BIN_BATCH = C.BIN_BATCH_SEARCH_THRESH  # batch above which varlen calls take th
 # chunk fills the SMs by itself).
 _SPLIT_ROWS = 16
 _SPLIT_MIN = S.DEFAULT_MODEL.min_chunk  # KV lengths at or below it never split
-
-
-def split_from_env() -> int:
-    """FA4AOT_SPLIT_KV: auto (default: the cost model chooses, -1 here), 0 (never split) or N
-    (always N chunks where a split applies)."""
-    raw = os.environ.get("FA4AOT_SPLIT_KV", "auto")
-    if raw == "auto":
-        return -1
-    if raw.isdigit() and int(raw) <= S.MAX_SLOTS - 1:
-        return int(raw)
-    raise ValueError(
-        f"FA4AOT_SPLIT_KV must be auto, 0 (never split) or a split count 1..{S.MAX_SLOTS - 1}, "
-        f"got {raw!r}"
-    )
 
 
 @dataclass
@@ -107,18 +93,18 @@ class Runtime:
         allow_unsafe_dirs: bool | None = None,
     ):
         self.roots = [Path(r) for r in roots] if roots else default_roots()
-        self.on_miss = on_miss or os.environ.get("FA4AOT_ON_MISS", "error")
+        # one snapshot of the settings (fa4aot.settings: a bad value raises SettingError,
+        # naming the variable, here, when the runtime is built)
+        self.on_miss = on_miss or settings.on_miss()
         if self.on_miss not in ON_MISS:
             raise ValueError(f"on_miss must be one of {ON_MISS}, got {self.on_miss!r}")
         if allow_unsafe_dirs is None:
-            allow_unsafe_dirs = os.environ.get("FA4AOT_ALLOW_UNSAFE_DIRS") == "1"
+            allow_unsafe_dirs = settings.allow_unsafe_dirs()
         self.allow_unsafe_dirs = allow_unsafe_dirs
-        pad = os.environ.get("FA4AOT_PADDING", "allow")
-        if pad not in ("allow", "deny"):
-            raise ValueError(f"FA4AOT_PADDING must be allow or deny, got {pad!r}")
-        self.padding = pad == "allow"
+        self.padding = settings.allow_padding()
         self.fold = fold_from_env()  # serve s_q == 1 decode by folding heads into rows
-        self.split = split_from_env()
+        split = settings.split_kv()
+        self.split = -1 if split == "auto" else split  # -1: the cost model chooses
         self._lock = threading.Lock()
         self._devices: dict[int, tuple[str, int]] = {}
         self._split_kernels: dict[tuple, _SplitKernel | None] = {}

@@ -15,7 +15,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 
-# 8 variants on sm90: dense + varlen, decode + prefill, with and without LSE
+# 8 variants on sm90: dense + varlen, decode + prefill, with and without LSE (no fold or
+# split-KV kernels)
 TINY_SPEC = """
 name = "tiny"
 model = "test/tiny"
@@ -34,6 +35,7 @@ phases = ["decode", "prefill"]
 max_batch = 16
 return_lse = "both"
 decode_fold = false
+split_kv = false
 """
 
 

@@ -24,8 +24,6 @@ BF16 = torch.bfloat16
 @pytest.fixture(autouse=True)
 def _isolated_runtime(tmp_path, monkeypatch, knobs):
     knobs(cache_dir=str(tmp_path / "cache"), padding=None)
-    # Runtime.__init__ still reads FA4AOT_PADDING from the environment itself
-    monkeypatch.delenv("FA4AOT_PADDING", raising=False)
     R.reset(roots=[tmp_path / "cache"])
     yield
     R.reset(roots=[tmp_path / "cache"])

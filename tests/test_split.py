@@ -244,19 +244,12 @@ def test_page_table_view_is_free_when_it_fits():
 
 
 def test_split_setting():
-    import os
+    from fa4aot import settings
+    from fa4aot.errors import SettingError
 
-    old = os.environ.get("FA4AOT_SPLIT_KV")
-    try:
-        for raw, want in (("auto", -1), ("0", 0), ("16", 16)):
-            os.environ["FA4AOT_SPLIT_KV"] = raw
-            assert R.split_from_env() == want
-        for bad in ("yes", "-1", "500", ""):
-            os.environ["FA4AOT_SPLIT_KV"] = bad
-            with pytest.raises(ValueError, match="FA4AOT_SPLIT_KV"):
-                R.split_from_env()
-    finally:
-        if old is None:
-            os.environ.pop("FA4AOT_SPLIT_KV", None)
-        else:
-            os.environ["FA4AOT_SPLIT_KV"] = old
+    for raw, want in (("auto", -1), ("0", 0), ("16", 16)):
+        with settings.scope(split_kv=raw):
+            assert R.Runtime(roots=["/nonexistent"]).split == want
+    for bad in ("yes", "-1", "2.5"):
+        with settings.scope(split_kv=bad), pytest.raises(SettingError, match="FA4AOT_SPLIT_KV"):
+            R.Runtime(roots=["/nonexistent"])
