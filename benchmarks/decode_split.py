@@ -35,7 +35,7 @@ def _bench():
     import torch
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _timing import eager_us, graph_us
+    from _timing import eager_us, graph_us, host_us
 
     import fa4aot
     import fa4aot.runtime as R
@@ -60,20 +60,28 @@ def _bench():
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
             ref = sdpa(qt, kt, vt, enable_gqa=True).transpose(1, 2)
         rt.split = -1
-        n = rt.split_count(0, b * hk, sk, 2 * d * 2, 128)
-        row["splits"] = n if rt.split_kernel(0, dt, d, d, None) is not None else 1
+        sp = rt.split_for(0, dt, b * hk, sk, d, d, None, False)
+        row["splits"] = sp.n if sp else 1
         out.fill_(float("nan"))
         fa4aot.flash_attn_func(q, k, v, causal=True, out=out)
         row["err_vs_cudnn"] = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
         row["fa4aot"] = eager_us(lambda: fa4aot.flash_attn_func(q, k, v, causal=True, out=out))
+        row["fa4aot_graph"] = graph_us(
+            lambda: fa4aot.flash_attn_func(q, k, v, causal=True, out=out), calls=5,
+            replays=20 if graph else 10,
+        )
         if graph:
-            row["fa4aot_graph"] = graph_us(
-                lambda: fa4aot.flash_attn_func(q, k, v, causal=True, out=out), calls=5, replays=20
-            )
+            row["host"] = host_us(
+                lambda: fa4aot.flash_attn_func(q, k, v, causal=True, out=out), n=50, repeats=5
+            )[0]
         rt.split = 0
         o1 = fa4aot.flash_attn_func(q, k, v, causal=True)[0]
         row["max_diff_vs_unsplit"] = (o1.float() - out.float()).abs().max().item()
         row["unsplit"] = eager_us(lambda: fa4aot.flash_attn_func(q, k, v, causal=True, out=out))
+        if graph:
+            row["host_unsplit"] = host_us(
+                lambda: fa4aot.flash_attn_func(q, k, v, causal=True, out=out), n=50, repeats=5
+            )[0]
         rt.split = -1
         backends = (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION))
         for name, be in backends:
@@ -140,7 +148,8 @@ def _fmt(r):
     return (
         f"b{r['b']:<3} sk{r['sk']:<6} {r['hq']}:{r['hk']} n={r['splits']:<3} limit {f(r['limit'])} "
         f"fa4aot {f(r['fa4aot'])} unsplit {f(r['unsplit'])} cudnn {f(r['cudnn'])} "
-        f"flash {f(r['flash'])} graph {f(r.get('fa4aot_graph'))} "
+        f"flash {f(r['flash'])} graph {f(r.get('fa4aot_graph'))} host {f(r.get('host'))}/"
+        f"{f(r.get('host_unsplit'))} "
         f"err {r['err_vs_cudnn']:.1e} diff {r['max_diff_vs_unsplit']:.1e}"
     )
 

@@ -46,7 +46,7 @@ _BIN_BATCH = C.BIN_BATCH_SEARCH_THRESH  # batch above which varlen calls take th
 # Most query rows per sequence a split-KV plan takes: decode and speculative steps (a prefill
 # chunk fills the SMs by itself).
 _SPLIT_ROWS = 16
-_SPLIT_MIN = S.DEFAULT_MODEL.min_chunk  # KV lengths at or below it never split
+_SPLIT_MIN = 2 * S.DEFAULT_MODEL.min_chunk - 1  # KV lengths at or below it never split
 
 
 @dataclass
@@ -75,6 +75,9 @@ class _Plan:
     # a sequence of at most one query row is one m-block for the helper: with max_seqlen_q == 1
     # its output equals cu_seqlens_q (see flash_attn_varlen_func)
     decode_blocks: bool = False
+    # calls with these static features may be split-KV decode steps (split.split_refusal's
+    # static part: no window, few query rows); the entry points check the rest per call
+    may_split: bool = True
 
 
 def _arch_of(device: torch.device) -> tuple[str, int]:
@@ -559,9 +562,11 @@ def _resolve(rt: Runtime, fkey: tuple, feat_kwargs: dict, device, allow_padding:
         raise UnsupportedVariant(f"{variant.describe()}: {why}")
     if plan is None:
         return None  # caller decides (miss policy)
-    _, _, plan.window_left, plan.window_right = C.resolve_window(
+    _, local, plan.window_left, plan.window_right = C.resolve_window(
         feat_kwargs["causal"], feat_kwargs["window_left"], feat_kwargs["window_right"]
     )
+    rows = feat_kwargs["seqlen_q"] or feat_kwargs["max_seqlen_q"]
+    plan.may_split = not local and rows is not None and rows <= _SPLIT_ROWS
     rt._plans[fkey] = plan
     return plan
 
@@ -1178,8 +1183,10 @@ def flash_attn_varlen_func(
     )
     if not (_aligned(q) and _aligned(k) and _aligned(v)):
         q, k, v = _prep(q, "q", pad_ok), _prep(k, "k", pad_ok), _prep(v, "v", pad_ok)
+    plan = rt._plans.get(fkey)
     if (
-        rt.split
+        (plan is None or plan.may_split)
+        and rt.split
         and wl is None
         and wr is None
         and seqused_q is None
@@ -1205,7 +1212,6 @@ def flash_attn_varlen_func(
                 )
                 if got is not None:
                     return got
-    plan = rt._plans.get(fkey)
     if plan is None:
         _require_cuda(dev, q)
         dev = q.device
