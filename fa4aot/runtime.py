@@ -658,7 +658,13 @@ def _try_split(
             if len(rt._split_runs) > 64:
                 rt._split_runs.clear()
             rt._split_runs[key] = run
-    run.q_dst.copy_(q4.view(b, rows, 1, hk, hq // hk, d).expand(run.q_dst.shape))
+    if b * rows == 1:
+        # one decode row: every chunk reads the same q through a stride-0 batch mode, no copy
+        # (the kernel took it and matched the copied q bit for bit on the H200, 2026-11-30)
+        kq = q4.view(1, hk, hq // hk, d).expand(sp.slots, hk, hq // hk, d).transpose(1, 2)
+    else:
+        run.q_dst.copy_(q4.view(b, rows, 1, hk, hq // hk, d).expand(run.q_dst.shape))
+        kq = run.kq
     cu_k, used_k, pt = kv_args
     if kind == "dense":
         cu_k = run.cu_k
@@ -669,7 +675,7 @@ def _try_split(
         pt = S.chunk_page_table(torch, pt, sp, page_size, rows)
     _launch(
         run.kern.fwd,
-        run.kq,
+        kq,
         kk,
         vv,
         run.ko,
@@ -727,8 +733,8 @@ class _SplitRun:
         self.lp_c = torch.as_strided(lp, (slots, bb, 1, hq), (hq, slots * hq, 1, 1))
         self.lse_scratch = torch.empty((bb, 1, hq), dtype=torch.float32, device=dvc)
 
-        def const(key, make):
-            return make() if capturing else _const(rt, key, dvc, make)
+        def const(key, make):  # (while capturing: the eager warm-up's, or made in the graph)
+            return _const(rt, key, dvc, make)
 
         if kind == "dense":
             self.cu_k = const(
