@@ -634,36 +634,34 @@ def _try_split(
             return None  # K/V strided across batch and sequence: no packed view
     else:
         kk, vv = k, v
-    if out is None:
-        out = q4.new_empty((b * rows, hq, dv) if varlen_q else (b, rows, hq, dv))
-    try:  # the combine writes the caller's out in place, as (decode rows, 1, hq, dv)
-        out_c = out.view(b * rows, 1, hq, dv)
-    except RuntimeError:
-        if rows > 1 or varlen_q:
-            return None  # a caller's out whose rows do not merge
-        out_c = out  # (b, 1, hq, dv), any strides
-    if return_lse and lse is None:
-        lse = torch.empty(
-            (hq, b * rows) if varlen_q else (b, hq, rows), dtype=torch.float32, device=q4.device
-        )
+    if out is not None:
+        try:  # the combine writes the caller's out in place, as (decode rows, 1, hq, dv)
+            out_c = out.view(b * rows, 1, hq, dv)
+        except RuntimeError:
+            if rows > 1 or varlen_q:
+                return None  # a caller's out whose rows do not merge
+            out_c = out  # (b, 1, hq, dv), any strides
     cuda = q4.device.type == "cuda"  # (CPU tensors: the tests' stand-in kernels)
-    capturing = cuda and torch.cuda.is_current_stream_capturing()
+    capturing = cuda and torch._C._cuda_isCurrentStreamCapturing()
     stream = torch._C._cuda_getCurrentRawStream(dev) if cuda else 0
-    key = (dev, stream, kind, q4.dtype, b, rows, hq, hk, d, dv, sp, page_size, causal)
+    # (a dense K's chunk bounds depend on its exact length, not only on the plan's bucket)
+    key = (dev, stream, kind, q4.dtype, b, rows, hq, hk, d, dv, sp, page_size, causal,
+           seqlen_k if kind == "dense" else 0)
     run = None if capturing else rt._split_runs.get(key)
     if run is None:
-        run = _SplitRun(rt, dev, q4, hk, dv, kind, sp, page_size, causal, b if kind == "dense"
-                        else None, seqlen_k, capturing)
+        run = _SplitRun(rt, dev, q4, hk, dv, kind, sp, page_size, causal, seqlen_k)
         if not capturing:
             if len(rt._split_runs) > 64:
                 rt._split_runs.clear()
             rt._split_runs[key] = run
+    r = hq // hk
     if b * rows == 1:
         # one decode row: every chunk reads the same q through a stride-0 batch mode, no copy
         # (the kernel took it and matched the copied q bit for bit on the H200, 2026-11-30)
-        kq = q4.view(1, hk, hq // hk, d).expand(sp.slots, hk, hq // hk, d).transpose(1, 2)
+        sh = q4.stride(2)
+        kq = torch.as_strided(q4, (sp.slots, r, hk, d), (0, sh, r * sh, 1), q4.storage_offset())
     else:
-        run.q_dst.copy_(q4.view(b, rows, 1, hk, hq // hk, d).expand(run.q_dst.shape))
+        run.q_dst.copy_(q4.view(b, rows, 1, hk, r, d).expand(run.q_dst.shape))
         kq = run.kq
     cu_k, used_k, pt = kv_args
     if kind == "dense":
@@ -690,6 +688,13 @@ def _try_split(
     if sink is not None:  # the empty last slot carries the sink: counted once, as FA4 does
         run.lp_sink.copy_(sink[None, :].expand(run.lp_sink.shape))
     run.opf_dst.copy_(run.op_src)
+    if out is None:
+        out = q4.new_empty((b * rows, hq, dv) if varlen_q else (b, rows, hq, dv))
+        out_c = out.view(b * rows, 1, hq, dv)
+    if return_lse and lse is None:
+        lse = torch.empty(
+            (hq, b * rows) if varlen_q else (b, hq, rows), dtype=torch.float32, device=q4.device
+        )
     if lse is not None and rows == 1:
         st = (1, 1, b) if varlen_q else (hq, 1, 1)
         lse_c = torch.as_strided(lse, (b, 1, hq), st, lse.storage_offset())
@@ -707,10 +712,10 @@ class _SplitRun:
     buffers and the kernel-facing views of them, made once per (device, stream, shape) and
     reused by later steps: steps on one stream are ordered, so a step never overwrites
     scratch an earlier one still reads. While a CUDA graph is captured nothing is reused or
-    kept: the graph gets scratch of its own, from its pool."""
+    kept: the graph gets scratch of its own, from its pool (constants made eagerly before,
+    e.g. by the warm-up call, are shared: nothing writes them)."""
 
-    def __init__(self, rt, dev, q4, hk, dv, kind, sp, page_size, causal, dense_b, seqlen_k,
-                 capturing):
+    def __init__(self, rt, dev, q4, hk, dv, kind, sp, page_size, causal, seqlen_k):
         b, rows, hq, d = q4.shape
         r, slots = hq // hk, sp.slots
         bb, nv = b * rows, b * rows * slots  # decode rows; virtual sequences (chunk fastest)
@@ -738,8 +743,8 @@ class _SplitRun:
 
         if kind == "dense":
             self.cu_k = const(
-                ("dense_cu", dev, dense_b, seqlen_k, sp.chunk, slots),
-                lambda: S.dense_cu_seqlens_k(torch, dense_b, seqlen_k, sp, dvc),
+                ("dense_cu", dev, b, seqlen_k, sp.chunk, slots),
+                lambda: S.dense_cu_seqlens_k(torch, b, seqlen_k, sp, dvc),
             )
         else:
             offs = lambda: torch.arange(  # noqa: E731

@@ -253,3 +253,16 @@ def test_split_setting():
     for bad in ("yes", "-1", "2.5"):
         with settings.scope(split_kv=bad), pytest.raises(SettingError, match="FA4AOT_SPLIT_KV"):
             R.Runtime(roots=["/nonexistent"])
+
+
+def test_dense_kv_lengths_in_one_plan_bucket_keep_their_own_chunk_bounds():
+    """Two dense K lengths with the same split (same chunk size) must not share chunk bounds:
+    the cached scratch is keyed by the exact length (found by review: 700 then 650 keys)."""
+    rt = _FakeRuntime(2)
+    for sk in (700, 650, 700):
+        q, k, v = _inputs(2, 1, 4, 2, 16, [sk, sk], seed=sk)
+        assert rt.plan(700, None, False) == rt.plan(650, None, False)
+        o, _ = _split(rt, q, k, v, "dense", (None, None, None), sk, None, True, None, None,
+                      None, False, False)
+        ro, _ = _ref(q, k, v, [sk, sk], True, None)
+        assert rel_err(o, ro) < 1e-2, sk
