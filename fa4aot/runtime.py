@@ -31,7 +31,7 @@ from . import settings
 from . import split as S
 from .select import fold_from_env
 from .store import Artifact, Store, default_roots, find_serving_store, runtime_expectation
-from .variants import Variant, features
+from .variants import Variant, features, split_kernel_variant
 
 log = logging.getLogger("fa4aot")
 
@@ -181,26 +181,7 @@ class Runtime:
         if not C.runtime_unsupported_reason(arch) and not C.unsupported_reason(
             arch, _DTYPES[dtype], head_dim, head_dim_v
         ):
-            v = features(
-                arch=arch,
-                dtype=_DTYPES[dtype],
-                head_dim=head_dim,
-                head_dim_v=head_dim_v,
-                num_heads=1,
-                num_heads_kv=1,
-                causal=False,
-                window_left=None,
-                window_right=None,
-                return_lse=True,
-                sink_dtype=None,
-                batch=1,
-                seqlen_q=1,
-                total_q=1,
-                max_seqlen_q=None,
-                cu_seqlens_k=page_size is None,
-                seqused_k=page_size is not None,
-                page_size=page_size,
-            )
+            v = split_kernel_variant(arch, _DTYPES[dtype], head_dim, head_dim_v, page_size)
             with self._lock:
                 art = self.find(v, sms)
                 comb = art.record["parts"].get("combine", {}) if art is not None else {}
@@ -234,18 +215,11 @@ class Runtime:
         sp = None
         kern = self.split_kernel(dev, dtype, d, dv, page_size) if self.split else None
         if kern is not None:
-            align = 128 if page_size is None else math.lcm(128, page_size)
-            n = self.split
-            if n < 0:
-                n = S.choose_splits(
-                    batch=ctas, kv_heads=1, rows=1, seqlen_k=bucket,
-                    bytes_per_key=(d + dv) * dtype.itemsize, num_sms=self.device(dev)[1],
-                    align=align,
-                )
-            n = min(n, kern.max_slots - sink)
-            if n > 1:
-                sp = S.make_split(n, bucket, page_size=page_size, sink=sink, align=align)
-                sp = sp if sp.n > 1 else None
+            sp = S.plan_split(
+                ctas=ctas, seqlen_k=bucket, bytes_per_key=(d + dv) * dtype.itemsize,
+                page_size=page_size, sink=sink, num_sms=self.device(dev)[1],
+                setting=self.split, max_slots=kern.max_slots,
+            )
         if len(self._split_n) > 4096:
             self._split_n.clear()
         self._split_n[key] = sp

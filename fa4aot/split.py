@@ -206,3 +206,33 @@ def chunk_page_table(torch, page_table, sp: Split, page_size: int, rows_per_seq:
     if rows_per_seq > 1:
         t = t.expand(b, rows_per_seq, sp.slots, pp)
     return t.reshape(b * rows_per_seq * sp.slots, pp)
+
+
+def plan_split(
+    *,
+    ctas: int,
+    seqlen_k: int,
+    bytes_per_key: int,
+    page_size: int | None,
+    sink: bool,
+    num_sms: int,
+    setting: int,
+    max_slots: int = MAX_SLOTS,
+) -> Split | None:
+    """The runtime's split of a decode step (None: unsplit): `setting` is FA4AOT_SPLIT_KV
+    (-1 auto: the cost model; 0 never; N forced), ctas the (sequence, row, KV head) triples,
+    seqlen_k a bound on every KV length. Shared by the runtime and `fa4aot explain`."""
+    if setting == 0:
+        return None
+    align = 128 if page_size is None else math.lcm(128, page_size)
+    n = setting
+    if n < 0:
+        n = choose_splits(
+            batch=ctas, kv_heads=1, rows=1, seqlen_k=seqlen_k, bytes_per_key=bytes_per_key,
+            num_sms=num_sms, align=align,
+        )
+    n = min(n, max_slots - sink)
+    if n <= 1:
+        return None
+    sp = make_split(n, seqlen_k, page_size=page_size, sink=sink, align=align)
+    return sp if sp.n > 1 else None

@@ -133,6 +133,18 @@ class Variant:
         return cls(**d)
 
 
+def split_kernel_variant(
+    arch: str, dtype: str, head_dim: int, head_dim_v: int, page_size: int | None
+) -> Variant:
+    """The kernel split-KV plans run on for a K layout (packed when page_size is None)."""
+    return features(
+        arch=arch, dtype=dtype, head_dim=head_dim, head_dim_v=head_dim_v, num_heads=1,
+        num_heads_kv=1, causal=False, window_left=None, window_right=None, return_lse=True,
+        sink_dtype=None, batch=1, seqlen_q=1, total_q=1, max_seqlen_q=None,
+        cu_seqlens_k=page_size is None, seqused_k=page_size is not None, page_size=page_size,
+    )
+
+
 def features(
     *,
     arch: str,

@@ -350,3 +350,55 @@ def test_explain_decode_fold_then_padding(run, explain_store, monkeypatch, layou
         r = run("explain", "--heads", "20:1", "--head-dim", "128", *layout)
     assert r.exit_code == 1
     assert r.stderr == "error: FA4AOT_DECODE_FOLD='yes' is invalid: expected 0 or 1\n"
+
+
+@pytest.fixture
+def split_store(monkeypatch):
+    """explain over a store holding only the split-KV kernels (packed K and page 128), each
+    with its combine part: records only."""
+    from types import SimpleNamespace
+
+    import fa4aot.cli as cli
+    from fa4aot.cli.common import Match
+    from fa4aot.variants import split_kernel_variant
+
+    held = [split_kernel_variant("sm90", "bfloat16", 128, 128, p) for p in (None, 128)]
+    parts = {"fwd": {}, "combine": {"partial_dtype": "float32", "max_splits": 128}}
+    monkeypatch.setattr(
+        cli.explain,
+        "_cached_artifacts",
+        lambda *a: (
+            [SimpleNamespace(id=x.id, record={"variant": x.to_dict(), "parts": parts})
+             for x in held],
+            {},
+            Match(stores=[SimpleNamespace(dir="(test)")]),
+        ),
+    )
+
+
+def test_explain_split_kv(run, split_store):
+    base = ["explain", "--head-dim", "128", "--json"]
+    r = run(*base, "--heads", "32:8", "--seqlen-k", "65536")
+    assert r.exit_code == 0, r.output  # no 4:1 kernel: the split serves it alone
+    assert json.loads(r.stdout)["split"]["splits"] == 16
+    # GLM's 20:1 over one KV head, paged: 128 chunks
+    r = run(*base, "--heads", "20:1", "--seqlen-k", "131072", "--layout", "paged",
+            "--page-size", "128")
+    doc = json.loads(r.stdout)["split"]
+    assert r.exit_code == 0 and doc["splits"] > 64 and doc["chunk"] % 128 == 0
+    text = run("explain", "--heads", "20:1", "--head-dim", "128", "--seqlen-k", "131072",
+               "--layout", "paged", "--page-size", "128").stdout
+    assert "served by   : split-KV:" in text
+    # each refusal names its reason, and nothing else serves these calls
+    for extra, why in (
+        (["--window", "128"], "windowed"),
+        (["--batch", "64"], "cost model"),
+        (["--seqlen-q", "4"], "paged KV"),
+        (["--seqlen-k", "600"], "never split"),
+    ):
+        args = ["--heads", "32:8", "--seqlen-k", "65536", *extra]
+        r = run(*base, *args)
+        assert r.exit_code == 1 and why in json.loads(r.stdout)["split"]["why"], (extra, r.stdout)
+    with settings.scope(split_kv="0"):
+        r = run(*base, "--heads", "32:8", "--seqlen-k", "65536")
+    assert r.exit_code == 1 and json.loads(r.stdout)["split"]["why"] == "FA4AOT_SPLIT_KV=0"

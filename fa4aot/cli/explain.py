@@ -37,6 +37,12 @@ def _cached_artifacts(layers, arch: str, num_sms: int, python: str | None):
 )
 @click.option("--batch", default=1, show_default=True, type=click.IntRange(1))
 @click.option("--seqlen-q", default=1, show_default=True, type=click.IntRange(1))
+@click.option(
+    "--seqlen-k",
+    type=click.IntRange(1),
+    help="KV length (the bound the runtime sees: max_seqlen_k, the page table's capacity, or "
+    "the dense K's length): shows the split-KV plan of a decode step.",
+)
 @click.option("--page-size", type=click.IntRange(1), help="KV page size (paged layout).")
 @click.option("--causal/--no-causal", default=True, show_default=True)
 @click.option("--window", type=click.IntRange(0), help="Left sliding window (tokens).")
@@ -55,6 +61,7 @@ def explain(
     layout,
     batch,
     seqlen_q,
+    seqlen_k,
     page_size,
     causal,
     window,
@@ -65,7 +72,8 @@ def explain(
     out,
 ):
     """How the runtime would serve a call: its variant, then an exact hit, a decode fold, a
-    padding plan (with its cost) or the refusal. Exit 1 when nothing can serve it."""
+    padding plan (with its cost) or the refusal; with --seqlen-k, whether a decode step splits
+    its KV (split-KV) and how. Exit 1 when nothing can serve it."""
     from .. import settings
     from ..select import choose, fold_from_env, nearest
     from ..variants import Call, Variant, features
@@ -110,6 +118,12 @@ def explain(
     )
     allow_fold = fold_from_env()  # as the runtime reads it (SettingError: exit 1)
     choices = choose(arch, feat, avail, allow_padding=not no_padding, allow_fold=allow_fold)
+    split_doc = None
+    if seqlen_k is not None:
+        split_doc = _split_plan(
+            arch, num_sms, dtype, hq, hk, head_dim, head_dim_v or head_dim, layout, batch,
+            seqlen_q, seqlen_k, page_size, causal, window, sink, arts,
+        )
     doc = {
         "variant": want.to_dict(),
         "id": want.id,
@@ -133,18 +147,25 @@ def explain(
         else [{"id": v.id, "description": v.describe()} for v in nearest(want, avail)],
         "corrupt": corrupt.get(want.id),
         "stores": [str(s.dir) for s in match.stores],
+        "split": split_doc,
     }
+    split_serves = bool(split_doc and split_doc["splits"])
     if out.as_json:
         out.document(doc)
     else:
         out.text(f"call variant: {want.describe()} (id {want.id})")
         if why:
             out.text(f"FA4 cannot run it exactly: {why}")
+        if split_serves:
+            out.text(f"served by   : {split_doc['plan']}")
+        if split_doc and not split_serves:
+            out.text(f"split-KV    : no ({split_doc['why']})")
         if choices:
-            out.text(f"served by   : {choices[0].describe(want)}")
+            head = "unsplit     :" if split_serves else "served by   :"
+            out.text(f"{head} {choices[0].describe(want)}")
             for c in choices[1:4]:
                 out.text(f"alternative : {c.describe(want)}")
-        else:
+        elif not split_serves:
             out.text("served by   : nothing cached (the runtime raises ArtifactMissing)")
             for v in nearest(want, avail):
                 out.text(f"nearest     : {v.describe()} ({v.id})")
@@ -152,5 +173,57 @@ def explain(
             out.text(f"corrupt     : the exact artifact fails its checks: {corrupt[want.id]}")
         if not match.stores:
             out.text(f"stores      : none for this target; {match.describe_others()}")
-    if not choices:
+    if not choices and not split_serves:
         sys.exit(1)
+
+
+def _split_plan(
+    arch, num_sms, dtype, hq, hk, d, dv, layout, batch, seqlen_q, seqlen_k, page_size, causal,
+    window, sink, arts,
+) -> dict:
+    """The runtime's split-KV decision for this call (runtime.Runtime.split_for and the entry
+    points' checks, from the same pure functions): {"splits": n or 0, "plan"/"why": text}."""
+    from .. import settings
+    from .. import split as S
+    from ..variants import split_kernel_variant
+
+    setting = settings.split_kv()
+    setting = -1 if setting == "auto" else setting
+    why = S.split_refusal(
+        causal=causal, window=window is not None, seqlen_q=seqlen_q, paged=layout == "paged",
+        max_seqlen_q_known=True,
+    )
+    if why is None and seqlen_q > 16:
+        why = f"{seqlen_q} query rows: split-KV plans take decode steps of at most 16"
+    if why is None and seqlen_k <= 2 * S.DEFAULT_MODEL.min_chunk - 1:
+        why = f"{seqlen_k} keys: at most {2 * S.DEFAULT_MODEL.min_chunk - 1} never split"
+    kern = split_kernel_variant(arch, dtype, d, dv, page_size)
+    rec = next((a.record for a in arts if a.id == kern.id), None)
+    if why is None and (
+        rec is None or rec["parts"].get("combine", {}).get("partial_dtype") != "float32"
+    ):
+        why = f"the split kernel {kern.describe()} (id {kern.id}) is not cached with its combine"
+    sp = None
+    if why is None:
+        max_slots = rec["parts"]["combine"].get("max_splits", S.MAX_SLOTS)
+        bucket = -(-seqlen_k // 256) * 256  # as the runtime plans it
+        sp = S.plan_split(
+            ctas=batch * seqlen_q * hk, seqlen_k=bucket, bytes_per_key=(d + dv) * 2,
+            page_size=page_size, sink=sink, num_sms=num_sms, setting=setting,
+            max_slots=max_slots,
+        )
+        if sp is None:
+            why = ("FA4AOT_SPLIT_KV=0" if setting == 0 else
+                   f"the cost model: {batch * seqlen_q * hk} CTAs over {seqlen_k} keys gain "
+                   f"nothing on {num_sms} SMs")
+    if sp is None:
+        return {"splits": 0, "why": why}
+    rows = f", {seqlen_q} query rows unrolled" if seqlen_q > 1 else ""
+    return {
+        "splits": sp.n,
+        "chunk": sp.chunk,
+        "slots": sp.slots,
+        "kernel": kern.id,
+        "plan": f"{sp.describe()}{rows}; chunks on {kern.describe()} (id {kern.id}), "
+        f"{batch * seqlen_q * hk * sp.slots} CTAs on {num_sms} SMs",
+    }
