@@ -31,7 +31,7 @@ GRID_S = (1024, 4096, 16384, 65536, 131072)
 MAX_KV_BYTES = 36e9  # larger cells would not leave room for SDPA's own copies on a 141 GB card
 
 
-def _bench():
+def _bench(table_only=False):
     import torch
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -89,6 +89,10 @@ def _bench():
                 with sdpa_kernel([be]):
                     sdpa(qt, kt, vt, enable_gqa=True)
                     row[name] = eager_us(lambda: sdpa(qt, kt, vt, enable_gqa=True))
+                    if graph:
+                        row[name + "_graph"] = graph_us(
+                            lambda: sdpa(qt, kt, vt, enable_gqa=True), calls=5, replays=20
+                        )
             except RuntimeError as e:
                 row[name] = None
                 row[name + "_error"] = str(e).splitlines()[0][:120]
@@ -134,6 +138,8 @@ def _bench():
             r = res["paged"][-1]
             print(f"  paged {page:>3}: fa4aot {r['fa4aot']:.1f} graph {r['fa4aot_graph']:.1f} "
                   f"unsplit {r['unsplit']:.1f} diff {r['max_diff_vs_dense']:.2e}", flush=True)
+    if table_only:
+        return res
     for b in GRID_B:
         for sk in GRID_S:
             res["grid"].append(dense_case(b, sk, 32, 8))
@@ -148,7 +154,8 @@ def _fmt(r):
     return (
         f"b{r['b']:<3} sk{r['sk']:<6} {r['hq']}:{r['hk']} n={r['splits']:<3} limit {f(r['limit'])} "
         f"fa4aot {f(r['fa4aot'])} unsplit {f(r['unsplit'])} cudnn {f(r['cudnn'])} "
-        f"flash {f(r['flash'])} graph {f(r.get('fa4aot_graph'))} host {f(r.get('host'))}/"
+        f"flash {f(r['flash'])} graph {f(r.get('fa4aot_graph'))} cudnn_graph "
+        f"{f(r.get('cudnn_graph'))} host {f(r.get('host'))}/"
         f"{f(r.get('host_unsplit'))} "
         f"err {r['err_vs_cudnn']:.1e} diff {r['max_diff_vs_unsplit']:.1e}"
     )
@@ -192,11 +199,12 @@ def main():
     ap.add_argument("--out")
     ap.add_argument("--plot")
     ap.add_argument("--png", default="docs/decode-split-heatmap.png")
+    ap.add_argument("--table-only", action="store_true", help="the issue's six shapes only")
     a = ap.parse_args()
     if a.plot:
         _plot(a.plot, a.png)
         return
-    res = _bench()
+    res = _bench(a.table_only)
     if a.out:
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)

@@ -215,7 +215,8 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
                 parts[name]["cu_seqlens"], parts[name]["seqused"] = bool(key[2]), bool(key[3])
             if name == "combine":
                 parts[name]["max_splits"] = 1 << COMBINE_LOG_MAX_SPLITS
-                parts[name]["partial_dtype"] = "float32"
+                parts[name]["partial_dtype"] = variant.dtype
+                parts[name]["tile_m"] = int(key[5])
     return {"parts": parts, "compile_seconds": seconds, "fa4_key": parts["fwd"]["key"]}
 
 
@@ -224,30 +225,30 @@ COMBINE_LOG_MAX_SPLITS = 7
 
 
 def trace_combine(variant: Variant) -> list[tuple[Any, Any]]:
-    """Compile FA4's split-KV combine kernel for `variant`'s split plans (split.py): batched
-    float32 partials (FA4's own layout: its bf16-partial build returned wrong outputs on the
-    H200, 2026-11-30, rel. error 0.74-1.0; float32 partials 1.7e-3), an LSE output, up to
-    2**COMBINE_LOG_MAX_SPLITS partials. The head count is in FA4's key but the batched
-    kernel's grid reads it at run time (its varlen scheduler alone uses it): one kernel serves
-    every head count (the GPU tests run several)."""
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    """Compile FA4's split-KV combine kernel (flash_fwd_combine.py) for `variant`'s split
+    plans (split.py): partials in the variant's own dtype, as its chunk kernel writes them
+    (no converting copy), an LSE output, up to 2**COMBINE_LOG_MAX_SPLITS partials.
+
+    Compiled through FA4's `_compile_fwd_combine` with our tile_m, not through its entry
+    point: FA4 picks tile_m = 8 for head dim 128, which with 2-byte partials leaves its O
+    copy tile (256 threads x 16 bytes: 16 rows) twice the block's rows, and the H200 returned
+    wrong outputs (rel. error 0.06-0.86, LSE right; 2026-11-30). With tile_m equal to the
+    copy tile's rows (16 for head dims over 64, 32 up to 64) the error is the bf16 rounding's,
+    1.6e-3, as with FA4's own float32 partials. The head count in FA4's key only sizes its
+    varlen scheduler: the batched kernel reads it at run time, so one kernel serves every
+    head count (the GPU tests run several)."""
+    import cutlass
 
     _, I = _fa4()
-    cache = I._flash_attn_fwd_combine.compile_cache
-    cache.clear()
-    dt = getattr(torch, variant.dtype)
-    n, dv = 1 << COMBINE_LOG_MAX_SPLITS, variant.head_dim_v
-    with FakeTensorMode():
-        op = torch.empty(n, 1, 1, 1, dv, dtype=torch.float32, device="cuda")
-        lp = torch.empty(n, 1, 1, 1, dtype=torch.float32, device="cuda")
-        o = torch.empty(1, 1, 1, dv, dtype=dt, device="cuda")
-        lse = torch.empty(1, 1, 1, dtype=torch.float32, device="cuda")
-        I._flash_attn_fwd_combine(op, lp, o, lse)
-    got = list(cache.cache.items())
-    if len(got) != 1:
-        raise RuntimeError(f"expected one combine kernel for {variant.describe()}, got {len(got)}")
-    return got
+    dv = variant.head_dim_v
+    k_block = 64 if dv <= 64 else 128
+    tile_m = 16 if k_block % 128 == 0 else 32  # rows of one 16-byte-per-thread O copy pass
+    dt = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}[variant.dtype]
+    # FA4's key positions: arch, dtype, partial dtype, head dim, heads, tile_m, k block,
+    # log2 max splits, cu_seqlens, seqused, lse, virtual batch, dynamic splits, semaphore
+    key = (90, dt, dt, dv, 1, tile_m, k_block, COMBINE_LOG_MAX_SPLITS,
+           False, False, True, False, False, False)
+    return [(key, I._compile_fwd_combine(*key))]
 
 
 def runtime_library_dirs() -> list[str]:

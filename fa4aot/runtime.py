@@ -185,7 +185,7 @@ class Runtime:
             with self._lock:
                 art = self.find(v, sms)
                 comb = art.record["parts"].get("combine", {}) if art is not None else {}
-                if comb.get("partial_dtype") == "float32":
+                if comb.get("partial_dtype") == _DTYPES[dtype] and comb.get("tile_m"):
                     if art.id not in self._modules:  # the decode fold may have loaded it
                         self._modules[art.id] = (*self._load(art), art)
                     got = _SplitKernel(
@@ -661,7 +661,6 @@ def _try_split(
     )
     if sink is not None:  # the empty last slot carries the sink: counted once, as FA4 does
         run.lp_sink.copy_(sink[None, :].expand(run.lp_sink.shape))
-    run.opf_dst.copy_(run.op_src)
     if out is None:
         out = q4.new_empty((b * rows, hq, dv) if varlen_q else (b, rows, hq, dv))
         out_c = out.view(b * rows, 1, hq, dv)
@@ -674,7 +673,7 @@ def _try_split(
         lse_c = torch.as_strided(lse, (b, 1, hq), st, lse.storage_offset())
     else:
         lse_c = run.lse_scratch
-    run.kern.combine(run.opf, run.lp_c, out_c, lse_c, None, None, None, None, None)
+    run.kern.combine(run.op_c, run.lp_c, out_c, lse_c, None, None, None, None, None)
     if lse is not None and rows > 1:
         bb = b * rows
         lse.copy_(lse_c.view(bb, hq).t() if varlen_q else lse_c.view(b, rows, hq).transpose(1, 2))
@@ -703,12 +702,9 @@ class _SplitRun:
         lp = torch.empty((bb, slots, hq), dtype=torch.float32, device=dvc)
         self.kl = lp.view(nv, hk, r)
         self.lp_sink = lp[:, sp.n] if slots > sp.n else None
-        # FA4's combine reads float32 partials in its own layout, (chunk, row, 1, hq, dv), and
-        # LSE partials with the seqlen mode contiguous: one converting copy of the kernel's
-        # partial outputs
-        self.opf = torch.empty((slots, bb, 1, hq, dv), dtype=torch.float32, device=dvc)
-        self.opf_dst = self.opf.view(slots, bb, hq, dv)
-        self.op_src = op.permute(1, 0, 2, 3)
+        # the combine's modes are (chunk, row, 1, hq, dv) for partial outputs and (chunk, row,
+        # 1, hq) for partial LSE with the seqlen mode contiguous: views of the kernel's
+        self.op_c = op.permute(1, 0, 2, 3).unsqueeze(2)
         self.lp_c = torch.as_strided(lp, (slots, bb, 1, hq), (hq, slots * hq, 1, 1))
         self.lse_scratch = torch.empty((bb, 1, hq), dtype=torch.float32, device=dvc)
 

@@ -363,7 +363,7 @@ def split_store(monkeypatch):
     from fa4aot.variants import split_kernel_variant
 
     held = [split_kernel_variant("sm90", "bfloat16", 128, 128, p) for p in (None, 128)]
-    parts = {"fwd": {}, "combine": {"partial_dtype": "float32", "max_splits": 128}}
+    parts = {"fwd": {}, "combine": {"partial_dtype": "bfloat16", "tile_m": 16, "max_splits": 128}}
     monkeypatch.setattr(
         cli.explain,
         "_cached_artifacts",

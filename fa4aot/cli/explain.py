@@ -200,7 +200,7 @@ def _split_plan(
     kern = split_kernel_variant(arch, dtype, d, dv, page_size)
     rec = next((a.record for a in arts if a.id == kern.id), None)
     if why is None and (
-        rec is None or rec["parts"].get("combine", {}).get("partial_dtype") != "float32"
+        rec is None or rec["parts"].get("combine", {}).get("partial_dtype") != dtype
     ):
         why = f"the split kernel {kern.describe()} (id {kern.id}) is not cached with its combine"
     sp = None
