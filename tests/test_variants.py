@@ -230,7 +230,9 @@ def test_variant_id_is_sha256_of_canonical_json():
     assert v.id == hashlib.sha256(blob.encode()).hexdigest()[:16]
     assert len(v.id) == 16 and int(v.id, 16) >= 0
     w = replace(v, softcap=30.0)
-    blob = json.dumps({"schema": SCHEMA, **d, "softcap": 30.0}, sort_keys=True, separators=(",", ":"))
+    blob = json.dumps(
+        {"schema": SCHEMA, **d, "softcap": 30.0}, sort_keys=True, separators=(",", ":")
+    )
     assert w.id == hashlib.sha256(blob.encode()).hexdigest()[:16]
     # records and miss logs written before the new fields still load, to the same variant
     assert Variant.from_dict(d) == v
