@@ -199,3 +199,48 @@ def test_spec_layouts_sink_dtype_and_softcap_reach_the_variants():
     assert any(v.cu_hint for v in main)
     for n in plan.needs:
         assert n.call.variant(ARCH) == n.variant
+
+
+SMALL = """
+name = "parity-small"
+[[attention]]
+name = "capped"
+num_q_heads = 2
+num_kv_heads = 1
+head_dim = 64
+sinks = true
+sink_dtype = "bfloat16"
+softcap = 30.0
+[[attention]]
+name = "fp16-sinks"
+num_q_heads = 2
+num_kv_heads = 1
+head_dim = 64
+sinks = true
+sink_dtype = "float16"
+[serving]
+layouts = ["padded"]
+phases = ["decode"]
+max_batch = 1
+decode_fold = false
+split_kv = false
+"""
+
+
+@pytest.mark.slow
+def test_padded_layout_bf16_fp16_sinks_and_softcap_cross_compile(tmp_path):
+    """Real cross-compiles (CPU): a padded KV cache (cu_seqlens_q + batch-form K/V + seqused_k)
+    with bf16 sinks and a softcap, and with fp16 sinks; each record holds FA4's own key."""
+    from fa4aot.build import build
+
+    spec = parse_spec(SMALL)
+    store, plan, results = build([spec], arch=ARCH, root=tmp_path / "store", jobs=1)
+    assert [r.status for r in results] == ["built", "built"], results
+    got = {}
+    for r in results:
+        rec = store.get(r.id).record
+        v = plan.variants()[r.id].variant
+        got[(v.sink_dtype, v.softcap)] = v
+        assert rec["variant"] == v.to_dict() and v.layout == "padded" and v.seqused_k
+        assert Call(**rec["representative_call"]).variant(ARCH) == v
+    assert set(got) == {("bfloat16", 30.0), ("float16", None)}
