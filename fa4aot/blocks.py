@@ -82,6 +82,7 @@ def _block_sizes(
     causal: bool,
     window: int | None,
     sink_dtype: str | None,
+    softcap: float | None = None,
 ) -> BlockSizes:
     head_dim_v = head_dim_v or head_dim
     causal_r, local, _, _ = C.resolve_window(causal, window, 0 if causal else None)
@@ -97,7 +98,18 @@ def _block_sizes(
             v.local,
             v.causal,
             v.sink_dtype,
-        ) != (arch, dtype, head_dim, head_dim_v, qhead_per_kvhead, local, causal_r, sink_dtype):
+            v.softcap,
+        ) != (
+            arch,
+            dtype,
+            head_dim,
+            head_dim_v,
+            qhead_per_kvhead,
+            local,
+            causal_r,
+            sink_dtype,
+            softcap,
+        ) or v.pack_gqa is not None:
             continue
         if v.paged_tma:
             tma.add(tile.n)
@@ -165,7 +177,10 @@ def block_size_rows(root: Path) -> list[dict]:
 
 
 def _spec_rows(s: Store, spec: dict, variants: list[Variant]) -> list[dict]:
-    if "paged" not in spec.get("serving", {}).get("layouts", []):
+    from .specs import LAYOUTS, layout_forms
+
+    layouts = [n for n in spec.get("serving", {}).get("layouts", []) if n in LAYOUTS]
+    if not any(layout_forms(n)[1].startswith("paged") for n in layouts):
         return []
     rows = []
     arch = s.toolchain["arch"]
@@ -181,7 +196,8 @@ def _spec_rows(s: Store, spec: dict, variants: list[Variant]) -> list[dict]:
             att["num_q_heads"] // att["num_kv_heads"],
             att["causal"],
             att["window"],
-            "float32" if att["sinks"] else None,
+            att.get("sink_dtype", "float32") if att["sinks"] else None,
+            att.get("softcap"),
         )
         causal_r, local, _, _ = C.resolve_window(
             att["causal"], att["window"], 0 if att["causal"] else None

@@ -55,7 +55,40 @@ def _fa4():
 
     if _CONFIGURED is not None:
         _cross_hardware_info(_CONFIGURED[1])
+    _record_softcaps()
     return fa, interface
+
+
+# FA4 compiles softcap as a score_mod and keys it by a hash of that function (its source and
+# the captured value), so a key does not say which softcap it was: the value is recorded here
+# as FA4 makes the function, for variant_from_fa4_key (install()'s miss log). The hash is
+# stable across processes (source + repr of the float).
+SOFTCAP_BY_HASH: dict[str, float] = {}
+
+
+def _record_softcaps() -> None:
+    from flash_attn.cute import utils  # noqa: PLC0415
+
+    make = utils.create_softcap_scoremod
+    if getattr(make, "_fa4aot_recording", False):
+        return
+
+    def create_softcap_scoremod(softcap_val):
+        fn = make(softcap_val)
+        SOFTCAP_BY_HASH[utils.hash_callable(fn)] = float(softcap_val)
+        return fn
+
+    create_softcap_scoremod._fa4aot_recording = True
+    utils.create_softcap_scoremod = create_softcap_scoremod
+
+
+def softcap_hash(value: float) -> str:
+    """The score_mod hash FA4 puts in its compile key for `softcap=value` (a float: FA4 hashes
+    the value's repr, so softcap=30 and softcap=30.0 are two kernels to it)."""
+    _fa4()
+    from flash_attn.cute import utils  # noqa: PLC0415
+
+    return utils.hash_callable(utils.create_softcap_scoremod(float(value)))
 
 
 def _cross_hardware_info(num_sms: int) -> None:
@@ -111,7 +144,11 @@ def key_repr(key: Any) -> str:
 
 
 def fake_call(call: Call):
-    """Run FA4's public entry point for `call` under FakeTensorMode (compiles, runs nothing)."""
+    """Run FA4's public entry point for `call` under FakeTensorMode (compiles, runs nothing).
+
+    Every layout goes through the entry point a caller would use: flash_attn_func for dense,
+    flash_attn_varlen_func for the rest (q packed with cu_seqlens_q unless batch_q; seqused_q
+    and seqused_k as the call says; K/V packed, in batch form, or paged)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -121,6 +158,10 @@ def fake_call(call: Call):
     hq, hk, d, dv = call.num_heads, call.num_heads_kv, call.head_dim, call.head_dim_v
     with FakeTensorMode():
         dev = "cuda"
+
+        def i32(n):
+            return torch.empty(n, dtype=torch.int32, device=dev)
+
         kw: dict[str, Any] = dict(
             causal=call.causal,
             window_size=(call.window_left, call.window_right),
@@ -130,6 +171,10 @@ def fake_call(call: Call):
             kw["learnable_sink"] = torch.empty(
                 hq, dtype=getattr(torch, call.sink_dtype), device=dev
             )
+        if call.softcap is not None:
+            kw["softcap"] = call.softcap
+        if call.pack_gqa is not None:
+            kw["pack_gqa"] = call.pack_gqa
         if call.layout == "dense":
             q = torch.empty(b, sq, hq, d, dtype=dt, device=dev)
             k = torch.empty(b, sk, hk, d, dtype=dt, device=dev)
@@ -140,25 +185,25 @@ def fake_call(call: Call):
             q = torch.empty(b, sq, hq, d, dtype=dt, device=dev)
         else:
             q = torch.empty(b * sq, hq, d, dtype=dt, device=dev)
-            kw.update(
-                cu_seqlens_q=torch.empty(b + 1, dtype=torch.int32, device=dev), max_seqlen_q=sq
-            )
+            kw.update(cu_seqlens_q=i32(b + 1), max_seqlen_q=sq)
+        if call.seqused_q:
+            kw["seqused_q"] = i32(b)
+        if call.has_seqused_k:
+            kw["seqused_k"] = i32(b)
         if call.layout == "varlen":
             k = torch.empty(b * sk, hk, d, dtype=dt, device=dev)
             v = torch.empty(b * sk, hk, dv, dtype=dt, device=dev)
-            kw.update(
-                cu_seqlens_k=torch.empty(b + 1, dtype=torch.int32, device=dev), max_seqlen_k=sk
-            )
+            kw.update(cu_seqlens_k=i32(b + 1), max_seqlen_k=sk)
+        elif call.layout == "padded":
+            k = torch.empty(b, sk, hk, d, dtype=dt, device=dev)
+            v = torch.empty(b, sk, hk, dv, dtype=dt, device=dev)
         else:
             p = call.page_size
             npages = -(-sk // p)
             k = torch.empty(b * npages, p, hk, d, dtype=dt, device=dev)
             v = torch.empty(b * npages, p, hk, dv, dtype=dt, device=dev)
-            kw.update(
-                page_table=torch.empty(b, npages, dtype=torch.int32, device=dev),
-                seqused_k=torch.empty(b, dtype=torch.int32, device=dev),
-                max_seqlen_k=sk,
-            )
+            kw.update(page_table=torch.empty(b, npages, dtype=torch.int32, device=dev))
+            kw["max_seqlen_k"] = sk
         fa.flash_attn_varlen_func(q, k, v, **kw)
 
 
@@ -298,14 +343,30 @@ class _StoreCache:
         self.cache: dict = {}
 
     def __contains__(self, key) -> bool:
-        if key in self.cache:
+        pending = self.state.pending_helper
+        if self.name in ("fwd", "tile_cumsum"):  # a forward call's first and last lookups
+            self.state.pending_helper = None
+        refuse = self.name == "fwd" and pending
+        cached = self.cache.get(key)
+        if cached is not None and cached is not _refused_helper and not refuse:
             return True
         hit = self.state.index.get((self.name, key_repr(key)))
-        if hit is not None:
+        if hit is not None and not refuse:
             self.cache[key] = self.state.load(hit)
             self.state.counters.hits += 1
             return True
-        self.state.miss(self.name, key)
+        if self.name in SHIPPED_HELPERS and self.state.on_miss == "error":
+            # FA4 runs its batch > 256 helpers before it looks up the forward kernel: raising
+            # here logged nothing (a helper key does not name a variant), so --from-misses
+            # could not build what was missing (issue 13). A helper is shipped with every
+            # forward that needs it, so its miss means the forward misses too: let FA4 go on
+            # to the forward's key with a no-op helper, and refuse there, logging the variant.
+            # The forward is refused even if found, so the no-op's output is never read.
+            self.state.counters.misses.append(f"{self.name}: {key_repr(key)}")
+            self.state.pending_helper = self.state.pending_helper or f"{self.name} {key_repr(key)}"
+            self.cache[key] = _refused_helper
+            return True
+        self.state.miss(self.name, key, pending)
         return False
 
     def __getitem__(self, key):
@@ -316,6 +377,10 @@ class _StoreCache:
 
     def clear(self) -> None:
         self.cache.clear()
+
+
+def _refused_helper(*args, **kwargs) -> None:
+    """Stands in for a missing helper kernel until the forward lookup refuses the call."""
 
 
 _CACHE_OWNERS = {  # FA4 function whose .compile_cache fa4aot serves -> record part name
@@ -334,10 +399,17 @@ def variant_from_fa4_key(key, arch: str) -> Variant | None:
 
     Positions follow `_flash_attn_fwd`'s compile_key tuple; `tests/test_dropin.py` checks the
     mapping against every default variant's traced key. None for keys outside what fa4aot
-    models (MLA, score/mask mods, block sparsity, split-KV, FP8 descales)."""
+    models (MLA, score/mask mods other than a softcap FA4 made in this process, block sparsity,
+    split-KV, FP8 descales)."""
     try:
-        if key[0] or key[1] or key[9] or key[10] or key[11] or key[34] or any(key[25:28]):
+        if key[0] or key[1] or key[10] or key[11] or key[34] or any(key[25:28]):
             return None
+        softcap = None
+        if key[9]:
+            softcap = SOFTCAP_BY_HASH.get(key[9])
+            if softcap is None:  # a user score_mod, or a softcap made before install
+                return None
+        ratio = int(key[6])
         causal = bool(key[8])
         has_wl, has_wr = bool(key[22]), bool(key[23])
         sink = key[24]
@@ -362,6 +434,8 @@ def variant_from_fa4_key(key, arch: str) -> Variant | None:
             paged_tma=bool(key[37]) if paged else None,
             cu_hint=bool(key[51]),
             static_persistent=bool(key[55]),
+            softcap=softcap,
+            pack_gqa=None if bool(key[35]) == (ratio > 1) else bool(key[35]),
         )
     except (IndexError, KeyError, AttributeError, TypeError):
         return None
@@ -371,6 +445,7 @@ class _Installed:
     def __init__(self, roots, on_miss, counters, arch=None, num_sms=None):
         self.on_miss = on_miss
         self.counters = counters
+        self.pending_helper: str | None = None  # a helper missed; the forward must refuse
         self.index: dict = {}
         self.loaded: dict = {}
         from .store import find_serving_store, runtime_expectation
@@ -401,11 +476,13 @@ class _Installed:
             self.loaded[k] = tvm_ffi.load_module(str(art.part_path(part)))[f"fa4aot_{part}"]
         return self.loaded[k]
 
-    def miss(self, name, key):
+    def miss(self, name, key, pending_helper: str | None = None):
         from .errors import ArtifactMissing
 
         rendered = key_repr(key)
         self.counters.misses.append(f"{name}: {rendered}")
+        if pending_helper:
+            rendered += f", and its helper kernel ({pending_helper})"
         if name == "fwd":
             from .missing import record_miss
 
@@ -481,6 +558,7 @@ def install(roots, on_miss: str, arch: str | None = None, num_sms: int | None = 
     import cutlass.cute as cute
     from flash_attn.cute import interface as I
 
+    _record_softcaps()  # so that a softcap miss names its variant in the miss log
     counters = _Counters()
     state = _Installed(roots, on_miss, counters, arch, num_sms)
     saved = {"compile": cute.compile, "caches": {}}
@@ -511,6 +589,13 @@ def uninstall() -> bool:
 def trace_keys(calls: list[Call]) -> list[dict[str, list[str]]]:
     """FA4's compile keys (rendered) for each call, traced under FakeTensorMode with
     cute.compile stubbed: nothing is compiled (about 10 ms a call). For coverage checks."""
+    return [
+        {n: [key_repr(k) for k in keys] for n, keys in got.items()} for got in trace_raw_keys(calls)
+    ]
+
+
+def trace_raw_keys(calls: list[Call]) -> list[dict[str, list[Any]]]:
+    """As trace_keys, with FA4's key tuples themselves (for variant_from_fa4_key)."""
     import cutlass.cute as cute
 
     class _Stub:
@@ -523,7 +608,7 @@ def trace_keys(calls: list[Call]) -> list[dict[str, list[str]]]:
         out = []
         for c in calls:
             got = trace(c)
-            out.append({n: [key_repr(k) for k, _ in entries] for n, entries in got.items()})
+            out.append({n: [k for k, _ in entries] for n, entries in got.items()})
         return out
     finally:
         cute.compile = real

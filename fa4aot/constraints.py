@@ -66,8 +66,9 @@ def unsupported_reason(
 
 # Forward features upstream FA4 (4.0.0b36) implements only on sm100: the alternative to name.
 SM100_ONLY_FEATURES = {
-    "fp8": "FP8 (e4m3/e5m2) Q/K/V; on sm90 keep the KV cache in bfloat16/float16, or use FA3's "
-    "FP8 kernels (flash_attn_interface) or FlashInfer",
+    "fp8": "FP8 (e4m3/e5m2) Q/K/V; upstream FA4 has no FP8 path on sm90. Alternatives: vLLM's "
+    "FlashAttention fork (vllm.vllm_flash_attn: FA3's FP8 kernels with descales), FlashInfer's "
+    "FP8 KV-cache attention, FA4 on sm100 (B200/GB200), or a bfloat16/float16 KV cache",
     "mla": "MLA absorbed attention (head_dim_v 512, qv); on sm90 use FlashMLA or FlashInfer's MLA",
     "split_kv": "split-KV (num_splits > 1); on sm90 FA4 runs num_splits=1 and fa4aot builds that",
 }
@@ -77,6 +78,15 @@ def feature_unsupported_reason(arch: str, feature: str) -> str | None:
     if feature in SM100_ONLY_FEATURES and arch != "sm100":
         return f"{feature} is sm100-only in upstream FA4: {SM100_ONLY_FEATURES[feature]}"
     return None
+
+
+def fp8_reason(arch: str, dtype: str, which: str = "q/k/v") -> str:
+    """Why an FP8 tensor cannot run on `arch` (the runtime's check of an FP8 KV cache: FA4's
+    sm90 forward asserts "FP8 is only supported on SM100" only after its own checks, and a bf16
+    q with an FP8 K/V used to be refused as a plain dtype mismatch, naming no way out)."""
+    return f"{which} dtype {dtype} on {arch}: " + (
+        feature_unsupported_reason(arch, "fp8") or "FP8 runs on sm100 only in fa4aot"
+    )
 
 
 def runtime_unsupported_reason(arch: str) -> str | None:

@@ -14,9 +14,10 @@ import os
 import threading
 from pathlib import Path
 
+from . import constraints as C
 from . import settings
 from .errors import SettingError
-from .variants import Variant
+from .variants import Call, Variant, representative_call
 
 _seen: set[str] = set()
 _lock = threading.Lock()
@@ -74,3 +75,25 @@ def read_misses(path: str | Path) -> list[Variant]:
             ids.add(v.id)
             out.append(v)
     return out
+
+
+def plan_misses(variants: list[Variant], arch: str) -> tuple[list[tuple[Variant, Call]], list[str]]:
+    """Logged variants of `arch` -> (variant, call) pairs to build, and one reason per variant
+    refused. A variant is refused only when FA4 itself cannot run it (its reason, with the
+    alternative) or no call to FA4 produces it (a hand-edited log): everything the runtime or
+    install() logs is built in one round (issue 13: 43 logged variants could not be)."""
+    build, refused = [], []
+    for v in variants:
+        if v.arch != arch:
+            continue
+        why = C.unsupported_reason(
+            v.arch, v.dtype, v.head_dim, v.head_dim_v, qhead_per_kvhead=v.qhead_per_kvhead
+        )
+        if why:
+            refused.append(f"{v.id} ({v.describe()}): {why}")
+            continue
+        try:
+            build.append((v, representative_call(v)))
+        except ValueError as e:
+            refused.append(f"{v.id}: {e}")
+    return build, refused

@@ -18,7 +18,25 @@ from typing import Any
 from .errors import SpecError
 
 DTYPES = ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")  # fp8: sm100 only (constraints)
-LAYOUTS = ("dense", "varlen", "paged")
+# How a call passes q and K/V (FA4's `_flash_attn_fwd` takes any q form with any K/V form):
+# q in batch form (b, s_q, h, d) or packed (total_q, h, d) with cu_seqlens_q, either one with
+# per-sequence lengths (seqused_q); K/V in batch form (b, s_k, h, d), packed with cu_seqlens_k, or
+# paged with a page_table, each with or without seqused_k. A spec layout is "Q/KV" over these
+# forms, or one of the names below. FA4's own tests ran 43 variants through fa4aot with forms
+# its first three layouts did not cover (issue 13), e.g. a padded KV cache with cu_seqlens_q.
+Q_FORMS = ("batch", "batch+seqused", "packed", "packed+seqused")
+KV_FORMS = ("batch", "batch+seqused", "packed", "packed+seqused", "paged", "paged+seqused")
+LAYOUT_NAMES = {
+    "dense": ("batch", "batch"),  # flash_attn_func
+    "varlen": ("packed", "packed"),  # cu_seqlens_q + cu_seqlens_k
+    "paged": ("packed", "paged+seqused"),  # cu_seqlens_q + page_table + seqused_k
+    "padded": ("packed", "batch+seqused"),  # a padded KV cache: FA2/FA3's flash_attn_with_kvcache
+}
+LAYOUTS = tuple(LAYOUT_NAMES) + tuple(
+    f"{q}/{kv}" for q in Q_FORMS for kv in KV_FORMS if (q, kv) not in LAYOUT_NAMES.values()
+)
+DEFAULT_LAYOUTS = ("dense", "varlen", "paged")
+SINK_DTYPES = ("float32", "bfloat16", "float16")
 PHASES = ("decode", "prefill")
 LSE_CHOICES = (False, True, "both")
 
@@ -36,6 +54,23 @@ class Attention:
     causal: bool = True
     window: int | None = None  # left window in tokens; None = unbounded
     sinks: bool = False  # learnable per-head attention sinks (gpt-oss)
+    sink_dtype: str = "float32"  # the sinks tensor's dtype (FA4 takes float32, bfloat16, float16)
+    softcap: float | None = None  # tanh logit soft-capping (Gemma-2, Grok); baked into the kernel
+
+
+# Attention fields added after specs were first stored: left out of a spec's identity at their
+# defaults, so stores built before them keep their spec index (build refuses a changed spec).
+_NEW_ATTENTION_DEFAULTS = {"sink_dtype": "float32", "softcap": None}
+
+
+def layout_forms(layout: str) -> tuple[str, str]:
+    """A spec layout name -> (q form, K/V form) (see Q_FORMS, KV_FORMS)."""
+    if layout in LAYOUT_NAMES:
+        return LAYOUT_NAMES[layout]
+    q, _, kv = layout.partition("/")
+    if q not in Q_FORMS or kv not in KV_FORMS:
+        raise ValueError(f"unknown layout {layout!r}")
+    return q, kv
 
 
 @dataclass(frozen=True)
@@ -43,7 +78,7 @@ class Serving:
     """The envelope of calls an engine makes: it decides which regimes get built."""
 
     tp: tuple[int, ...] = (1,)
-    layouts: tuple[str, ...] = LAYOUTS
+    layouts: tuple[str, ...] = DEFAULT_LAYOUTS
     phases: tuple[str, ...] = PHASES
     max_batch: int = 256
     max_context: int = 32768
@@ -69,6 +104,10 @@ class Spec:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("source")
+        for a in d["attention"]:
+            for k, dflt in _NEW_ATTENTION_DEFAULTS.items():
+                if a[k] == dflt:
+                    del a[k]
         return d
 
     def identity(self) -> str:
@@ -140,7 +179,16 @@ def _attention(src: str, i: int, d: Any) -> Attention:
     if window is not None:
         window = _int(src, where + "window", window, 0)
     sinks = _bool(src, where + "sinks", d.get("sinks", False))
-    return Attention(name, hq, hk, hd, hdv, dtype, causal, window, sinks)
+    sink_dtype = _choice(src, where + "sink_dtype", d.get("sink_dtype", "float32"), SINK_DTYPES)
+    if "sink_dtype" in d and not sinks:
+        raise _fail(src, where + "sink_dtype", "needs sinks = true")
+    softcap = d.get("softcap")
+    if softcap is not None:
+        if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or softcap <= 0:
+            # FA4 reads softcap = 0 as "no softcap"; a spec says that by leaving it out
+            raise _fail(src, where + "softcap", f"must be a number > 0, got {softcap!r}")
+        softcap = float(softcap)
+    return Attention(name, hq, hk, hd, hdv, dtype, causal, window, sinks, sink_dtype, softcap)
 
 
 def _page_size(src, field, v):

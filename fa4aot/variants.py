@@ -19,9 +19,11 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 
 from . import constraints as C
-from .specs import Attention, Spec
+from .specs import Attention, Spec, layout_forms
 
 SCHEMA = 1  # bump when the meaning of a field changes: it is part of every variant id
+# Variant fields added after SCHEMA 1, with the default that leaves them out of the id
+NEW_FIELD_DEFAULTS = {"softcap": None, "pack_gqa": None}
 
 
 @dataclass(frozen=True)
@@ -45,12 +47,27 @@ class Variant:
     paged_tma: bool | None  # None when not paged
     cu_hint: bool  # varlen q with batch > 256: per-batch tile cumsum computed by a helper kernel
     static_persistent: bool  # FA4's persistent scheduler: dense non-causal, or one m-block
+    # FA4 turns softcap into a score_mod whose closure holds the value: each value is a kernel
+    softcap: float | None = None
+    # the caller's explicit pack_gqa when it differs from FA4's default (qhead_per_kvhead > 1);
+    # None: the default. FA4's key holds the effective value, so True at ratio 4 is None here.
+    pack_gqa: bool | None = None
 
     @property
     def id(self) -> str:
-        """Stable id: sha256 of canonical JSON of the fields (and the schema), not of a pickle."""
-        blob = json.dumps({"schema": SCHEMA, **asdict(self)}, sort_keys=True, separators=(",", ":"))
+        """Stable id: sha256 of canonical JSON of the fields (and the schema), not of a pickle.
+        Fields added after schema 1 are left out at their defaults: every variant that existed
+        before them keeps its id (and stores built before them stay valid)."""
+        d = asdict(self)
+        for k, dflt in NEW_FIELD_DEFAULTS.items():
+            if d[k] == dflt:
+                del d[k]
+        blob = json.dumps({"schema": SCHEMA, **d}, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    @property
+    def pack_gqa_effective(self) -> bool:
+        return self.qhead_per_kvhead > 1 if self.pack_gqa is None else self.pack_gqa
 
     @property
     def tile(self) -> C.Tile:
@@ -58,16 +75,20 @@ class Variant:
 
     @property
     def layout(self) -> str:
+        """The K/V form (Call.layout): paged, varlen (packed, cu_seqlens_k), padded (batch form
+        under the varlen entry point: with seqused_k, or with a varlen q) or dense."""
         if self.paged:
             return "paged"
-        if self.cu_seqlens_q or self.cu_seqlens_k or self.seqused_q or self.seqused_k:
+        if self.cu_seqlens_k:
             return "varlen"
+        if self.cu_seqlens_q or self.seqused_q or self.seqused_k:
+            return "padded"
         return "dense"
 
     @property
     def batch_q(self) -> bool:
-        """Varlen or paged K with q in batch form (no cu_seqlens_q / seqused_q): Call.batch_q."""
-        return self.layout != "dense" and not (self.cu_seqlens_q or self.seqused_q)
+        """K/V not dense and q in batch form (no cu_seqlens_q; seqused_q or not): Call.batch_q."""
+        return self.layout != "dense" and not self.cu_seqlens_q
 
     @property
     def split_kernel(self) -> bool:
@@ -81,7 +102,8 @@ class Variant:
             and self.return_lse
             and self.sink_dtype is None
             and not self.seqused_q
-            and (self.paged or (self.cu_seqlens_k and not self.seqused_k))
+            and self.pack_gqa is None
+            and ((self.paged and self.seqused_k) or (self.cu_seqlens_k and not self.seqused_k))
         )
 
     @property
@@ -110,6 +132,10 @@ class Variant:
         ]
         if self.batch_q:
             parts.append("q:batch")
+        if self.seqused_q:
+            parts.append("seqused_q")
+        if self.seqused_k != (self.layout in ("paged", "padded")):
+            parts.append("seqused_k" if self.seqused_k else "no-seqused_k")
         if self.paged:
             parts.append("page=tile_n(TMA)" if self.paged_tma else "page!=tile_n")
         if self.cu_hint:
@@ -118,6 +144,10 @@ class Variant:
             parts.append("lse")
         if self.sink_dtype:
             parts.append(f"sink:{self.sink_dtype}")
+        if self.softcap is not None:
+            parts.append(f"softcap:{self.softcap:g}")
+        if self.pack_gqa is not None:
+            parts.append(f"pack_gqa={self.pack_gqa}")
         return " ".join(parts)
 
     def to_dict(self) -> dict:
@@ -126,6 +156,8 @@ class Variant:
     @classmethod
     def from_dict(cls, d: dict) -> "Variant":
         names = set(cls.__dataclass_fields__)
+        # records and miss logs written before the newer fields hold none of them
+        d = {**{k: v for k, v in NEW_FIELD_DEFAULTS.items() if k not in d}, **d}
         if set(d) != names:
             raise ValueError(
                 f"variant fields differ: missing {sorted(names - set(d))}, extra {sorted(set(d) - names)}"
@@ -167,23 +199,27 @@ def features(
     seqused_q: bool = False,
     seqused_k: bool = False,
     page_size: int | None = None,
+    softcap: float | None = None,
+    pack_gqa: bool | None = None,
 ) -> Variant:
     """A call's static features -> the Variant FA4 would compile for it (sm90 logic, FA4 b36).
 
     seqlen_q: the dense query length (None for varlen q); max_seqlen_q: the caller's host hint
     for varlen q (None if not given: FA4 then bounds it by total_q and cannot use the decode
-    scheduler).
+    scheduler). softcap: as FA4 takes it (0 or None: none); pack_gqa: the caller's explicit
+    choice (None: FA4's default, packed iff the head ratio > 1).
     """
     causal, local, wl, wr = C.resolve_window(causal, window_left, window_right)
     ratio = num_heads // num_heads_kv
     tile = C.fwd_tile(arch, head_dim, head_dim_v, causal, local)
-    pack_gqa = ratio > 1
+    default_pack = ratio > 1
+    pack = default_pack if pack_gqa is None else bool(pack_gqa)
     varlen_q = cu_seqlens_q or seqused_q
     if not cu_seqlens_q:
         eff_max_q = seqlen_q if max_seqlen_q is None else max_seqlen_q
     else:
         eff_max_q = total_q if max_seqlen_q is None else max_seqlen_q
-    one_m_block = eff_max_q * (ratio if pack_gqa else 1) <= tile.m
+    one_m_block = eff_max_q * (ratio if pack else 1) <= tile.m
     static_persistent = (not causal and not local and not cu_seqlens_q and not seqused_q) or (
         one_m_block and (not cu_seqlens_q or max_seqlen_q is not None)
     )
@@ -207,14 +243,25 @@ def features(
         paged_tma=None if page_size is None else C.paged_tma(arch, page_size, tile),
         cu_hint=varlen_q and batch > C.BIN_BATCH_SEARCH_THRESH,
         static_persistent=static_persistent,
+        softcap=float(softcap) if softcap else None,  # FA4: softcap == 0.0 means none
+        pack_gqa=None if pack == default_pack else pack,
     )
+
+
+CALL_LAYOUTS = ("dense", "varlen", "padded", "paged")
 
 
 @dataclass(frozen=True)
 class Call:
-    """One representative call: concrete shapes that make FA4 compile exactly one variant."""
+    """One representative call: concrete shapes that make FA4 compile exactly one variant.
 
-    layout: str  # dense | varlen | paged
+    layout is the K/V form: dense (batch form through flash_attn_func, q in batch form too),
+    varlen (packed, cu_seqlens_k), padded (batch form (b, s_k, h, d) through the varlen entry
+    point: a padded KV cache), paged (page_table). q is packed with cu_seqlens_q unless the
+    layout is dense or batch_q. Fields after page_size were added later (defaults: the layouts'
+    first meaning), so records holding an older call still load."""
+
+    layout: str  # dense | varlen | padded | paged
     batch: int
     seqlen_q: int  # per sequence
     seqlen_k: int
@@ -229,11 +276,33 @@ class Call:
     return_lse: bool
     sink_dtype: str | None
     page_size: int | None = None
-    batch_q: bool = False  # varlen/paged K with q in batch form (b, s_q, hq, d), no cu_seqlens_q
+    batch_q: bool = False  # varlen/padded/paged K with q in batch form (b, s_q, hq, d)
+    seqused_q: bool = False
+    seqused_k: bool | None = None  # None: the layout's own (paged and padded: yes; else no)
+    softcap: float | None = None
+    pack_gqa: bool | None = None  # the caller's explicit pack_gqa (None: FA4's default)
+
+    def __post_init__(self):
+        if self.layout not in CALL_LAYOUTS:
+            raise ValueError(f"layout must be one of {CALL_LAYOUTS}, got {self.layout!r}")
+        if self.layout == "dense" and (self.seqused_q or self.seqused_k):
+            raise ValueError("a dense call (flash_attn_func) takes no seqused_q / seqused_k")
+        if (self.layout == "paged") != (self.page_size is not None):
+            raise ValueError("page_size goes with layout paged, and only with it")
+
+    @property
+    def packed_q(self) -> bool:
+        return self.layout != "dense" and not self.batch_q
+
+    @property
+    def has_seqused_k(self) -> bool:
+        if self.seqused_k is None:
+            return self.layout in ("paged", "padded")
+        return self.seqused_k
 
     def feature_kwargs(self) -> dict:
         """The call's static features: `features()` arguments, less the arch."""
-        varlen = self.layout in ("varlen", "paged") and not self.batch_q
+        varlen = self.packed_q
         return dict(
             dtype=self.dtype,
             head_dim=self.head_dim,
@@ -251,8 +320,11 @@ class Call:
             max_seqlen_q=self.seqlen_q if varlen else None,
             cu_seqlens_q=varlen,
             cu_seqlens_k=self.layout == "varlen",
-            seqused_k=self.layout == "paged",
+            seqused_q=self.seqused_q,
+            seqused_k=self.has_seqused_k,
             page_size=self.page_size,
+            softcap=self.softcap,
+            pack_gqa=self.pack_gqa,
         )
 
     def variant(self, arch: str) -> Variant:
@@ -260,6 +332,26 @@ class Call:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def call_layout(q_form: str, kv_form: str) -> dict:
+    """A spec layout's (q form, K/V form) (specs.Q_FORMS, specs.KV_FORMS) -> the Call fields
+    that express it, in the canonical spelling (seqused_k None where it is the layout's own)."""
+    batch_q = q_form.startswith("batch")
+    seqused_q = q_form.endswith("+seqused")
+    seqused_k = kv_form.endswith("+seqused")
+    kv = kv_form.split("+")[0]
+    if kv == "batch":
+        layout = "dense" if batch_q and not seqused_q and not seqused_k else "padded"
+    else:
+        layout = {"packed": "varlen", "paged": "paged"}[kv]
+    own = layout in ("paged", "padded")
+    return dict(
+        layout=layout,
+        batch_q=batch_q and layout != "dense",
+        seqused_q=seqused_q,
+        seqused_k=None if seqused_k == own else seqused_k,
+    )
 
 
 @dataclass(frozen=True)
@@ -329,9 +421,12 @@ def _probe_calls(spec: Spec, att: Attention, arch: str) -> list[Call]:
         {1, sv.max_batch}
         | ({C.BIN_BATCH_SEARCH_THRESH + 1} if sv.max_batch > C.BIN_BATCH_SEARCH_THRESH else set())
     )
+    sink = att.sink_dtype if att.sinks else None
     calls = []
     for r in ratios:
-        for layout in sv.layouts:
+        for name in sv.layouts:
+            form = call_layout(*layout_forms(name))
+            layout = form["layout"]
             pages = page_sizes_for(spec, att, arch) if layout == "paged" else [None]
             for phase in sv.phases:
                 for sq in phases_q[phase]:
@@ -340,7 +435,6 @@ def _probe_calls(spec: Spec, att: Attention, arch: str) -> list[Call]:
                             for lse in lses:
                                 calls.append(
                                     Call(
-                                        layout=layout,
                                         batch=b,
                                         seqlen_q=sq,
                                         seqlen_k=max(sq, 256),
@@ -353,8 +447,10 @@ def _probe_calls(spec: Spec, att: Attention, arch: str) -> list[Call]:
                                         window_left=window[0],
                                         window_right=window[1],
                                         return_lse=lse,
-                                        sink_dtype="float32" if att.sinks else None,
+                                        sink_dtype=sink,
                                         page_size=p,
+                                        softcap=att.softcap,
+                                        **form,
                                     )
                                 )
     gqa = att.num_q_heads > att.num_kv_heads
@@ -369,7 +465,10 @@ def _split_calls(spec: Spec, att: Attention, arch: str) -> list[Call]:
     """The split-KV kernels (split.py): the decode fold's 1:1 kernel returning LSE, on a packed
     K (which also serves dense K, viewed packed) and on every page size, for any head ratio,
     mask and sink of the layer (the split runs chunks unmasked and merges sinks itself)."""
-    pages = page_sizes_for(spec, att, arch) if "paged" in spec.serving.layouts else []
+    paged = any(
+        layout_forms(n)[1] == "paged+seqused" for n in spec.serving.layouts
+    )
+    pages = page_sizes_for(spec, att, arch) if paged else []
     calls = []
     for layout, p in [("varlen", None)] + [("paged", p) for p in pages]:
         calls.append(
@@ -390,6 +489,7 @@ def _split_calls(spec: Spec, att: Attention, arch: str) -> list[Call]:
                 sink_dtype=None,
                 page_size=p,
                 batch_q=True,
+                softcap=att.softcap,
             )
         )
     return calls
@@ -400,13 +500,18 @@ def _fold_calls(spec: Spec, att: Attention, arch: str, lses: list[bool]) -> list
     (s_q == 1) at any head ratio r runs on them with the r query heads of each KV group as r
     query rows (select.py): the same rows as the r:1 kernel, and q, O and LSE stay views."""
     calls = []
-    for layout in spec.serving.layouts:
-        pages = page_sizes_for(spec, att, arch) if layout == "paged" else [None]
+    seen = set()
+    for name in spec.serving.layouts:
+        # the fold runs q in batch form over the call's own K/V form (select._fold_features)
+        form = call_layout("batch", layout_forms(name)[1])
+        if tuple(form.items()) in seen:
+            continue
+        seen.add(tuple(form.items()))
+        pages = page_sizes_for(spec, att, arch) if form["layout"] == "paged" else [None]
         for p in pages:
             for lse in lses:
                 calls.append(
                     Call(
-                        layout=layout,
                         batch=1,
                         seqlen_q=1,
                         seqlen_k=256,
@@ -421,7 +526,8 @@ def _fold_calls(spec: Spec, att: Attention, arch: str, lses: list[bool]) -> list
                         return_lse=lse,
                         sink_dtype=None,
                         page_size=p,
-                        batch_q=layout != "dense",
+                        softcap=att.softcap,
+                        **form,
                     )
                 )
     return calls
@@ -482,14 +588,15 @@ def merge(plans: list[Plan]) -> Plan:
 def representative_call(v: Variant) -> Call:
     """A call that compiles exactly `v` (for variants met at run time: the miss log).
 
-    Raises ValueError for feature combinations no public FA4 call layout produces here.
+    Every q form (batch or packed, with or without seqused_q) meets every K/V form (batch,
+    packed or paged, with or without seqused_k), as FA4's `_flash_attn_fwd` takes them.
+    Raises ValueError only for feature combinations FA4's own logic never produces (e.g. a dense
+    non-causal kernel that is not persistent).
     """
     tile = v.tile
     r = v.qhead_per_kvhead
-    if v.phase == "prefill":
-        sq = tile.m // r + 1
-    else:
-        sq = 1
+    rows = r if v.pack_gqa_effective else 1  # query rows per query position in an M tile
+    sq = tile.m // rows + 1 if v.phase == "prefill" else 1
     if v.local:
         # a right-only window must not be 0: FA4 resolves (None, 0) to plain causal
         wl = 128 if v.has_window_left else None
@@ -501,6 +608,7 @@ def representative_call(v: Variant) -> Call:
     page = None
     if v.paged:
         page = tile.n if v.paged_tma else (16 if tile.n != 16 else 32)
+    own_seqused_k = layout in ("paged", "padded")
     call = Call(
         layout=layout,
         batch=C.BIN_BATCH_SEARCH_THRESH + 1 if v.cu_hint else 1,
@@ -517,11 +625,15 @@ def representative_call(v: Variant) -> Call:
         return_lse=v.return_lse,
         sink_dtype=v.sink_dtype,
         page_size=page,
-        batch_q=v.batch_q,
+        batch_q=layout != "dense" and not v.cu_seqlens_q,
+        seqused_q=v.seqused_q,
+        seqused_k=None if v.seqused_k == own_seqused_k else v.seqused_k,
+        softcap=v.softcap,
+        pack_gqa=v.pack_gqa,
     )
     if call.variant(v.arch) != v:
         raise ValueError(
-            f"no representative call for {v.describe()}: the public varlen layouts "
-            "(cu_seqlens_q + cu_seqlens_k, or cu_seqlens_q + page_table + seqused_k) do not produce it"
+            f"no representative call for {v.describe()}: FA4 never compiles these features "
+            "together (no call to its forward produces them)"
         )
     return call

@@ -200,3 +200,65 @@ def test_autoinstall_hook_installs_when_fa4_is_imported(tiny_store):
         env=env,
     )
     assert "inert" in r.stdout, r.stderr[-2000:]
+
+
+def _fake_varlen_big_batch():
+    """A varlen decode step over 257 sequences: FA4 runs its tile_cumsum and blocks_to_batch
+    helpers before it looks up the forward kernel."""
+    import flash_attn.cute as fa
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    b = 257
+    with FakeTensorMode():
+        e = lambda *s, dt=torch.bfloat16: torch.empty(*s, dtype=dt, device="cuda")  # noqa: E731
+        fa.flash_attn_varlen_func(
+            e(b, 2, 64),
+            e(b * 256, 1, 64),
+            e(b * 256, 1, 64),
+            cu_seqlens_q=e(b + 1, dt=torch.int32),
+            cu_seqlens_k=e(b + 1, dt=torch.int32),
+            max_seqlen_q=1,
+            max_seqlen_k=256,
+            causal=True,
+        )
+
+
+def test_install_logs_the_forward_when_a_batch_helper_misses_and_from_misses_builds_it(
+    tiny_store, tmp_path, knobs
+):
+    """Issue 13: under install() a batch > 256 varlen call missed FA4's tile_cumsum helper,
+    which FA4 looks up before the forward: the refusal logged no variant, so --from-misses could
+    not build it. Now the forward's variant is logged, built in one round, then served."""
+    import shutil
+
+    import fa4aot
+    from fa4aot import compiler
+    from fa4aot.cli import main
+    from fa4aot.missing import read_misses
+
+    root, _ = tiny_store
+    store = tmp_path / "store"
+    shutil.copytree(root, store)
+    log = tmp_path / "misses.jsonl"
+    compiler.configure("sm90", 132)
+    knobs(miss_log=str(log))
+    counters = fa4aot.install(cache=store, on_miss="error", arch="sm90", num_sms=132)
+    try:
+        with pytest.raises(fa4aot.ArtifactMissing, match="its helper kernel \\(tile_cumsum"):
+            _fake_varlen_big_batch()
+        assert counters.compiles == 0
+    finally:
+        fa4aot.uninstall()
+    (v,) = read_misses(log)
+    assert v.cu_hint and v.cu_seqlens_q and v.cu_seqlens_k and v.qhead_per_kvhead == 2
+    r = CliRunner().invoke(
+        main, ["build", "--from-misses", str(log), "--cache", str(store), "--json"]
+    )
+    assert r.exit_code == 0, r.output
+    counters = fa4aot.install(cache=store, on_miss="error", arch="sm90", num_sms=132)
+    try:
+        _fake_varlen_big_batch()
+        assert counters.hits == 3 and counters.compiles == 0 and not counters.misses
+    finally:
+        fa4aot.uninstall()

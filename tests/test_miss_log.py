@@ -147,20 +147,42 @@ def test_build_from_misses_and_a_spec(tmp_path, variants):
 
 
 def test_build_from_misses_reports_variants_it_cannot_compile(tmp_path, variants):
-    """The runtime serves input forms the builder has no representative call for (batch-form q
-    with seqused_q over a paged KV cache): such a miss is reported, not a traceback."""
+    """A logged variant is refused only when FA4 cannot run it (with FA4's reason) or no call
+    to FA4 produces it (a hand-edited log): such a miss is reported, not a traceback."""
     log = tmp_path / "misses.jsonl"
-    paged = next(v for v in variants if v.paged)
-    odd = replace(paged, cu_seqlens_q=False, seqused_q=True, cu_hint=False)
-    M.record_miss(odd, str(log))
+    dense = next(v for v in variants if v.layout == "dense")
+    impossible = replace(dense, causal=False, local=False, static_persistent=False)
+    hd512 = replace(dense, head_dim=512, head_dim_v=512)
+    M.record_miss(impossible, str(log))
+    M.record_miss(hd512, str(log))
     M.record_miss(variants[0], str(log))
     r = CliRunner().invoke(main, ["build", "--from-misses", str(log), "--dry-run", "--json"])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert [row["id"] for row in doc["rows"]] == [variants[0].id]
-    (u,) = doc["unsupported"]
-    assert (
-        u["spec"] == "miss-log"
-        and odd.id in u["reason"]
-        and "no representative call" in u["reason"]
-    )
+    u1, u2 = doc["unsupported"]
+    assert u1["spec"] == "miss-log" and impossible.id in u1["reason"]
+    assert "FA4 never compiles these features together" in u1["reason"]
+    assert hd512.id in u2["reason"] and "512" in u2["reason"] and "sm100" in u2["reason"]
+
+
+def test_build_from_misses_builds_every_layout_issue_13_could_not(tmp_path, variants):
+    """The four kinds of variants `--from-misses` refused in issue 13 (a padded KV cache with
+    cu_seqlens_q; cu_seqlens_k with seqused_q; seqused_q with seqused_k; bf16 sinks), plus a
+    softcap and an explicit pack_gqa, are planned for building."""
+    log = tmp_path / "misses.jsonl"
+    varlen = next(v for v in variants if v.layout == "varlen" and v.cu_seqlens_q)
+    kinds = [
+        replace(varlen, cu_seqlens_k=False, seqused_k=True),
+        replace(varlen, cu_seqlens_q=False, seqused_q=True),
+        replace(varlen, cu_seqlens_q=False, seqused_q=True, cu_seqlens_k=False, seqused_k=True),
+        replace(varlen, sink_dtype="bfloat16"),
+        replace(varlen, softcap=30.0),
+        replace(varlen, pack_gqa=False),
+    ]
+    for v in kinds:
+        M.record_miss(v, str(log))
+    todo, refused = M.plan_misses(M.read_misses(log), "sm90")
+    assert not refused
+    assert [v for v, _ in todo] == kinds
+    assert all(call.variant("sm90") == v for v, call in todo)

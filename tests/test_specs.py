@@ -10,6 +10,7 @@ import pytest
 
 from fa4aot.errors import SpecError
 from fa4aot.specs import (
+    DEFAULT_LAYOUTS,
     LAYOUTS,
     PHASES,
     Attention,
@@ -108,7 +109,7 @@ def test_defaults_of_a_minimal_spec():
     a = s.attention[0]
     assert a == Attention("layer0", 4, 4, 96, 96, "bfloat16", True, None, False)
     assert s.serving == Serving()
-    assert s.serving.layouts == LAYOUTS and s.serving.page_sizes == (128,)
+    assert s.serving.layouts == DEFAULT_LAYOUTS and s.serving.page_sizes == (128,)
 
 
 def test_tiny_spec_values():
@@ -242,6 +243,20 @@ BAD = [
     ("causal-int", _spec(att=BASE_ATT + "causal = 1"), "attention[0].causal", "true or false"),
     ("sinks-string", _spec(att=BASE_ATT + 'sinks = "yes"'), "attention[0].sinks", "true or false"),
     (
+        "sink-dtype-without-sinks",
+        _spec(att=BASE_ATT + 'sink_dtype = "bfloat16"'),
+        "attention[0].sink_dtype",
+        "needs sinks = true",
+    ),
+    (
+        "sink-dtype-fp8",
+        _spec(att=BASE_ATT + 'sinks = true\nsink_dtype = "float8_e4m3fn"'),
+        "attention[0].sink_dtype",
+        "'float32', 'bfloat16', 'float16'",
+    ),
+    ("softcap-zero", _spec(att=BASE_ATT + "softcap = 0"), "attention[0].softcap", "> 0"),
+    ("softcap-string", _spec(att=BASE_ATT + 'softcap = "30"'), "attention[0].softcap", "> 0"),
+    (
         "kv-not-dividing",
         _spec(att=BASE_ATT.replace("num_kv_heads = 8", "num_kv_heads = 5")),
         "attention[0].num_kv_heads",
@@ -373,3 +388,18 @@ def test_tp_splitting_kv_heads_unevenly_is_refused():
         SpecError, match=r"serving\.tp: 3 neither divides nor is a multiple of full.s 8 KV heads"
     ):
         parse_spec(_spec(att=att, serving="tp = [3]"), "x.toml")
+
+
+def test_new_attention_fields_and_layouts():
+    text = _spec(att=BASE_ATT + 'sinks = true\nsink_dtype = "float16"\nsoftcap = 30')
+    text = text.replace("[serving]", '[serving]\nlayouts = ["padded", "batch+seqused/packed"]')
+    s = parse_spec(text)
+    a = s.attention[0]
+    assert (a.sink_dtype, a.softcap) == ("float16", 30.0)
+    assert s.serving.layouts == ("padded", "batch+seqused/packed")
+    assert set(DEFAULT_LAYOUTS) < set(LAYOUTS)
+    # left out of the identity only at their defaults
+    d = s.to_dict()["attention"][0]
+    assert (d["sink_dtype"], d["softcap"]) == ("float16", 30.0)
+    with pytest.raises(SpecError, match="serving.layouts"):
+        parse_spec(text.replace('"padded"', '"batch/nope"'))

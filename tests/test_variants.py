@@ -18,7 +18,15 @@ import pytest
 from fa4aot import constraints as C
 from fa4aot.build import plan_for
 from fa4aot.specs import parse_spec, resolve_specs
-from fa4aot.variants import SCHEMA, Call, Variant, enumerate_variants, features, representative_call
+from fa4aot.variants import (
+    NEW_FIELD_DEFAULTS,
+    SCHEMA,
+    Call,
+    Variant,
+    enumerate_variants,
+    features,
+    representative_call,
+)
 
 ARCH = "sm90"
 
@@ -87,14 +95,18 @@ def test_representative_call_compiles_its_variant(plan):
         assert n.call.variant(ARCH) == n.variant
 
 
-def test_representative_call_refuses_layouts_fa4aot_cannot_call():
+def test_representative_call_drives_every_layout_and_refuses_only_impossible_variants():
     v = _some_variant()
-    # seqused_q without cu_seqlens_q: FA4 compiles it, but no Call layout drives it
+    # seqused_q without cu_seqlens_q (q in batch form, a padded KV cache): issue 13 logged such
+    # variants that --from-misses could not build
     odd = replace(
         v, paged=False, paged_tma=None, seqused_k=False, cu_seqlens_q=False, seqused_q=True
     )
-    with pytest.raises(ValueError, match="no representative call"):
-        representative_call(odd)
+    assert representative_call(odd).variant(ARCH) == odd
+    # FA4 always runs a dense non-causal call on the persistent scheduler
+    dense = replace(odd, seqused_q=False, causal=False, static_persistent=False)
+    with pytest.raises(ValueError, match="FA4 never compiles these features together"):
+        representative_call(dense)
 
 
 def test_enumeration_is_pure_and_deterministic():
@@ -211,9 +223,19 @@ def _some_variant() -> Variant:
 
 def test_variant_id_is_sha256_of_canonical_json():
     v = _some_variant()
-    blob = json.dumps({"schema": SCHEMA, **asdict(v)}, sort_keys=True, separators=(",", ":"))
+    # fields added after schema 1 (softcap, pack_gqa) are left out at their defaults, so every
+    # variant that existed before them keeps its id
+    d = {k: x for k, x in asdict(v).items() if k not in NEW_FIELD_DEFAULTS}
+    blob = json.dumps({"schema": SCHEMA, **d}, sort_keys=True, separators=(",", ":"))
     assert v.id == hashlib.sha256(blob.encode()).hexdigest()[:16]
     assert len(v.id) == 16 and int(v.id, 16) >= 0
+    w = replace(v, softcap=30.0)
+    blob = json.dumps(
+        {"schema": SCHEMA, **d, "softcap": 30.0}, sort_keys=True, separators=(",", ":")
+    )
+    assert w.id == hashlib.sha256(blob.encode()).hexdigest()[:16]
+    # records and miss logs written before the new fields still load, to the same variant
+    assert Variant.from_dict(d) == v
 
 
 def test_variant_id_is_stable_across_processes():

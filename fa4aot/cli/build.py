@@ -219,19 +219,12 @@ def _build_arch(
 
     plan = plan_for(spec_list, arch)
     if misses:
-        from ..missing import read_misses
-        from ..variants import Need, Unsupported, representative_call
+        from ..missing import plan_misses, read_misses
+        from ..variants import Need, Unsupported
 
-        for v in read_misses(misses):
-            if v.arch == arch:
-                try:
-                    call = representative_call(v)
-                except ValueError as e:  # the runtime meets input forms the builder cannot drive
-                    plan.unsupported.append(
-                        Unsupported("miss-log", Path(misses).name, f"{v.id}: {e}")
-                    )
-                    continue
-                plan.needs.append(Need(v, call, "miss-log", Path(misses).name))
+        todo, refused = plan_misses(read_misses(misses), arch)
+        plan.needs += [Need(v, call, "miss-log", Path(misses).name) for v, call in todo]
+        plan.unsupported += [Unsupported("miss-log", Path(misses).name, r) for r in refused]
     unsup = [
         {
             "arch": arch,
