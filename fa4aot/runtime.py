@@ -36,6 +36,7 @@ from .variants import Variant, features, split_kernel_variant
 log = logging.getLogger("fa4aot")
 
 _DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 _SINK_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 ON_MISS = ("error", "warn", "jit")
 _NO_AUX = (None, None)  # FA4's AuxData(tensors=None, scalars=None): a compile-time value
@@ -427,10 +428,17 @@ def _check_qkv(q, k, v) -> tuple[int, Any, Any, Any]:
     if k.get_device() != dq or v.get_device() != dq:
         raise _fail(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     dt = q.dtype
-    if dt not in _DTYPES:
-        fp8 = " (FP8 is sm100-only in upstream FA4)" if "float8" in str(dt) else ""
-        raise _fail(f"q dtype must be bfloat16 or float16, got {dt}{fp8}")
-    if k.dtype is not dt or v.dtype is not dt:
+    if dt not in _DTYPES or k.dtype is not dt or v.dtype is not dt:
+        # an FP8 KV cache beside a bf16 q was refused as a plain dtype mismatch, naming no way
+        # out; upstream FA4 has no FP8 forward on sm90 (the only arch this runtime serves)
+        fp8 = [(n, t.dtype) for n, t in (("q", q), ("k", k), ("v", v)) if t.dtype in _FP8]
+        if fp8:
+            which = "/".join(n for n, _ in fp8)
+            raise UnsupportedVariant(
+                C.fp8_reason("sm90", str(fp8[0][1]).removeprefix("torch."), which)
+            )
+        if dt not in _DTYPES:
+            raise _fail(f"q dtype must be bfloat16 or float16, got {dt}")
         raise _fail(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     qs, ks, vs = q.shape, k.shape, v.shape
     if len(qs) < 3 or len(ks) < 3 or len(vs) < 3:  # found by fuzzing: 0-d/1-d inputs hit IndexError
@@ -490,6 +498,13 @@ def _window(window_size) -> tuple[int | None, int | None]:
         if w is not None and (isinstance(w, bool) or not isinstance(w, int)):
             raise _fail(f"window_size entries must be int or None, got {window_size!r}")
     return wl, wr
+
+
+def _softcap(softcap) -> float | None:
+    """FA4's softcap: 0 means none; the value is baked into the kernel (Variant.softcap)."""
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or softcap < 0:
+        raise _fail(f"softcap must be a number >= 0 (0: none), got {softcap!r}")
+    return float(softcap) if softcap else None
 
 
 def _sink(learnable_sink, hq: int, device: int) -> str | None:
@@ -756,6 +771,8 @@ def flash_attn_func(
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
     padding: bool | None = None,
+    softcap: float = 0.0,
+    pack_gqa: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Dense forward with FA4's calling convention: q (b, sq, hq, d), k/v (b, sk, hk, d[v]).
 
@@ -780,6 +797,9 @@ def flash_attn_func(
     else:
         wl, wr = _window(window_size)
     sink_dt = None if learnable_sink is None else _sink(learnable_sink, hq, dq)
+    cap = _softcap(softcap)
+    if pack_gqa is not None and type(pack_gqa) is not bool:
+        raise _fail(f"pack_gqa must be True, False or None, got {pack_gqa!r}")
     return_lse = bool(return_lse) or lse is not None
     if out is not None or lse is not None:
         _check_outputs(q, out, lse, (b, sq, hq, dv), (b, hq, sq), dq)
@@ -801,8 +821,14 @@ def flash_attn_func(
         min(sq, _Q_KEY_CAP),
         dq,
         pad_ok,
+        cap,
+        pack_gqa,
     )
-    if sq == 1 and rt.split and wl is None and wr is None and sk > _SPLIT_MIN and b and dq >= 0:
+    # the split's chunk kernels carry no softcap (split.py): a capped call runs unsplit
+    if (
+        sq == 1 and rt.split and wl is None and wr is None and cap is None and sk > _SPLIT_MIN
+        and b and dq >= 0
+    ):
         sp = rt.split_for(dq, q.dtype, b * hk, sk, d, dv, None, learnable_sink is not None)
         if sp is not None:
             got = _try_split(
@@ -830,6 +856,8 @@ def flash_attn_func(
             seqlen_q=sq,
             total_q=b * sq,
             max_seqlen_q=None,
+            softcap=cap,
+            pack_gqa=pack_gqa,
         )
         plan = _resolve(rt, fkey, feat, dev, pad_ok)
         if plan is None:
@@ -846,6 +874,8 @@ def flash_attn_func(
                     window_size=window_size,
                     learnable_sink=learnable_sink,
                     return_lse=return_lse,
+                    softcap=softcap,
+                    pack_gqa=pack_gqa,
                 ),
                 pad_ok,
                 out,
@@ -865,7 +895,13 @@ def flash_attn_func(
             hk,
             learnable_sink,
             softmax_scale,
-            dict(causal=causal, window_size=window_size, return_lse=return_lse),
+            dict(
+                causal=causal,
+                window_size=window_size,
+                return_lse=return_lse,
+                softcap=softcap,
+                pack_gqa=pack_gqa,
+            ),
             varlen=False,
             out=out,
             lse=lse,
@@ -1034,6 +1070,8 @@ def flash_attn_varlen_func(
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
     padding: bool | None = None,
+    softcap: float = 0.0,
+    pack_gqa: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Varlen / paged forward with FA4's calling convention.
 
@@ -1126,6 +1164,9 @@ def flash_attn_varlen_func(
     else:
         wl, wr = _window(window_size)
     sink_dt = None if learnable_sink is None else _sink(learnable_sink, hq, dev)
+    cap = _softcap(softcap)
+    if pack_gqa is not None and type(pack_gqa) is not bool:
+        raise _fail(f"pack_gqa must be True, False or None, got {pack_gqa!r}")
     return_lse = bool(return_lse) or lse is not None
     if out is not None or lse is not None:
         _check_outputs(
@@ -1161,6 +1202,8 @@ def flash_attn_varlen_func(
         total_q == batch,  # with max_seqlen_q == 1: one row per sequence, the decode fold applies
         dev,
         pad_ok,
+        cap,
+        pack_gqa,
     )
     if not (_aligned(q) and _aligned(k) and _aligned(v)):
         q, k, v = _prep(q, "q", pad_ok), _prep(k, "k", pad_ok), _prep(v, "v", pad_ok)
@@ -1170,6 +1213,7 @@ def flash_attn_varlen_func(
         and rt.split
         and wl is None
         and wr is None
+        and cap is None
         and seqused_q is None
         and batch
         and dev >= 0
@@ -1216,6 +1260,8 @@ def flash_attn_varlen_func(
             seqused_q=seqused_q is not None,
             seqused_k=seqused_k is not None,
             page_size=page_size,
+            softcap=cap,
+            pack_gqa=pack_gqa,
         )
         plan = _resolve(rt, fkey, feat, dev, pad_ok)
         if plan is None:
@@ -1239,6 +1285,8 @@ def flash_attn_varlen_func(
                     window_size=window_size,
                     learnable_sink=learnable_sink,
                     return_lse=return_lse,
+                    softcap=softcap,
+                    pack_gqa=pack_gqa,
                 ),
                 pad_ok,
                 out,
@@ -1279,6 +1327,8 @@ def flash_attn_varlen_func(
                 causal=causal,
                 window_size=window_size,
                 return_lse=return_lse,
+                softcap=softcap,
+                pack_gqa=pack_gqa,
             ),
             varlen=varlen_q,
             out=out,
