@@ -21,6 +21,20 @@ from reference import attention_ref, rel_err  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 
+@pytest.fixture(autouse=True)
+def _no_split():
+    """These tests check how the fold and padding serve a call; a long decode step would be
+    split-KV'd instead (its output is as exact: test_gpu_split.py), so splitting is off here.
+    (On the H200, 2026-11-30 19:43, 21 fold tests failed on the plan check alone: the split
+    had served their 4096-key decode steps, outputs within tolerance.)"""
+    import fa4aot.runtime as R
+
+    rt = R.default_runtime()
+    saved, rt.split = rt.split, 0
+    yield
+    rt.split = saved
+
+
 # (q heads, kv heads, head_dim, lse): ratios 20, 10, 5 (GLM at TP1/2/4), 3, 6; head dims
 # 80/96/112 (-> 128) and 200 (-> 256)
 RATIO_CASES = [
