@@ -1080,7 +1080,8 @@ def flash_attn_varlen_func(
     page_table (batch, max_pages) int32 and seqused_k (batch,) int32.
     Caller's contract (not checked: it would need a device sync): cu_seqlens start at 0, are
     non-decreasing and end at the packed length; max_seqlen_q, when given, bounds every
-    sequence's query length; page_table entries index the KV pool and
+    sequence's query length; max_seqlen_k, when given, bounds every sequence's KV length (a
+    split-KV decode step reads no key beyond it); page_table entries index the KV pool and
     cover ceil(seqused_k / page_size) pages per sequence; seqused_k <= pages * page_size.
     Returns (out, lse): out like q with head_dim_v; lse (hq, total_q) float32 or None.
     out / lse: caller-owned buffers, as in flash_attn_func.
