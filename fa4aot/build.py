@@ -292,8 +292,8 @@ def build(
     before anything is compiled, unless `replace_spec`. `on_start(store, total, to_build)` is
     called once the target and the work are known.
 
-    KeyboardInterrupt (Ctrl-C): pending variants are cancelled, worker processes terminated,
-    and the interrupt re-raised. Nothing half-written is left where readers look: each artifact
+    KeyboardInterrupt (Ctrl-C, or SIGTERM while workers run): pending variants are cancelled,
+    worker processes terminated, and the interrupt re-raised. Nothing half-written is left where readers look: each artifact
     is published by one rename, and a killed worker's scratch is swept by the next build.
     """
     C.arch_number(arch)
@@ -374,6 +374,7 @@ def build(
                 initializer=_init_worker,
                 initargs=(arch, num_sms, settings.settings.overrides()),
             )
+            restore = _sigterm_as_interrupt()
             try:
                 futs = [ex.submit(build_one, *a) for a in args]
                 for f in as_completed(futs):
@@ -384,10 +385,29 @@ def build(
             except BaseException:
                 _stop_pool(ex)
                 raise
+            finally:
+                restore()
             ex.shutdown(wait=True)
     for s in specs:
         write_spec_index(store, s, plan)
     return store, plan, results
+
+
+def _sigterm_as_interrupt():
+    """While workers run, SIGTERM (a `kill`, a CI timeout, a container stop) stops the build as
+    Ctrl-C does. Without it the parent died at once and its spawned workers, which ignore
+    SIGINT, went on compiling as orphans (seen: two workers alive an hour after `pkill`).
+    -> a function restoring the previous handler."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt("SIGTERM")
+
+    prev = signal.signal(signal.SIGTERM, interrupt)
+    return lambda: signal.signal(signal.SIGTERM, prev)
 
 
 def _stop_pool(ex: ProcessPoolExecutor) -> None:

@@ -373,6 +373,29 @@ def test_ctrl_c_stops_the_workers_and_exits_130(tmp_path):
     assert r.returncode == 0 and sum(json.loads(r.stdout)["counts"].values()) == 8
 
 
+def test_sigterm_stops_the_workers_too(tmp_path):
+    """`kill` (SIGTERM) of a parallel build: the workers ignore SIGINT, so before the build
+    handled SIGTERM they outlived their parent and kept compiling as orphans."""
+    spec = write_spec(tmp_path)
+    root = tmp_path / "store"
+    p = popen_cli("build", "--cache", str(root), "--spec", str(spec), "-j", "2",
+                  env=stub_env(FA4AOT_STUB_DELAY="4"))
+    try:
+        tmp_dirs = lambda: [d for d in root.glob("v1/*/tmp/*") if d.is_dir()]  # noqa: E731
+        _wait_for(lambda: len(tmp_dirs()) >= 2 or p.poll() is not None, "two compiles to start")
+        workers = _children(p.pid)
+        assert p.poll() is None and len(workers) >= 2
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 130, err
+    assert err.splitlines()[-1].startswith("error: interrupted: ")
+    _wait_for(lambda: not any(_alive(w) for w in workers), "the workers to be gone", 30)
+
+
 # -- E. progress -----------------------------------------------------------------------------
 
 
