@@ -147,7 +147,7 @@ class Settings:
     )
     progress = _Setting(
         "auto", _choice("auto", "0", "1"), "auto, 0 or 1",
-        "build progress on stderr (auto: when stderr is a terminal)",
+        "build progress on stderr (auto: unless --json; off a terminal one line per variant)",
     )
     debug = _Setting(False, _flag, "0 or 1", "the CLI prints tracebacks")
     stub_compiler = _Setting(False, _flag, "0 or 1", "tests: build fake, never loadable artifacts")

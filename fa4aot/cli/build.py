@@ -39,7 +39,9 @@ class Progress:
 
         mode = settings.progress()
         tty = sys.stderr.isatty()
-        enabled = mode == "1" or (mode == "auto" and tty and not as_json)
+        # auto: on for humans and for logs alike (a CI log got 6 minutes of silence), off
+        # under --json, whose stdout a program reads
+        enabled = mode == "1" or (mode == "auto" and not as_json)
         return cls(enabled, tty, jobs, label)
 
     def start(self, store, total: int, pending: int) -> None:
