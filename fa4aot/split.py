@@ -10,17 +10,17 @@ merges the partial outputs by LSE into the caller's `out` and `lse`.
 
 Exactness, rule by rule (`split_refusal` refuses the rest):
 - The chunk kernel is the non-causal 1:1 kernel with q in batch form: one query row sees every
-  key of its chunk, which is what a non-last chunk must see; a row's mask is then exact when
-  every row of a sequence sees all of the sequence's keys: decode (s_q == 1, causal or not), or
-  s_q > 1 non-causal. A causal step of s_q > 1 (speculative decoding) is unrolled into s_q
-  virtual decode rows, row t seeing `len - s_q + 1 + t` keys: only a paged KV can give those
-  rows the same pages with different lengths (cu_seqlens_k ranges cannot overlap).
+  key of its chunk, which is what a non-last chunk must see, and a decode row (s_q == 1,
+  causal or not) sees all of its sequence's keys. A step of s_q > 1 rows (speculative
+  decoding) is unrolled into s_q decode rows, row t seeing `len - s_q + 1 + t` keys when
+  causal (all of them otherwise): only a paged KV can give those rows the same pages with
+  their own lengths (cu_seqlens_k ranges cannot overlap), so s_q > 1 splits on pages only.
 - GQA is folded (`select.py`): the r query heads of a KV head are r query rows of the 1:1
   kernel, so one kernel serves every head ratio.
 - Learnable sinks count once: the chunks run without them, and one extra, empty slot per
   sequence carries the sink as its LSE (its output is the kernel's zero for no keys).
 - A window is not split (the kernel already reads only the window's keys; no chunk may see a
-  key the window hides).
+  key the window hides), nor a softcap (the chunk kernel has none).
 
 Nothing here syncs the host: the split count comes from host-known sizes (batch, KV heads,
 the max KV length), per-split lengths, cu_seqlens and page-table views are computed on the GPU
@@ -121,17 +121,27 @@ def choose_splits(
 
 
 def split_refusal(
-    *, causal: bool, window: bool, seqlen_q: int | None, paged: bool, max_seqlen_q_known: bool
+    *,
+    causal: bool,
+    window: bool,
+    seqlen_q: int | None,
+    paged: bool,
+    max_seqlen_q_known: bool,
+    softcap: bool = False,
 ) -> str | None:
-    """Why a decode call cannot be split exactly (None: it can). The plan then runs unsplit."""
+    """Why a decode call cannot be split exactly (None: it can). The plan then runs unsplit.
+    (The runtime's entry points test the same conditions inline, on their hot path.)"""
     if window:
         return "windowed: the kernel already reads only the window's keys"
+    if softcap:
+        return "softcap: the split's chunk kernel has none"
     if seqlen_q is None or not max_seqlen_q_known:
         return "the query rows per sequence are not host-known (pass max_seqlen_q)"
-    if seqlen_q > 1 and causal and not paged:
+    if seqlen_q > 1 and not paged:
         return (
-            "a causal step of several query rows over a dense or packed KV (its rows see "
-            "different keys; only a paged KV lets the split give them the same pages)"
+            f"{seqlen_q} query rows over a dense or packed KV (unrolled into decode rows, "
+            f"{'causal ones see different keys; ' if causal else ''}only a paged KV gives "
+            "each row the same pages with its own length)"
         )
     return None
 
