@@ -1219,6 +1219,9 @@ def flash_attn_varlen_func(
         and batch
         and dev >= 0
         and (page_table is not None or cu_seqlens_k is not None)
+        # a packed K with seqused_k too: the chunks' bounds would ignore seqused_k (found in
+        # review once FA4's cu_seqlens_k + seqused_k layout became buildable)
+        and (paged or seqused_k is None)
     ):
         rows = sq_dense if not varlen_q else max_seqlen_q
         if rows is not None and 0 < rows <= _SPLIT_ROWS and total_q == batch * rows:

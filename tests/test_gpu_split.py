@@ -286,3 +286,35 @@ def test_cuda_graph_replay_is_bit_identical(monkeypatch, page):
         step()
         torch.cuda.synchronize()
         assert torch.equal(replayed, out)
+
+
+def test_packed_kv_with_seqused_k_is_not_split(monkeypatch):
+    """cu_seqlens_k + seqused_k (FA4 takes both: offsets from one, lengths from the other):
+    the split's chunk bounds come from cu_seqlens_k alone, so such a call must run unsplit.
+    (Added after the s5 H200 run, with the layout; not yet run on a GPU.)"""
+    import fa4aot
+    from fa4aot.errors import ArtifactMissing
+
+    spy = _Spy(monkeypatch)
+    hq, hk, d, b = 32, 8, 128, 2
+    cu_k = torch.tensor([0, 4000, 8000], device="cuda", dtype=torch.int32)
+    used = torch.tensor([3000, 1500], device="cuda", dtype=torch.int32)
+    q = torch.randn(b, hq, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(8000, hk, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    _rt(16)
+    try:
+        out, _ = fa4aot.flash_attn_varlen_func(
+            q, k, v, cu_seqlens_q=torch.arange(b + 1, device="cuda", dtype=torch.int32),
+            cu_seqlens_k=cu_k, max_seqlen_q=1, max_seqlen_k=4000, seqused_k=used, causal=True,
+        )
+    except ArtifactMissing as e:
+        pytest.skip(f"layout not in the store: {str(e)[:80]}")
+    finally:
+        _rt(-1)
+    assert spy.split == 0
+    kp = torch.stack([k[:4000], k[4000:]])
+    vp = torch.stack([v[:4000], v[4000:]])
+    ro, _ = attention_ref(q[:, None], kp, vp, torch.ones(b, device="cuda", dtype=torch.long),
+                          used.long(), causal=True)
+    assert rel_err(out, ro[:, 0]) < 1e-2
