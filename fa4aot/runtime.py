@@ -208,7 +208,7 @@ class Runtime:
         up to 256 keys and cached, so a decode loop whose KV grows a key a step replans (and
         reallocates nothing) once per 256 steps."""
         bucket = -(-seqlen_k // 256) * 256
-        key = (dev, dtype, ctas, bucket, d, dv, page_size, sink)
+        key = (dev, dtype, ctas, bucket, d, dv, page_size, sink, self.split)
         try:
             return self._split_n[key]
         except KeyError:
