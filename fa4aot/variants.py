@@ -456,7 +456,8 @@ def _probe_calls(spec: Spec, att: Attention, arch: str) -> list[Call]:
     gqa = att.num_q_heads > att.num_kv_heads
     if sv.decode_fold and gqa and "decode" in sv.phases and not att.sinks and att.window is None:
         calls += _fold_calls(spec, att, arch, lses)
-    if sv.split_kv and "decode" in sv.phases and att.window is None:
+    # (softcap layers: the split's chunk kernel has none, and the runtime does not split them)
+    if sv.split_kv and "decode" in sv.phases and att.window is None and att.softcap is None:
         calls += _split_calls(spec, att, arch)
     return calls
 
@@ -465,34 +466,35 @@ def _split_calls(spec: Spec, att: Attention, arch: str) -> list[Call]:
     """The split-KV kernels (split.py): the decode fold's 1:1 kernel returning LSE, on a packed
     K (which also serves dense K, viewed packed) and on every page size, for any head ratio,
     mask and sink of the layer (the split runs chunks unmasked and merges sinks itself)."""
-    paged = any(
-        layout_forms(n)[1] == "paged+seqused" for n in spec.serving.layouts
-    )
+    paged = any(layout_forms(n)[1] == "paged+seqused" for n in spec.serving.layouts)
     pages = page_sizes_for(spec, att, arch) if paged else []
-    calls = []
-    for layout, p in [("varlen", None)] + [("paged", p) for p in pages]:
-        calls.append(
-            Call(
-                layout=layout,
-                batch=1,
-                seqlen_q=1,
-                seqlen_k=256,
-                num_heads=1,
-                num_heads_kv=1,
-                head_dim=att.head_dim,
-                head_dim_v=att.head_dim_v,
-                dtype=att.dtype,
-                causal=False,
-                window_left=None,
-                window_right=None,
-                return_lse=True,
-                sink_dtype=None,
-                page_size=p,
-                batch_q=True,
-                softcap=att.softcap,
-            )
-        )
-    return calls
+    return [
+        _one_to_one_call(att, p, True, **call_layout("batch", "paged+seqused" if p else "packed"))
+        for p in [None, *pages]
+    ]
+
+
+def _one_to_one_call(att: Attention, page_size: int | None, return_lse: bool, **form) -> Call:
+    """The non-causal 1:1 kernel with q in batch form that the decode fold and the split-KV
+    plans run on (one query row per query head of a KV head), for `att`'s head dims."""
+    return Call(
+        batch=1,
+        seqlen_q=1,
+        seqlen_k=256,
+        num_heads=1,
+        num_heads_kv=1,
+        head_dim=att.head_dim,
+        head_dim_v=att.head_dim_v,
+        dtype=att.dtype,
+        causal=False,
+        window_left=None,
+        window_right=None,
+        return_lse=return_lse,
+        sink_dtype=None,
+        page_size=page_size,
+        softcap=att.softcap,
+        **form,
+    )
 
 
 def _fold_calls(spec: Spec, att: Attention, arch: str, lses: list[bool]) -> list[Call]:
@@ -508,28 +510,7 @@ def _fold_calls(spec: Spec, att: Attention, arch: str, lses: list[bool]) -> list
             continue
         seen.add(tuple(form.items()))
         pages = page_sizes_for(spec, att, arch) if form["layout"] == "paged" else [None]
-        for p in pages:
-            for lse in lses:
-                calls.append(
-                    Call(
-                        batch=1,
-                        seqlen_q=1,
-                        seqlen_k=256,
-                        num_heads=1,
-                        num_heads_kv=1,
-                        head_dim=att.head_dim,
-                        head_dim_v=att.head_dim_v,
-                        dtype=att.dtype,
-                        causal=False,
-                        window_left=None,
-                        window_right=None,
-                        return_lse=lse,
-                        sink_dtype=None,
-                        page_size=p,
-                        softcap=att.softcap,
-                        **form,
-                    )
-                )
+        calls += [_one_to_one_call(att, p, lse, **form) for p in pages for lse in lses]
     return calls
 
 
