@@ -20,6 +20,12 @@ Two mechanisms, picked per store from the filesystem type in /proc/mounts:
   for FA4AOT_LOCK_LEASE_S seconds (default 60; hosts need roughly synchronized clocks).
 
 FA4AOT_LOCK=flock|marker overrides the choice (tests, or a filesystem known to be safe).
+
+Why not the `filelock` package (a dependency until 2026-11-30, unused by then): its FileLock
+is the same flock on local filesystems, and on the network filesystems above it can succeed
+on two hosts at once; its SoftFileLock is a marker file with no notion of a dead holder, so a
+builder killed mid-compile would block every later build of that artifact until someone
+deletes the file by hand.
 """
 
 from __future__ import annotations
