@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import constraints as C
+from . import cubin
 from .variants import Call, Variant
 
 _CONFIGURED: tuple[str, int] | None = None
@@ -37,7 +39,7 @@ def configure(arch: str, num_sms: int) -> None:
     # would delete the user's cached kernels, and keys could be served from disk unseen.
     os.environ["FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"] = "0"
     os.environ["FLASH_ATTENTION_ARCH"] = f"sm_{num}"
-    os.environ["CUTE_DSL_ARCH"] = f"sm_{num}a"
+    os.environ["CUTE_DSL_ARCH"] = C.cubin_target(arch)
     os.environ["FLASH_ATTENTION_NUM_SMS"] = str(num_sms)
     # The DSL warns once per compile that AuxData is not a JitArgument (FA4 passes it as a
     # compile-time value on purpose); thousands of identical lines would bury real errors.
@@ -253,6 +255,11 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
         for key, fn in entries:
             obj = outdir / f"{name}.o"
             fn.export_to_c(object_file_path=str(obj), function_name=f"fa4aot_{name}")
+            # a kernel compiled for another SM links and publishes fine, and fails only on
+            # the GPU ("no kernel image"), or loads another chip's tuning: refuse it here
+            problem = cubin.target_problem(obj, C.cubin_target(variant.arch))
+            if problem:
+                raise RuntimeError(f"{variant.describe()}: {problem}")
             parts[name] = {"object": str(obj), "key": key_repr(key)}
             if name == "tile_cumsum":
                 # (tile, seqlen_q_multiplier, cu_seqlens?, seqused?, splits?, virtual batch?)

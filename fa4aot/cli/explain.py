@@ -89,7 +89,7 @@ def explain(
         raise click.BadParameter(
             "--page-size goes with --layout paged (and only with it)", param_hint="--page-size"
         )
-    num_sms = num_sms or C.DEFAULT_NUM_SMS[arch]
+    num_sms = num_sms or C.default_num_sms(arch)
     call = Call(
         layout=layout,
         batch=batch,
