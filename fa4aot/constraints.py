@@ -121,6 +121,17 @@ def feature_unsupported_reason(arch: str, feature: str) -> str | None:
     return None
 
 
+def mla_reason(arch: str) -> str:
+    """Why fa4aot builds no kernel for an absorbed-MLA (qv) layer on `arch`: FA4's MLA kernels
+    are Blackwell-only; on Blackwell the runtime has no qv argument yet, so its variants are
+    enumerated by tracing FA4 and cross-compiled on request (fa4aot/mla.py), not by `build`."""
+    return feature_unsupported_reason(arch, "mla") or (
+        f"absorbed MLA (qv) on {arch}: FA4 compiles it (fa4aot.mla enumerates and cross-compiles "
+        "its variants, docs/blackwell.md), but the fa4aot runtime has no qv argument yet, so "
+        "`fa4aot build` does not store them"
+    )
+
+
 def fp8_reason(arch: str, dtype: str, which: str = "q/k/v") -> str:
     """Why an FP8 tensor cannot run on `arch` (the runtime's check of an FP8 KV cache: FA4's
     sm90 forward asserts "FP8 is only supported on SM100" only after its own checks, and a bf16
