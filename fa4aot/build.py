@@ -297,7 +297,7 @@ def build(
     is published by one rename, and a killed worker's scratch is swept by the next build.
     """
     C.arch_number(arch)
-    num_sms = num_sms or C.DEFAULT_NUM_SMS[arch]
+    num_sms = num_sms or C.default_num_sms(arch)
     toolchain = build_toolchain(arch, num_sms, python)
     roots = [Path(root)] if root is not None else [Path(r) for r in (layers or default_roots())]
     target = build_root(roots)

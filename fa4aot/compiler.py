@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import constraints as C
+from . import cubin
 from .variants import Call, Variant
 
 _CONFIGURED: tuple[str, int] | None = None
@@ -37,7 +39,7 @@ def configure(arch: str, num_sms: int) -> None:
     # would delete the user's cached kernels, and keys could be served from disk unseen.
     os.environ["FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"] = "0"
     os.environ["FLASH_ATTENTION_ARCH"] = f"sm_{num}"
-    os.environ["CUTE_DSL_ARCH"] = f"sm_{num}a"
+    os.environ["CUTE_DSL_ARCH"] = C.cubin_target(arch)
     os.environ["FLASH_ATTENTION_NUM_SMS"] = str(num_sms)
     # The DSL warns once per compile that AuxData is not a JitArgument (FA4 passes it as a
     # compile-time value on purpose); thousands of identical lines would bury real errors.
@@ -253,6 +255,11 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
         for key, fn in entries:
             obj = outdir / f"{name}.o"
             fn.export_to_c(object_file_path=str(obj), function_name=f"fa4aot_{name}")
+            # a kernel compiled for another SM links and publishes fine, and fails only on
+            # the GPU ("no kernel image"), or loads another chip's tuning: refuse it here
+            problem = cubin.target_problem(obj, C.cubin_target(variant.arch))
+            if problem:
+                raise RuntimeError(f"{variant.describe()}: {problem}")
             parts[name] = {"object": str(obj), "key": key_repr(key)}
             if name == "tile_cumsum":
                 # (tile, seqlen_q_multiplier, cu_seqlens?, seqused?, splits?, virtual batch?)
@@ -614,3 +621,91 @@ def trace_raw_keys(calls: list[Call]) -> list[dict[str, list[Any]]]:
         cute.compile = real
         for c in _caches().values():
             c.clear()
+
+
+# -- absorbed MLA (qv) on Blackwell: fa4aot/mla.py -------------------------------------------------
+
+
+def fake_mla_call(call) -> None:
+    """FA4's varlen entry for an absorbed-MLA call (mla.MlaCall) under FakeTensorMode."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    fa, _ = _fa4()
+    dt = getattr(torch, call.dtype)
+    b, sq, sk, h = call.batch, call.seqlen_q, call.seqlen_k, call.num_heads
+    d, dv = call.head_dim, call.head_dim_v
+    with FakeTensorMode():
+        dev = "cuda"
+
+        def i32(n):
+            return torch.empty(n, dtype=torch.int32, device=dev)
+
+        q = torch.empty(b * sq, h, d, dtype=dt, device=dev)
+        qv = torch.empty(b * sq, h, dv, dtype=dt, device=dev)
+        kw: dict[str, Any] = dict(
+            qv=qv, causal=call.causal, return_lse=call.return_lse,
+            cu_seqlens_q=i32(b + 1), max_seqlen_q=sq,
+        )
+        if call.layout == "varlen":
+            k = torch.empty(b * sk, 1, d, dtype=dt, device=dev)
+            v = torch.empty(b * sk, 1, dv, dtype=dt, device=dev)
+            kw.update(cu_seqlens_k=i32(b + 1), max_seqlen_k=sk)
+        else:
+            p = call.page_size
+            npages = -(-sk // p)
+            k = torch.empty(b * npages, p, 1, d, dtype=dt, device=dev)
+            v = torch.empty(b * npages, p, 1, dv, dtype=dt, device=dev)
+            kw.update(
+                page_table=torch.empty(b, npages, dtype=torch.int32, device=dev),
+                seqused_k=i32(b), max_seqlen_k=sk,
+            )
+        fa.flash_attn_varlen_func(q, k, v, **kw)
+
+
+def trace_mla(calls, compile: bool = False, outdir: Path | None = None) -> list[tuple]:
+    """(call, [rendered forward keys], FA4's refusal or None) per MLA call (mla.MlaCall),
+    compile stubbed unless `compile`; with
+    `compile` and `outdir`, each call's forward kernel is exported to outdir/<i>/fwd.o and its
+    cubin target checked (as compile_variant does)."""
+    import cutlass.cute as cute
+
+    class _Stub:
+        def __call__(self, *a, **k):
+            return None
+
+    real = cute.compile
+    if not compile:
+        cute.compile = lambda *a, **k: _Stub()
+    try:
+        out = []
+        for i, c in enumerate(calls):
+            caches = _caches()
+            for cc in caches.values():
+                cc.clear()
+            try:
+                fake_mla_call(c)
+            except (AssertionError, ValueError, NotImplementedError) as e:
+                # FA4 refuses the call itself (e.g. the 2CTA kernel's head ratio must divide
+                # 128): a fact about the call, reported with the call, not a failed trace
+                import traceback
+
+                where = traceback.extract_tb(e.__traceback__)[-1]
+                out.append((c, [], f"{type(e).__name__} {e} at {Path(where.filename).name}:"
+                                   f"{where.lineno}: {where.line}"))
+                continue
+            fwd = list(caches["fwd"].cache.items())
+            if compile and outdir is not None:
+                for key, fn in fwd:
+                    d = Path(outdir) / str(i)
+                    d.mkdir(parents=True, exist_ok=True)
+                    fn.export_to_c(object_file_path=str(d / "fwd.o"), function_name="fa4aot_fwd")
+                    problem = cubin.target_problem(d / "fwd.o", C.cubin_target(_CONFIGURED[0]))
+                    if problem:
+                        raise RuntimeError(problem)
+            out.append((c, [key_repr(k) for k, _ in fwd], None))
+        return out
+    finally:
+        cute.compile = real
+        for cc in _caches().values():
+            cc.clear()

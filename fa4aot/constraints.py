@@ -9,9 +9,19 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-ARCHS = {"sm90": 90, "sm100": 100}
-# SM count a build targets unless told otherwise: H100/H200 SXM, B200.
+ARCHS = {"sm90": 90, "sm100": 100, "sm103": 103}
+# SM count a build targets unless told otherwise: H100/H200 SXM, B200. sm103 (B300/GB300) has
+# none: NVIDIA's material gives the Blackwell Ultra chip 160 SMs, but not the count a shipping
+# B300 SKU enables (B200's chip also has more SMs than its 148), and a persistent-scheduler grid
+# sized for the wrong count is baked into the kernel. `--num-sms` is required for sm103.
 DEFAULT_NUM_SMS = {"sm90": 132, "sm100": 148}
+# The cubin each arch's kernels are compiled to (CUTE_DSL_ARCH). Arch-specific ("a") targets:
+# tcgen05/TMEM (sm100) and wgmma (sm90) exist only there, and an "a" cubin loads only on its exact
+# compute capability (CUDA Programming Guide, "Feature Set Compiler Targets"): an sm_100a
+# artifact does not load on a B300 (10.3), so sm103 is its own target, store and fingerprint.
+# FA4 also compiles a different kernel for 10.3 (no ex2 emulation, ld.red row max:
+# flash_fwd_sm100.py `is_sm103`), so an sm_100f build would not be the B300 kernel either.
+CUBIN_TARGETS = {"sm90": "sm_90a", "sm100": "sm_100a", "sm103": "sm_103a"}
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
 # Runtime support: the runtime knows the sm90 kernel's argument order and selection logic.
 RUNTIME_ARCHS = ("sm90",)
@@ -28,6 +38,37 @@ def arch_number(arch: str) -> int:
     return ARCHS[arch]
 
 
+def is_blackwell(arch: str) -> bool:
+    """Datacenter Blackwell (compute capability 10.x: B200/GB200 sm100, B300/GB300 sm103): the
+    arch family FA4 runs its sm100 kernels on (`arch // 10 in [10, 11]`, FP8 `arch // 10 == 10`)."""
+    return ARCHS.get(arch, 0) // 10 == 10
+
+
+def cubin_target(arch: str) -> str:
+    """The SM target FA4's cubins are compiled to for `arch` (what CUTE_DSL_ARCH is set to, and
+    what the CPU check of every artifact's embedded cubin expects)."""
+    arch_number(arch)
+    return CUBIN_TARGETS[arch]
+
+
+def default_num_sms(arch: str) -> int:
+    """The SM count a build for `arch` targets when `--num-sms` is not given.
+
+    Raises NumSmsRequired for sm103: see DEFAULT_NUM_SMS."""
+    from .errors import NumSmsRequired
+
+    arch_number(arch)
+    if arch not in DEFAULT_NUM_SMS:
+        raise NumSmsRequired(
+            f"{arch} has no default SM count: NVIDIA documents 160 SMs for the Blackwell Ultra "
+            "chip but not how many a B300/GB300 SKU enables, and a wrong count is baked into the "
+            f"persistent kernels' grids. Read it on the target (nvidia-smi --query-gpu="
+            f"name,compute_cap; torch.cuda.get_device_properties(0).multi_processor_count) and "
+            f"pass it: fa4aot build --arch {arch} --num-sms N"
+        )
+    return DEFAULT_NUM_SMS[arch]
+
+
 def unsupported_reason(
     arch: str, dtype: str, head_dim: int, head_dim_v: int, *, qhead_per_kvhead: int = 1
 ) -> str | None:
@@ -36,7 +77,7 @@ def unsupported_reason(
         return f"unknown arch {arch!r} (known: {', '.join(ARCHS)})"
     if dtype not in DTYPE_BYTES:
         return f"dtype {dtype} is not supported (bfloat16, float16; fp8 on sm100 only)"
-    if dtype.startswith("float8") and arch != "sm100":
+    if dtype.startswith("float8") and not is_blackwell(arch):
         return feature_unsupported_reason(arch, "fp8")
     align = 16 // DTYPE_BYTES[dtype]
     if head_dim % align or head_dim_v % align:
@@ -57,7 +98,7 @@ def unsupported_reason(
             # Found cross-compiling Gemma-4's full layers: FA4's sm100 forward asserts that
             # hd512 fits tensor memory (it does not); hdv 512 exists only as MLA (qv, hd 64).
             return (
-                f"head_dim {head_dim}/{head_dim_v} is not supported on sm100: 8..128, "
+                f"head_dim {head_dim}/{head_dim_v} is not supported on {arch}: 8..128, "
                 "(192, 128) or (256, 256); head_dim_v 512 only as MLA (qv with head_dim 64), "
                 "which fa4aot does not build; the dense hd512 forward does not fit tensor memory"
             )
@@ -75,9 +116,20 @@ SM100_ONLY_FEATURES = {
 
 
 def feature_unsupported_reason(arch: str, feature: str) -> str | None:
-    if feature in SM100_ONLY_FEATURES and arch != "sm100":
+    if feature in SM100_ONLY_FEATURES and not is_blackwell(arch):
         return f"{feature} is sm100-only in upstream FA4: {SM100_ONLY_FEATURES[feature]}"
     return None
+
+
+def mla_reason(arch: str) -> str:
+    """Why fa4aot builds no kernel for an absorbed-MLA (qv) layer on `arch`: FA4's MLA kernels
+    are Blackwell-only; on Blackwell the runtime has no qv argument yet, so its variants are
+    enumerated by tracing FA4 and cross-compiled on request (fa4aot/mla.py), not by `build`."""
+    return feature_unsupported_reason(arch, "mla") or (
+        f"absorbed MLA (qv) on {arch}: FA4 compiles it (fa4aot.mla enumerates and cross-compiles "
+        "its variants, docs/blackwell.md), but the fa4aot runtime has no qv argument yet, so "
+        "`fa4aot build` does not store them"
+    )
 
 
 def fp8_reason(arch: str, dtype: str, which: str = "q/k/v") -> str:

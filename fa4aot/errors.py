@@ -50,3 +50,7 @@ class MergeConflict(Fa4aotError):
 class SettingError(Fa4aotError, ValueError):
     """An FA4AOT_* environment variable holds a value it does not allow. The message names the
     variable, the value and the allowed values (fa4aot/settings.py; `fa4aot doctor` lists all)."""
+
+
+class NumSmsRequired(Fa4aotError, ValueError):
+    """The target arch has no default SM count (sm103): the message names `--num-sms`."""

@@ -148,6 +148,53 @@ def choose(
     return out
 
 
+# FA4's 2CTA MLA kernel packs a 128-row cluster tile with whole KV groups: its head ratio must
+# divide 128 or be a multiple of it (flash_fwd_mla_sm100.py asserts it; tests/test_mla.py saw
+# GLM-4.7-Flash's 20, 10 and 5 refused). Powers of two always qualify.
+MLA_CLUSTER_ROWS = 128
+
+
+def mla_ratio_ok(ratio: int) -> bool:
+    return MLA_CLUSTER_ROWS % ratio == 0 or ratio % MLA_CLUSTER_ROWS == 0
+
+
+def mla_padded_ratio(ratio: int, available: Iterable[int] | None = None) -> tuple[int, float]:
+    """The head ratio an absorbed-MLA (qv) call with `ratio` query heads per latent head runs
+    at, and its cost (padded rows / real rows): `ratio` itself when FA4's kernels take it, else
+    the cheapest larger ratio they take, among `available` (the cached ratios) when given, else
+    the next power of two (20 -> 32, 10 -> 16, 5 -> 8: SGLang's `_pad_mla_q_heads`). Each latent
+    group's query heads are padded with zero heads; O and LSE are cropped back to `ratio` heads.
+    Raises LookupError when no available ratio serves it."""
+    if available is None:
+        r2 = ratio if mla_ratio_ok(ratio) else 1 << (ratio - 1).bit_length()
+        return r2, r2 / ratio
+    cands = sorted(r for r in set(available) if r >= ratio and mla_ratio_ok(r))
+    if not cands:
+        raise LookupError(f"no cached MLA head ratio >= {ratio} that FA4 runs (divides 128)")
+    return cands[0], cands[0] / ratio
+
+
+def pad_heads(x, ratio: int, ratio2: int, num_kv: int = 1):
+    """(..., num_kv * ratio, d) -> (..., num_kv * ratio2, d), each KV group's heads followed by
+    zero heads (a torch tensor; the runtime's copy for a padded MLA call)."""
+    import torch
+
+    lead, d = x.shape[:-2], x.shape[-1]
+    g = x.reshape(*lead, num_kv, ratio, d)
+    out = torch.zeros(*lead, num_kv, ratio2, d, dtype=x.dtype, device=x.device)
+    out[..., :ratio, :] = g
+    return out.reshape(*lead, num_kv * ratio2, d)
+
+
+def crop_heads(x, ratio: int, ratio2: int, num_kv: int = 1, head_dim: int = -2):
+    """Inverse of pad_heads on the heads axis `head_dim` (O: -2; LSE in FA4's qv layout, heads
+    last: -1): keeps each group's first `ratio` heads."""
+    x = x.movedim(head_dim, -1)
+    lead = x.shape[:-1]
+    y = x.reshape(*lead, num_kv, ratio2)[..., :ratio].reshape(*lead, num_kv * ratio)
+    return y.movedim(-1, head_dim)
+
+
 def nearest(want: Variant, available: Iterable[Variant], n: int = 3) -> list[Variant]:
     """Cached variants closest to `want` (for refusals): same arch and dtype, fewest differing
     fields first."""
@@ -175,4 +222,7 @@ def padded_target_for_unsupported(
     return best
 
 
-__all__ = ["Choice", "choose", "fold_from_env", "foldable", "nearest", "padded_target_for_unsupported"]
+__all__ = [
+    "Choice", "choose", "crop_heads", "fold_from_env", "foldable", "mla_padded_ratio",
+    "mla_ratio_ok", "nearest", "pad_heads", "padded_target_for_unsupported",
+]

@@ -56,11 +56,18 @@ class Attention:
     sinks: bool = False  # learnable per-head attention sinks (gpt-oss)
     sink_dtype: str = "float32"  # the sinks tensor's dtype (FA4 takes float32, bfloat16, float16)
     softcap: float | None = None  # tanh logit soft-capping (Gemma-2, Grok); baked into the kernel
+    # Absorbed MLA (DeepSeek-V3, GLM-4.7-Flash): the latent head dim (the model's kv_lora_rank,
+    # 512) FA4 takes as its `qv` argument; head_dim is then the rope part (qk_rope_head_dim, 64),
+    # head_dim_v the latent one, and K/V one latent head shared by every query head (MQA).
+    qv: int | None = None
 
 
 # Attention fields added after specs were first stored: left out of a spec's identity at their
 # defaults, so stores built before them keep their spec index (build refuses a changed spec).
-_NEW_ATTENTION_DEFAULTS = {"sink_dtype": "float32", "softcap": None}
+_NEW_ATTENTION_DEFAULTS = {"sink_dtype": "float32", "softcap": None, "qv": None}
+# The one absorbed-MLA shape FA4 (4.0.0b36) compiles: `_flash_attn_fwd` asserts head_dim_v == 512
+# and head_dim == 64 with qv (and no local window, no softcap).
+MLA_LATENT_DIM, MLA_ROPE_DIM = 512, 64
 
 
 def layout_forms(layout: str) -> tuple[str, str]:
@@ -188,7 +195,36 @@ def _attention(src: str, i: int, d: Any) -> Attention:
             # FA4 reads softcap = 0 as "no softcap"; a spec says that by leaving it out
             raise _fail(src, where + "softcap", f"must be a number > 0, got {softcap!r}")
         softcap = float(softcap)
-    return Attention(name, hq, hk, hd, hdv, dtype, causal, window, sinks, sink_dtype, softcap)
+    qv = d.get("qv")
+    if qv is not None:
+        qv = _int(src, where + "qv", qv, 1, 1024)
+        _mla_checks(src, where, d, qv, hk, hd, window, softcap)
+        hdv = qv
+    return Attention(name, hq, hk, hd, hdv, dtype, causal, window, sinks, sink_dtype, softcap, qv)
+
+
+def _mla_checks(src, where, d, qv, hk, hd, window, softcap) -> None:
+    """An absorbed-MLA layer as FA4 takes it: q/k the rope part, qv/v the latent part."""
+    if qv != MLA_LATENT_DIM:
+        raise _fail(
+            src, where + "qv", f"FA4 runs absorbed MLA with a {MLA_LATENT_DIM}-wide latent "
+            f"(kv_lora_rank) only, got {qv}"
+        )
+    if hd != MLA_ROPE_DIM:
+        raise _fail(
+            src, where + "head_dim", f"with qv, head_dim is the rope part (qk_rope_head_dim): "
+            f"FA4 needs {MLA_ROPE_DIM}, got {hd}"
+        )
+    if "head_dim_v" in d and d["head_dim_v"] != qv:
+        raise _fail(src, where + "head_dim_v", f"with qv it is the latent dim {qv} (leave it out)")
+    if hk != 1:
+        raise _fail(
+            src, where + "num_kv_heads", f"absorbed MLA shares one latent K/V head, got {hk}"
+        )
+    if window is not None:
+        raise _fail(src, where + "window", "FA4 has no local window with qv")
+    if softcap is not None:
+        raise _fail(src, where + "softcap", "FA4 takes no softcap with qv")
 
 
 def _page_size(src, field, v):

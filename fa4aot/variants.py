@@ -518,6 +518,10 @@ def enumerate_variants(spec: Spec, arch: str) -> Plan:
     """spec x arch -> the distinct variants it needs (pure; no FA4 import, milliseconds)."""
     plan = Plan()
     for att in spec.attention:
+        if att.qv is not None:
+            # checked first: on sm90 the hd 64/512 shape must not be "served" by head-dim padding
+            plan.unsupported.append(Unsupported(spec.name, att.name, C.mla_reason(arch)))
+            continue
         reason = C.unsupported_reason(
             arch,
             att.dtype,

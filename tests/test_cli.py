@@ -65,8 +65,11 @@ def test_build_dry_run_json_lists_the_default_plan(run, tmp_path):
         row["spec"] == "llama-3.1-8b/full" and row["variant"].startswith("sm90 bfloat16 hd128")
         for row in doc["rows"]
     )
-    (u,) = doc["unsupported"]
+    (u,) = [u for u in doc["unsupported"] if u["spec"] == "gemma-4"]
     assert (u["spec"], u["layer"]) == ("gemma-4", "full") and "512" in u["reason"]
+    mla = [u for u in doc["unsupported"] if u["spec"] != "gemma-4"]
+    assert sorted(u["spec"] for u in mla) == ["deepseek-v3", "glm-4.7-flash"]
+    assert all("sm100-only" in u["reason"] for u in mla)
     # a dry run compiles and writes nothing
     assert not (tmp_path / "default-cache").exists()
 

@@ -24,7 +24,10 @@ from fa4aot.specs import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULTS = ["gemma-4", "gpt-oss-20b", "llama-3.1-70b", "llama-3.1-8b", "mistral-7b", "qwen3-32b"]
+DEFAULTS = [
+    "deepseek-v3", "gemma-4", "glm-4.7-flash", "gpt-oss-20b", "llama-3.1-70b", "llama-3.1-8b",
+    "mistral-7b", "qwen3-32b",
+]
 
 TINY = """
 name = "tiny"

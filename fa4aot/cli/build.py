@@ -100,7 +100,7 @@ class Progress:
 @click.option(
     "--num-sms",
     type=click.IntRange(1, 1024),
-    help="SM count of the target GPU (default: 132 for sm90, 148 for sm100).",
+    help="SM count of the target GPU (default: 132 for sm90, 148 for sm100; required for sm103).",
 )
 @click.option(
     "--python", "python", help="Python minor of the serving runtime, e.g. 3.12 (default: this one)."
@@ -146,6 +146,12 @@ def build(
     rows, unsup, stores, counts = [], [], [], {}
     t0 = time.perf_counter()
     archs = list(dict.fromkeys(archs or ("sm90",)))
+    if num_sms is None:
+        for arch in archs:  # before any arch is built: sm103 has no default SM count
+            try:
+                C.default_num_sms(arch)
+            except ValueError as e:
+                raise click.BadParameter(str(e), param_hint="--num-sms") from None
     layers = None if dry_run else layers_for(cache, out, wheels=False, verb="write", strict=False)
     for arch in archs:
         r, u, store, c = _build_arch(
@@ -333,7 +339,7 @@ def specs_cmd(arch, specs, num_sms, cache, out):
     from ..specs import resolve_specs
 
     layers = layers_for(cache, out, strict=False)
-    num_sms = num_sms or C.DEFAULT_NUM_SMS[arch]
+    num_sms = num_sms or C.default_num_sms(arch)
     stores = matching_stores(layers, arch, num_sms, None).stores
     found = loadable_artifacts(stores)
     held = {a.id for a in found.artifacts} | found.stub_ids  # stub builds: tests' stores

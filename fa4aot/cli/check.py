@@ -71,7 +71,7 @@ def coverage(specs, arch, num_sms, python, cache, trace, allow_unsupported, out)
     from ..variants import Variant
 
     settings.check()
-    num_sms = num_sms or C.DEFAULT_NUM_SMS[arch]
+    num_sms = num_sms or C.default_num_sms(arch)
     layers = layers_for(cache, out)
     match = matching_stores(layers, arch, num_sms, python)
     match.require()

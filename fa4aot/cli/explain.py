@@ -49,6 +49,12 @@ def _cached_artifacts(layers, arch: str, num_sms: int, python: str | None):
 @click.option("--lse", is_flag=True, help="The call returns the LSE.")
 @click.option("--sink", is_flag=True, help="The call passes float32 learnable sinks.")
 @click.option("--no-padding", is_flag=True, help="As with FA4AOT_PADDING=deny.")
+@click.option(
+    "--qv",
+    type=click.IntRange(1, 1024),
+    help="Absorbed MLA: the latent head dim FA4 takes as qv (512; --head-dim is then the rope "
+    "part, 64). Shows the head-ratio padding FA4's MLA kernels need; not served by the runtime.",
+)
 @cache_option("read")
 @with_output
 def explain(
@@ -68,6 +74,7 @@ def explain(
     lse,
     sink,
     no_padding,
+    qv,
     cache,
     out,
 ):
@@ -89,7 +96,9 @@ def explain(
         raise click.BadParameter(
             "--page-size goes with --layout paged (and only with it)", param_hint="--page-size"
         )
-    num_sms = num_sms or C.DEFAULT_NUM_SMS[arch]
+    num_sms = num_sms or C.default_num_sms(arch)
+    if qv is not None:
+        return _explain_mla(out, arch, hq, hk, head_dim, qv, no_padding)
     call = Call(
         layout=layout,
         batch=batch,
@@ -174,6 +183,43 @@ def explain(
         if not match.stores:
             out.text(f"stores      : none for this target; {match.describe_others()}")
     if not choices and not split_serves:
+        sys.exit(1)
+
+
+def _explain_mla(out, arch, hq, hk, head_dim, qv, no_padding) -> None:
+    """An absorbed-MLA (qv) call: where FA4 runs it and the head ratio it runs at (select.
+    mla_padded_ratio). The runtime has no qv argument yet (constraints.mla_reason): this is the
+    plan the runtime hook will follow (docs/blackwell.md)."""
+    from ..select import mla_padded_ratio
+
+    ratio = hq // hk
+    doc: dict = {"arch": arch, "mla": True, "ratio": ratio, "head_dim": head_dim, "qv": qv}
+    problems = []
+    if hk != 1:
+        problems.append(f"absorbed MLA shares one latent K/V head, got {hk}")
+    if (head_dim, qv) != (64, 512):
+        problems.append(f"FA4 runs MLA at head_dim 64 with qv 512 only, got {head_dim}/{qv}")
+    if not C.is_blackwell(arch):
+        problems.append(C.mla_reason(arch))
+    r2, cost = mla_padded_ratio(ratio)
+    if r2 != ratio and no_padding:
+        problems.append(f"ratio {ratio} needs padding to {r2} (FA4's 2CTA MLA kernel takes "
+                        "ratios dividing 128) and --no-padding refuses it")
+    doc.update(padded_ratio=r2, cost=cost, problems=problems)
+    if out.as_json:
+        out.document(doc)
+    else:
+        out.text(f"MLA call    : {arch} {hq}:{hk} heads, rope {head_dim} + latent {qv}")
+        if r2 == ratio:
+            out.text(f"head ratio  : {ratio} (FA4's MLA kernels take it as is)")
+        else:
+            out.text(
+                f"padded      : q heads per latent head {ratio} -> {r2} ({cost:.2f}x the work; "
+                "zero heads per group, O and LSE cropped)"
+            )
+        for p in problems:
+            out.text(f"refused     : {p}")
+    if problems:
         sys.exit(1)
 
 

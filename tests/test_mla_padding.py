@@ -1,0 +1,84 @@
+"""Ratio padding for absorbed-MLA (qv) calls, on the CPU: the chosen ratio, and that padding
+each latent group's query heads with zeros, attending, and cropping O and LSE gives the fp32
+reference of the unpadded call (no GPU: the reference stands in for FA4's kernel)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fa4aot.select import crop_heads, mla_padded_ratio, mla_ratio_ok, pad_heads
+
+
+def test_ratios_fa4_runs_and_the_padding_chosen():
+    assert [r for r in range(1, 33) if mla_ratio_ok(r)] == [1, 2, 4, 8, 16, 32]
+    assert mla_padded_ratio(16) == (16, 1.0)
+    assert mla_padded_ratio(20) == (32, 1.6) and mla_padded_ratio(10) == (16, 1.6)
+    assert mla_padded_ratio(5) == (8, 1.6)
+    assert mla_padded_ratio(20, available=[16, 64, 32, 24]) == (32, 1.6)  # 24: FA4 refuses it
+    assert mla_padded_ratio(20, available=[64]) == (64, 3.2)
+    with pytest.raises(LookupError, match="divides 128"):
+        mla_padded_ratio(20, available=[16, 24])
+
+
+def _mla_ref(q, qv, k, v, causal: bool):
+    """Absorbed MLA, fp32: scores = q.k + qv.v (rope + latent), softmax scale 1/sqrt(64 + 512)
+    (FA4's default with qv), O = P.v; q/qv (b, s_q, h, .), k/v (b, s_k, 1, .); O (b, s_q, h, dv),
+    LSE (b, s_q, h) (FA4's qv layout: heads last)."""
+    scale = 1.0 / math.sqrt(q.shape[-1] + qv.shape[-1])
+    s = (torch.einsum("bqhd,bkd->bhqk", q, k[:, :, 0]) + torch.einsum("bqhd,bkd->bhqk", qv, v[:, :, 0]))
+    s = s * scale
+    if causal:
+        sq, sk = s.shape[-2:]
+        mask = torch.ones(sq, sk, dtype=torch.bool).tril(sk - sq)
+        s = s.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(s, -1)  # (b, h, q)
+    o = torch.einsum("bhqk,bkd->bqhd", torch.softmax(s, -1), v[:, :, 0])
+    return o, lse.permute(0, 2, 1)
+
+
+@pytest.mark.parametrize("ratio, causal, sq", [(20, True, 1), (10, True, 3), (5, False, 4)])
+def test_pad_attend_crop_equals_the_unpadded_reference(ratio, causal, sq):
+    g = torch.Generator().manual_seed(ratio * 7 + sq)
+    b, sk, d, dv = 2, 37, 64, 512
+    q = torch.randn(b, sq, ratio, d, generator=g)
+    qv = torch.randn(b, sq, ratio, dv, generator=g)
+    k = torch.randn(b, sk, 1, d, generator=g)
+    v = torch.randn(b, sk, 1, dv, generator=g)
+    r2, _ = mla_padded_ratio(ratio)
+    o_pad, lse_pad = _mla_ref(pad_heads(q, ratio, r2), pad_heads(qv, ratio, r2), k, v, causal)
+    assert o_pad.shape[-2] == r2
+    o = crop_heads(o_pad, ratio, r2)
+    lse = crop_heads(lse_pad, ratio, r2, head_dim=-1)
+    o_ref, lse_ref = _mla_ref(q, qv, k, v, causal)
+    torch.testing.assert_close(o, o_ref, rtol=0, atol=0)  # heads are independent: exact
+    torch.testing.assert_close(lse, lse_ref, rtol=0, atol=0)
+
+
+def test_padding_keeps_groups_apart_with_several_kv_heads():
+    x = torch.arange(2 * 9 * 4, dtype=torch.float32).reshape(2, 9, 4)
+    p = pad_heads(x, 3, 4, num_kv=3)
+    assert p.shape == (2, 12, 4)
+    assert torch.equal(p[:, 3], torch.zeros(2, 4)) and torch.equal(p[:, 4], x[:, 3])
+    assert torch.equal(crop_heads(p, 3, 4, num_kv=3), x)
+
+
+def test_explain_shows_the_mla_padding(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from fa4aot.cli import main
+
+    args = ["explain", "--heads", "20:1", "--head-dim", "64", "--qv", "512", "--json",
+            "--cache", str(tmp_path)]
+    r = CliRunner().invoke(main, ["explain", "--arch", "sm100", *args[1:]])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert (doc["ratio"], doc["padded_ratio"], doc["cost"], doc["problems"]) == (20, 32, 1.6, [])
+    r = CliRunner().invoke(main, args)  # sm90: refused, with the reason
+    assert r.exit_code == 1 and "sm100-only" in json.loads(r.stdout)["problems"][0]
+    r = CliRunner().invoke(main, ["explain", "--arch", "sm100", "--no-padding", *args[1:]])
+    assert r.exit_code == 1
