@@ -640,7 +640,7 @@ def _try_split(
     if run is None:
         run = _SplitRun(rt, dev, q4, hk, dv, kind, sp, page_size, causal, seqlen_k)
         if not capturing:
-            if len(rt._split_runs) > 64:
+            if len(rt._split_runs) > 16:  # scratch per batch size: bound what it holds
                 rt._split_runs.clear()
             rt._split_runs[key] = run
     r = hq // hk
