@@ -479,6 +479,9 @@ class _Installed:
             from . import settings
 
             art.check_loadable(settings.allow_unsafe_dirs())  # before dlopen
+            from .store import read_toolchain
+
+            runtime_lib.check_matches(read_toolchain(art.dir.parent.parent).get("runtime_lib"))
             runtime_lib.load_runtime_lib()
             self.loaded[k] = tvm_ffi.load_module(str(art.part_path(part)))[f"fa4aot_{part}"]
         return self.loaded[k]

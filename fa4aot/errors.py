@@ -33,6 +33,10 @@ class RuntimeLibraryMissing(Fa4aotError):
     """libcute_dsl_runtime.so could not be located (set FA4AOT_RUNTIME_LIB)."""
 
 
+class RuntimeLibraryMismatch(Fa4aotError):
+    """The libcute_dsl_runtime.so this process loads is not the one the store was built with."""
+
+
 class BuildError(Fa4aotError):
     """The builder could not run at all (no compiler toolchain, no linker, read-only store)."""
 

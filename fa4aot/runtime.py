@@ -111,6 +111,7 @@ class Runtime:
         self.split = -1 if split == "auto" else split  # -1: the cost model chooses
         self._lock = threading.Lock()
         self._devices: dict[int, tuple[str, int]] = {}
+        self._lib_checked: set[Path] = set()
         self._split_kernels: dict[tuple, _SplitKernel | None] = {}
         self._split_n: dict[tuple, S.Split | None] = {}
         self._split_consts: dict[tuple, Any] = {}
@@ -157,10 +158,22 @@ class Runtime:
         art.check_loadable(self.allow_unsafe_dirs)  # stub, unsafe dirs, sha256: before any dlopen
         from . import runtime_lib
 
+        self._check_runtime_lib(art)
         runtime_lib.load_runtime_lib()
         import tvm_ffi
 
         return tvm_ffi.load_module(str(art.part_path(name)))[f"fa4aot_{name}"]
+
+    def _check_runtime_lib(self, art: Artifact) -> None:
+        """RuntimeLibraryMismatch unless the store holding `art` was built against the runtime
+        library this process loads (once per store directory)."""
+        from . import runtime_lib
+        from .store import read_toolchain
+
+        d = art.dir.parent.parent  # <fingerprint dir>/artifacts/<id>
+        if d not in self._lib_checked:
+            runtime_lib.check_matches(read_toolchain(d).get("runtime_lib"))
+            self._lib_checked.add(d)
 
     def device(self, index: int) -> tuple[str, int]:
         """(arch, SM count) of CUDA device `index`, queried once."""

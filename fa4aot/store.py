@@ -85,7 +85,7 @@ def build_toolchain(arch: str, num_sms: int, python: str | None = None) -> dict[
     through tvm-ffi's C ABI, so a build on 3.11 may target a 3.12 runtime; the store records the
     target and the runtime refuses any other.
     """
-    return {
+    tc = {
         "fa4": _version("flash-attn-4"),
         "cutlass_dsl": _version("nvidia-cutlass-dsl"),
         "cutlass_libs": _cutlass_libs(),
@@ -94,6 +94,17 @@ def build_toolchain(arch: str, num_sms: int, python: str | None = None) -> dict[
         "arch": arch,
         "num_sms": int(num_sms),
     }
+    # the runtime library the artifacts link against: recorded, not fingerprinted (stores
+    # built before it keep their directory); the runtime refuses another one at load
+    # (runtime_lib.check_matches)
+    from . import runtime_lib
+    from .errors import RuntimeLibraryMissing
+
+    try:
+        tc["runtime_lib"] = runtime_lib.identity()
+    except (RuntimeLibraryMissing, OSError):
+        pass
+    return tc
 
 
 def fingerprint_dir(tc: dict[str, Any]) -> str:
