@@ -325,6 +325,28 @@ def test_pip_installed_wheels_are_found_and_stack(tmp_path, src):
     assert set(off["found"].values()) == {None}
 
 
+def test_a_rebuilt_cache_wheel_replaces_the_installed_one(tmp_path, src):
+    """Issue 14: with a fixed version, pip called a rebuilt cache wheel "already installed"
+    and kept the old store (this test fails so with version="1.0.0" for both). Two wheels of
+    one name, different content: the second install wins and the runtime sees exactly its
+    artifacts."""
+    pytest.importorskip("pip")
+    (a,) = build_wheels([src.root], tmp_path / "d1", name="fleet", specs=["tiny"])
+    (b,) = build_wheels([src.root], tmp_path / "d2", name="fleet", specs=["other"])
+    assert a.version != b.version and set(a.artifacts).isdisjoint(b.artifacts)
+    py = _venv(tmp_path)
+    variants = {
+        d.name: json.loads((d / S.RECORD).read_text())["variant"] for d in artifact_dirs(src)
+    }
+    user = tmp_path / "user"
+    user.mkdir()
+    _pip_install(py, a.path)
+    first = {v for v, where in _check(py, user, variants)["found"].items() if where}
+    _pip_install(py, b.path)
+    second = {v for v, where in _check(py, user, variants)["found"].items() if where}
+    assert first == set(a.artifacts) and second == set(b.artifacts)
+
+
 # -- the platform tag of real ELF parts --------------------------------------------------------
 
 
