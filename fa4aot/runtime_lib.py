@@ -25,14 +25,9 @@ def find_runtime_lib() -> str:
         if not env.is_file():
             raise RuntimeLibraryMissing(f"FA4AOT_RUNTIME_LIB={env} does not exist")
         return str(env)
-    for flavor in ("cu13", "cu12"):
-        try:
-            dist = metadata.distribution(f"nvidia-cutlass-dsl-libs-{flavor}")
-        except metadata.PackageNotFoundError:
-            continue
-        p = Path(str(dist.locate_file(f"nvidia_cutlass_dsl/{flavor}/lib/libcute_dsl_runtime.so")))
-        if p.is_file():
-            return str(p)
+    found = next(_wheel_libs(), None)
+    if found is not None:
+        return str(found[1])
     raise RuntimeLibraryMissing(
         "libcute_dsl_runtime.so not found: install nvidia-cutlass-dsl-libs-cu13 or set "
         "FA4AOT_RUNTIME_LIB to its path"
@@ -49,16 +44,24 @@ def load_runtime_lib() -> str:
     return _LOADED
 
 
-def _wheel_version(path: str) -> str | None:
-    """The version of the nvidia-cutlass-dsl-libs wheel that installed `path`, if one did."""
+def _wheel_libs():
+    """(version, path) of each installed nvidia-cutlass-dsl-libs wheel's runtime library, cu13
+    first. Found through package metadata: nothing of the compiler is imported."""
     for flavor in ("cu13", "cu12"):
         try:
             dist = metadata.distribution(f"nvidia-cutlass-dsl-libs-{flavor}")
         except metadata.PackageNotFoundError:
             continue
-        mine = Path(str(dist.locate_file(f"nvidia_cutlass_dsl/{flavor}/lib/libcute_dsl_runtime.so")))
-        if mine.is_file() and mine.resolve() == Path(path).resolve():
-            return dist.version
+        p = Path(str(dist.locate_file(f"nvidia_cutlass_dsl/{flavor}/lib/libcute_dsl_runtime.so")))
+        if p.is_file():
+            yield dist.version, p
+
+
+def _wheel_version(path: str) -> str | None:
+    """The version of the nvidia-cutlass-dsl-libs wheel that installed `path`, if one did."""
+    for version, p in _wheel_libs():
+        if p.resolve() == Path(path).resolve():
+            return version
     return None
 
 
