@@ -147,14 +147,9 @@ class Runtime:
                     continue
         return out
 
-    def _load(self, art: Artifact) -> tuple[Any, Any]:
-        fwd = self._load_part(art, "fwd")
-        helper = None
-        if "tile_cumsum" in art.record["parts"]:
-            helper = self._load_part(art, "tile_cumsum")
-        return fwd, helper
-
-    def _load_part(self, art: Artifact, name: str) -> Any:
+    def _load(self, art: Artifact, *names: str) -> list[Any]:
+        """The named parts of `art` (None for a part it lacks), after one check of the whole
+        artifact: every part's sha256 is hashed once per load, not once per part."""
         art.check_loadable(self.allow_unsafe_dirs)  # stub, unsafe dirs, sha256: before any dlopen
         from . import runtime_lib
 
@@ -162,7 +157,11 @@ class Runtime:
         runtime_lib.load_runtime_lib()
         import tvm_ffi
 
-        return tvm_ffi.load_module(str(art.part_path(name)))[f"fa4aot_{name}"]
+        parts = art.record["parts"]
+        return [
+            tvm_ffi.load_module(str(art.part_path(n)))[f"fa4aot_{n}"] if n in parts else None
+            for n in names
+        ]
 
     def _check_runtime_lib(self, art: Artifact) -> None:
         """RuntimeLibraryMismatch unless the store holding `art` was built against the runtime
@@ -200,11 +199,14 @@ class Runtime:
                 art = self.find(v, sms)
                 comb = art.record["parts"].get("combine", {}) if art is not None else {}
                 if comb.get("partial_dtype") == _DTYPES[dtype] and comb.get("tile_m"):
-                    if art.id not in self._modules:  # the decode fold may have loaded it
-                        self._modules[art.id] = (*self._load(art), art)
+                    if art.id in self._modules:  # the decode fold loaded it
+                        (combine,) = self._load(art, "combine")
+                    else:
+                        fwd, helper, combine = self._load(art, "fwd", "tile_cumsum", "combine")
+                        self._modules[art.id] = (fwd, helper, art)
                     got = _SplitKernel(
                         self._modules[art.id][0],
-                        self._load_part(art, "combine"),
+                        combine,
                         int(comb.get("max_splits", S.MAX_SLOTS)),
                         art,
                     )
@@ -246,7 +248,7 @@ class Runtime:
             if art is None:
                 return None
             if art.id not in self._modules:
-                fwd, helper = self._load(art)
+                fwd, helper = self._load(art, "fwd", "tile_cumsum")
                 self._modules[art.id] = (fwd, helper, art)
             fwd, helper, art = self._modules[art.id]
             hp = art.record["parts"].get("tile_cumsum", {})
