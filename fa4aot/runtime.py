@@ -44,10 +44,8 @@ _NO_AUX = (None, None)  # FA4's AuxData(tensors=None, scalars=None): a compile-t
 # plan-cache keys clamp it there, so prefill calls of every length share one entry.
 _Q_KEY_CAP = 193
 _BIN_BATCH = C.BIN_BATCH_SEARCH_THRESH  # batch above which varlen calls take the cu_total path
-# Most query rows per sequence a split-KV plan takes: decode and speculative steps (a prefill
-# chunk fills the SMs by itself).
-_SPLIT_ROWS = 16
-_SPLIT_MIN = 2 * S.DEFAULT_MODEL.min_chunk - 1  # KV lengths at or below it never split
+_SPLIT_ROWS = S.MAX_ROWS
+_SPLIT_MIN = S.NEVER_SPLIT_KEYS
 
 
 @dataclass
@@ -222,7 +220,7 @@ class Runtime:
         FA4AOT_SPLIT_KV=0, or the store lacks the split kernel). Planned for seqlen_k rounded
         up to 256 keys and cached, so a decode loop whose KV grows a key a step replans (and
         reallocates nothing) once per 256 steps."""
-        bucket = -(-seqlen_k // 256) * 256
+        bucket = S.plan_bucket(seqlen_k)
         key = (dev, dtype, ctas, bucket, d, dv, page_size, sink, self.split)
         try:
             return self._split_n[key]

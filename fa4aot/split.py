@@ -54,6 +54,19 @@ class CostModel:
 
 
 DEFAULT_MODEL = CostModel()
+# Most query rows per sequence a split takes: decode and speculative steps (a prefill chunk
+# fills the SMs by itself).
+MAX_ROWS = 16
+# KV lengths at or below this never split (every chunk holds at least min_chunk keys).
+NEVER_SPLIT_KEYS = 2 * DEFAULT_MODEL.min_chunk - 1
+# Plans are made for the KV bound rounded up to this many keys, so a decode loop whose KV
+# grows a key a step replans once per PLAN_KEYS steps (the runtime and explain alike).
+PLAN_KEYS = 256
+
+
+def plan_bucket(seqlen_k: int) -> int:
+    """The KV length a step's split is planned for: seqlen_k rounded up to PLAN_KEYS."""
+    return -(-seqlen_k // PLAN_KEYS) * PLAN_KEYS
 
 
 def chunk_keys(seqlen_k: int, n: int, align: int) -> int:

@@ -239,10 +239,10 @@ def _split_plan(
         causal=causal, window=window is not None, seqlen_q=seqlen_q, paged=layout == "paged",
         max_seqlen_q_known=True,
     )
-    if why is None and seqlen_q > 16:
-        why = f"{seqlen_q} query rows: split-KV plans take decode steps of at most 16"
-    if why is None and seqlen_k <= 2 * S.DEFAULT_MODEL.min_chunk - 1:
-        why = f"{seqlen_k} keys: at most {2 * S.DEFAULT_MODEL.min_chunk - 1} never split"
+    if why is None and seqlen_q > S.MAX_ROWS:
+        why = f"{seqlen_q} query rows: split-KV plans take decode steps of at most {S.MAX_ROWS}"
+    if why is None and seqlen_k <= S.NEVER_SPLIT_KEYS:
+        why = f"{seqlen_k} keys: at most {S.NEVER_SPLIT_KEYS} never split"
     kern = split_kernel_variant(arch, dtype, d, dv, page_size)
     rec = next((a.record for a in arts if a.id == kern.id), None)
     if why is None and (
@@ -252,7 +252,7 @@ def _split_plan(
     sp = None
     if why is None:
         max_slots = rec["parts"]["combine"].get("max_splits", S.MAX_SLOTS)
-        bucket = -(-seqlen_k // 256) * 256  # as the runtime plans it
+        bucket = S.plan_bucket(seqlen_k)  # as the runtime plans it
         sp = S.plan_split(
             ctas=batch * seqlen_q * hk, seqlen_k=bucket, bytes_per_key=(d + dv) * 2,
             page_size=page_size, sink=sink, num_sms=num_sms, setting=setting,
