@@ -7,11 +7,14 @@ import math
 import torch
 
 
-def attention_ref(q, k, v, lq, lk, *, causal, window_left=None, sink=None, scale=None):
+def attention_ref(
+    q, k, v, lq, lk, *, causal, window_left=None, sink=None, scale=None, softcap=None
+):
     """q (b, Sq, hq, d), k/v (b, Sk, hk, d[v]) zero-padded; lq/lk lengths (b,) long.
 
     Returns out (b, Sq, hq, dv) fp32 and lse (b, hq, Sq) fp32 (natural log, sink included).
-    Rows with no visible key give out 0 and lse -inf (or the sink).
+    Rows with no visible key give out 0 and lse -inf (or the sink). softcap: FA4's tanh capping
+    of the scaled scores, softcap * tanh(s / softcap).
     """
     b, Sq, hq, d = q.shape
     hk = k.shape[2]
@@ -19,6 +22,8 @@ def attention_ref(q, k, v, lq, lk, *, causal, window_left=None, sink=None, scale
     kf = k.float().repeat_interleave(hq // hk, 2)
     vf = v.float().repeat_interleave(hq // hk, 2)
     s = torch.einsum("bqhd,bkhd->bhqk", q.float(), kf) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
     i = torch.arange(Sq, device=q.device)[None, :, None] + (lk - lq)[:, None, None]  # (b, Sq, 1)
     j = torch.arange(k.shape[1], device=q.device)[None, None, :]
     mask = (j >= lk[:, None, None]) | (
