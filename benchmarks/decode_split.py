@@ -89,10 +89,10 @@ def _bench(table_only=False):
                 with sdpa_kernel([be]):
                     sdpa(qt, kt, vt, enable_gqa=True)
                     row[name] = eager_us(lambda: sdpa(qt, kt, vt, enable_gqa=True))
-                    if graph:
-                        row[name + "_graph"] = graph_us(
-                            lambda: sdpa(qt, kt, vt, enable_gqa=True), calls=5, replays=20
-                        )
+                    row[name + "_graph"] = graph_us(
+                        lambda: sdpa(qt, kt, vt, enable_gqa=True), calls=5,
+                        replays=20 if graph else 10,
+                    )
             except RuntimeError as e:
                 row[name] = None
                 row[name + "_error"] = str(e).splitlines()[0][:120]
@@ -144,7 +144,37 @@ def _bench(table_only=False):
         for sk in GRID_S:
             res["grid"].append(dense_case(b, sk, 32, 8))
             print(_fmt(res["grid"][-1]), flush=True)
+    res["summary"] = summary(res)
+    print(json.dumps(res["summary"], indent=1))
     return res
+
+
+def summary(res: dict) -> dict:
+    """The issue's targets, counted from the rows (not by hand)."""
+    out = {}
+    cells = [r for r in res["grid"] if "skipped" not in r and r.get("cudnn")]
+    for mode, a, c in (("eager", "fa4aot", "cudnn"), ("graph", "fa4aot_graph", "cudnn_graph")):
+        rs = [r for r in cells if r.get(a) and r.get(c)]
+        out[f"grid_{mode}_cells"] = len(rs)
+        out[f"grid_{mode}_at_or_below_cudnn"] = sum(r[a] <= r[c] for r in rs)
+        out[f"grid_{mode}_within_5pct"] = sum(r[a] <= 1.05 * r[c] for r in rs)
+        out[f"table_{mode}_ratio"] = [
+            round(r[a] / r[c], 3) for r in res["table"] if r.get(a) and r.get(c)
+        ]
+    big = [r for r in cells + res["table"] if r.get("kv_mb", 0) >= 256]
+    out["hbm_cells_ge_256MB"] = len(big)
+    out["hbm_within_1p5x_eager"] = sum(r["fa4aot"] <= 1.5 * r["limit"] for r in big)
+    out["hbm_within_1p5x_graph"] = sum(r["fa4aot_graph"] <= 1.5 * r["limit"] for r in big)
+    nosplit = [r for r in cells if r["splits"] == 1]
+    out["nosplit_vs_unsplit"] = [round(r["fa4aot"] / r["unsplit"], 3) for r in nosplit]
+    dense = {(r["b"], r["sk"], r["hq"], r["hk"]): r for r in res["table"]}
+    out["paged_graph_vs_dense_graph"] = {
+        f"b{p['b']} sk{p['sk']} page{p['page']}": round(
+            p["fa4aot_graph"] / dense[(p["b"], p["sk"], p["hq"], p["hk"])]["fa4aot_graph"], 3
+        )
+        for p in res["paged"]
+    }
+    return out
 
 
 def _fmt(r):
@@ -167,31 +197,33 @@ def _plot(path: str, png: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    res = json.load(open(path))
-    cells = {(r["b"], r["sk"]): r for r in res["grid"]}
-    z = [[None] * len(GRID_S) for _ in GRID_B]
-    for i, b in enumerate(GRID_B):
-        for j, sk in enumerate(GRID_S):
-            r = cells.get((b, sk))
-            if r and "skipped" not in r and r.get("cudnn"):
-                z[i][j] = r["cudnn"] / r["fa4aot"]
-    fig, ax = plt.subplots(figsize=(7, 6))
     import numpy as np
 
-    arr = np.array([[np.nan if x is None else x for x in row] for row in z])
-    im = ax.imshow(arr, cmap="RdYlGn", vmin=0.5, vmax=2.0)
-    for i in range(len(GRID_B)):
-        for j in range(len(GRID_S)):
-            txt = "skip" if np.isnan(arr[i, j]) else f"{arr[i, j]:.2f}"
-            ax.text(j, i, txt, ha="center", va="center", fontsize=8)
-    ax.set_xticks(range(len(GRID_S)), [f"{s // 1024}K" for s in GRID_S])
-    ax.set_yticks(range(len(GRID_B)), [str(b) for b in GRID_B])
-    ax.set_xlabel("context (keys)")
-    ax.set_ylabel("batch")
-    ax.set_title("decode speedup of fa4aot over torch SDPA (cuDNN)\nbf16 hd128 32:8, H200")
-    fig.colorbar(im, ax=ax, label="cuDNN time / fa4aot time")
-    fig.tight_layout()
-    fig.savefig(png, dpi=120)
+    res = json.load(open(path))
+    cells = {(r["b"], r["sk"]): r for r in res["grid"]}
+    fig, axes = plt.subplots(1, 2, figsize=(13, 6))
+    for ax, (mode, a, c) in zip(
+        axes, (("eager", "fa4aot", "cudnn"), ("CUDA graph", "fa4aot_graph", "cudnn_graph"))
+    ):
+        arr = np.full((len(GRID_B), len(GRID_S)), np.nan)
+        for i, b in enumerate(GRID_B):
+            for j, sk in enumerate(GRID_S):
+                r = cells.get((b, sk))
+                if r and "skipped" not in r and r.get(c) and r.get(a):
+                    arr[i, j] = r[c] / r[a]
+        im = ax.imshow(arr, cmap="RdYlGn", vmin=0.5, vmax=2.0)
+        for i in range(len(GRID_B)):
+            for j in range(len(GRID_S)):
+                txt = "skip" if np.isnan(arr[i, j]) else f"{arr[i, j]:.2f}"
+                ax.text(j, i, txt, ha="center", va="center", fontsize=8)
+        ax.set_xticks(range(len(GRID_S)), [f"{s // 1024}K" for s in GRID_S])
+        ax.set_yticks(range(len(GRID_B)), [str(b) for b in GRID_B])
+        ax.set_xlabel("context (keys)")
+        ax.set_ylabel("batch")
+        ax.set_title(f"{mode}: cuDNN time / fa4aot time")
+    fig.suptitle("decode speedup of fa4aot over torch SDPA (cuDNN), bf16 hd128 32:8, H200")
+    fig.colorbar(im, ax=axes, label="cuDNN time / fa4aot time")
+    fig.savefig(png, dpi=110)
 
 
 def main():

@@ -1,0 +1,95 @@
+"""Does the cost model pick the right split count? Every forced count against the automatic
+choice, side by side in one process on the same inputs (H200).
+
+    FA4AOT_CACHE_DIR=<store> python benchmarks/split_sweep.py --out sweep.json
+
+bf16 hd128 decode, one query row, dense K/V. Per shape and split count n (FA4AOT_SPLIT_KV=n,
+through `Runtime.split`): CUDA-graph replay time (5 calls per graph; host excluded) and eager
+do_bench median. "auto" is the cost model's n. Prints, per shape, the best n in a graph and how
+far auto's graph time is from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+SHAPES = [  # (batch, s_k, hq, hk)
+    (1, 65536, 32, 8),
+    (1, 131072, 8, 1),
+    (2, 32768, 64, 8),
+    (4, 32768, 32, 8),
+    (1, 8192, 32, 8),
+    (1, 4096, 32, 8),
+    (2, 4096, 32, 8),
+    (4, 4096, 32, 8),
+    (2, 16384, 32, 8),
+    (8, 4096, 32, 8),
+    (8, 16384, 32, 8),
+]
+COUNTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    import torch
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _timing import eager_us, graph_us
+
+    import fa4aot
+    import fa4aot.runtime as R
+
+    rt = R.default_runtime()
+    dt, d = torch.bfloat16, 128
+    rows = []
+    for b, sk, hq, hk in SHAPES:
+        torch.cuda.empty_cache()
+        q = torch.randn(b, 1, hq, d, device="cuda", dtype=dt)
+        k = torch.randn(b, sk, hk, d, device="cuda", dtype=dt)
+        v = torch.randn_like(k)
+        out = torch.empty_like(q)
+        call = lambda: fa4aot.flash_attn_func(q, k, v, causal=True, out=out)  # noqa: E731
+        rt.split = -1
+        sp = rt.split_for(0, dt, b * hk, sk, d, d, None, False)
+        auto = sp.n if sp else 1
+        ref = call()[0].clone()
+        row = {"b": b, "sk": sk, "hq": hq, "hk": hk, "auto": auto, "graph": {}, "eager": {}}
+        for n in ("auto",) + COUNTS:
+            rt.split = -1 if n == "auto" else n
+            if n != "auto":
+                sp = rt.split_for(0, dt, b * hk, sk, d, d, None, False)
+                if n > 1 and (sp is None or sp.n != n):
+                    continue  # not a count the plan allows here (chunks under the minimum)
+            o = call()[0]
+            assert (o.float() - ref.float()).abs().max().item() < 2e-2, (b, sk, n)
+            row["graph"][str(n)] = graph_us(call, calls=5, replays=15)
+            row["eager"][str(n)] = eager_us(call)
+        rt.split = -1
+        g = {n: t for n, t in row["graph"].items() if n != "auto"}
+        best = min(g, key=g.get)
+        row["best_graph"] = best
+        row["auto_vs_best_graph"] = row["graph"]["auto"] / g[best]
+        e = {n: t for n, t in row["eager"].items() if n != "auto"}
+        row["best_eager"] = min(e, key=e.get)
+        row["auto_vs_best_eager"] = row["eager"]["auto"] / e[row["best_eager"]]
+        print(
+            f"b{b} sk{sk} {hq}:{hk} auto n={auto}: graph {row['graph']['auto']:.1f} "
+            f"(best n={best} {g[best]:.1f}, x{row['auto_vs_best_graph']:.2f}); eager "
+            f"{row['eager']['auto']:.1f} (best n={row['best_eager']} "
+            f"{e[row['best_eager']]:.1f}) | "
+            + " ".join(f"{n}:{t:.1f}" for n, t in g.items()),
+            flush=True,
+        )
+        rows.append(row)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
