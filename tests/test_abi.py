@@ -386,6 +386,10 @@ def _cases(arch: str) -> list[tuple[str, dict]]:
         out.append(("mla", dict(_call_dict(mc), qv=True, window_left=None, window_right=None,
                                 sink_dtype=None)))  # fmt: skip
     out += [("extra", c) for c in _extra_cases(arch)]
+    if arch == "sm100":
+        # sm103 runs FA4's sm100 code (`arch // 10 in [10, 11]`): the same calls again with
+        # FA4's `_arch=103` (compile stubbed: the cubin target plays no part in the lists)
+        out += [("sm103", c) for o, c in out if o in ("default", "extra")]
     return out
 
 
@@ -414,7 +418,10 @@ def _worker(arch: str) -> dict:
         return self
 
     torch.Tensor.copy_ = copy_
+    report["seconds_by_origin"] = secs = {}
     for origin, c in _cases(arch):
+        t1 = time.perf_counter()
+        case_arch = "sm103" if origin == "sm103" else arch
         for f in caches:
             f.compile_cache.clear()
         _Rec.log = []
@@ -422,17 +429,20 @@ def _worker(arch: str) -> dict:
             inp, kw = _case_inputs(c)
             args = {n: inp[n] for n in _FWD_TENSORS if n in inp}
             try:
-                ret = I._flash_attn_fwd(inp["q"], inp["k"], inp["v"], **args, **kw)
+                ret = I._flash_attn_fwd(inp["q"], inp["k"], inp["v"], **args, **kw,
+                                        _arch=int(case_arch[2:]))  # fmt: skip
             except (AssertionError, ValueError, NotImplementedError):
                 if origin != "mla":
                     raise
                 report["refused"][origin] = report["refused"].get(origin, 0) + 1
+                secs["refused"] = secs.get("refused", 0.0) + time.perf_counter() - t1
                 continue
             fa4 = list(_Rec.log) + [("return", ret[:2])]
             mla_case = "qv" in inp
             (key,) = I._flash_attn_fwd.compile_cache.cache
+            assert key[36] == int(case_arch[2:]), (key[36], case_arch)  # FA4's arch, as asked
             _Rec.log = []
-            mine, prep = _abi_calls(arch, c, inp, kw, key)
+            mine, prep = _abi_calls(case_arch, c, inp, kw, key)
             mine = mine + list(_Rec.log) + [("return", (prep.out, prep.lse))]
             a, b = _norm_seq(fa4, inp), _norm_seq(mine, inp)
             launch = None
@@ -441,7 +451,7 @@ def _worker(arch: str) -> dict:
                 # fwd_args: FA4's list on sm90, not on sm100 (25 slots there)
                 got = []
                 fwd = next(x for k, x in mine if k == "fwd")
-                cu_total = fwd[16 if abi.family(arch) == 9 else 21]
+                cu_total = fwd[16 if abi.family(case_arch) == 9 else 21]
                 runtime._launch(lambda *x: got.append(x), *fwd[:14], cu_total)
                 swapped = [(k, got[0] if k == "fwd" else x) for k, x in mine]
                 launch = _norm_seq(swapped, inp) == a
@@ -449,12 +459,13 @@ def _worker(arch: str) -> dict:
         for kind, _ in fa4:
             report["kinds"][kind] = report["kinds"].get(kind, 0) + 1
         report["slots"] += sum(len(x[1]) for x in a)
-        for feat in _features(arch, c, inp, key):
+        for feat in _features(case_arch, c, inp, key):
             report["features"][feat] = report["features"].get(feat, 0) + 1
         if a != b:
             report["mismatches"].append({"case": c, "fa4": a, "abi": b})
         if launch is not None:
             report["launch"][str(launch)] = report["launch"].get(str(launch), 0) + 1
+        secs[origin] = secs.get(origin, 0.0) + time.perf_counter() - t1
     report["seconds"] = time.perf_counter() - t0
     return report
 
@@ -481,7 +492,7 @@ def _show(rep) -> str:
     return json.dumps(m, indent=None)[:6000]
 
 
-def test_every_default_sm100_variant_and_mla_kernel_matches_fa4(parity):
+def test_every_default_sm100_sm103_variant_and_mla_kernel_matches_fa4(parity):
     rep = parity["sm100"]
     assert rep["mismatches"] == [], _show(rep)
     from fa4aot.build import plan_for
@@ -501,9 +512,12 @@ def test_every_default_sm100_variant_and_mla_kernel_matches_fa4(parity):
         assert feats.get(f, 0) > 0, (f, feats)  # fmt: skip
     for kind in ("fwd", "combine", "tile_cumsum", "blocks_to_batch", "scheduler", "copy"):
         assert rep["kinds"].get(kind, 0) > 0, rep["kinds"]
-    # the comparison tells the ABIs apart: today's sm90 `_launch` matches FA4 on no sm100 call
+    # sm103 (FA4's sm100 code with its arch 103): the same lists, the same cases
+    assert rep["compared"]["sm103"] == 109 + len(_extra_cases("sm100"))
+    # the comparison tells the ABIs apart: today's sm90 `_launch` matches FA4 on no sm100 or
+    # sm103 call
     non_mla = rep["compared"]["default"] + rep["compared"]["extra"] - 4  # 4 extra MLA cases
-    assert rep["launch"] == {"False": non_mla}
+    assert rep["launch"] == {"False": 2 * non_mla}
 
 
 def test_every_default_sm90_variant_matches_fa4(parity):
