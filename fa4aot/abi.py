@@ -84,15 +84,21 @@ SCHEDULER = (
 AUX_NONE = (None, None)
 
 
+_FAMILY = {"sm90": 9, "sm100": 10, "sm103": 10}
+
+
 def family(arch: str) -> int:
     """FA4's `arch // 10` for a fa4aot arch name: 9 (sm90) or 10 (sm100, sm103: FA4 runs its
     sm100 kernels, and their ABI, for `arch // 10 in [10, 11]`)."""
-    n = int(arch.removeprefix("sm").rstrip("af"))
-    fam = n // 10
-    if fam == 11:
-        fam = 10
-    if fam not in (9, 10):
-        raise ValueError(f"no FA4 forward ABI described for {arch}")
+    fam = _FAMILY.get(arch)
+    if fam is None:
+        try:
+            fam = int(arch.removeprefix("sm").rstrip("af")) // 10
+        except ValueError:
+            fam = None
+        fam = 10 if fam == 11 else fam
+        if fam not in (9, 10):
+            raise ValueError(f"no FA4 forward ABI described for {arch}")
     return fam
 
 
@@ -152,16 +158,18 @@ def fwd_args(
     interface.py 1864-1885: p, row_max, gather_kv_indices and o_lo are training / sparse-MLA
     slots, None for inference).
     """
-    fam = family(arch)
+    fam = _FAMILY.get(arch) or family(arch)
+    # (written out, not table-driven: this runs on every call; tests/test_abi.py checks that
+    # each list follows its table)
+    sched = not (
+        num_splits_dynamic is None and tile_count_semaphore is None
+        and virtual_batch_idx is None and num_nheads_in_l2 is None
+        and blocks_to_batch_idx is None
+    )  # fmt: skip
     if qv is not None:
         if fam != 10:
             raise ValueError("absorbed MLA (qv) kernels exist on sm100/sm103 only")
-        if any(
-            t is not None
-            for t in (num_splits_dynamic, tile_count_semaphore, virtual_batch_idx,
-                      num_nheads_in_l2, cu_total_m_blocks, cu_total_splits_m_blocks,
-                      blocks_to_batch_idx)
-        ):  # fmt: skip
+        if sched or cu_total_m_blocks is not None or cu_total_splits_m_blocks is not None:
             raise ValueError("FA4's MLA kernels take no scheduler metadata (interface.py 1264)")
         return (
             q, qv, k, v, out, lse, softmax_scale, None, None,
@@ -169,11 +177,7 @@ def fwd_args(
             page_table, descales, window_left, window_right, learnable_sink, None,
         )  # fmt: skip
     if fam == 9:
-        if descales is not None or any(
-            t is not None
-            for t in (num_splits_dynamic, tile_count_semaphore, virtual_batch_idx,
-                      num_nheads_in_l2, blocks_to_batch_idx)
-        ):  # fmt: skip
+        if sched or descales is not None:
             raise ValueError(f"{arch}: FA4's sm90 forward has no descale or scheduler slots")
         return (
             q, k, v, out, lse, softmax_scale,
@@ -194,6 +198,67 @@ def fwd_args(
         cu_total_m_blocks, cu_total_splits_m_blocks, blocks_to_batch_idx,
         max_seqlen_q,
     )  # fmt: skip
+
+
+# -- launchers: the same lists, passed straight to the kernel (the runtime's hot path) -------------
+# Their first 16 parameters are `runtime._launch`'s, so a call site serves either arch by
+# taking its launcher from `launcher(arch)`; tests/test_abi.py checks each against fwd_args.
+
+
+def launch_sm90(
+    fwd, q, k, v, out, lse, softmax_scale, cu_seqlens_q=None, cu_seqlens_k=None,
+    seqused_q=None, seqused_k=None, page_table=None, window_left=None, window_right=None,
+    learnable_sink=None, cu_total_m_blocks=None,
+):  # fmt: skip
+    """fwd(*fwd_args("sm90", ...)) without building the tuple."""
+    return fwd(
+        q, k, v, out, lse, softmax_scale, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+        page_table, window_left, window_right, learnable_sink, None, AUX_NONE,
+        cu_total_m_blocks, None,
+    )  # fmt: skip
+
+
+def launch_sm100(
+    fwd, q, k, v, out, lse, softmax_scale, cu_seqlens_q=None, cu_seqlens_k=None,
+    seqused_q=None, seqused_k=None, page_table=None, window_left=None, window_right=None,
+    learnable_sink=None, cu_total_m_blocks=None, max_seqlen_q=None, descales=None,
+    blocks_to_batch_idx=None, num_splits_dynamic=None, tile_count_semaphore=None,
+    num_nheads_in_l2=None, cu_total_splits_m_blocks=None,
+):  # fmt: skip
+    """fwd(*fwd_args("sm100", ...)) without building the tuple; max_seqlen_q is required
+    (`FwdPrep.max_seqlen_q`; positional 17th is the fastest way to pass it). No
+    virtual_batch_idx: FA4 fills it only for a batch sort it does not implement (asserted)."""
+    if max_seqlen_q is None:
+        raise ValueError("FA4's sm100 forward takes max_seqlen_q (FwdPrep.max_seqlen_q)")
+    return fwd(
+        q, k, v, out, lse, softmax_scale, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+        page_table, window_left, window_right, learnable_sink, descales, None, AUX_NONE,
+        num_splits_dynamic, tile_count_semaphore, None, num_nheads_in_l2,
+        cu_total_m_blocks, cu_total_splits_m_blocks, blocks_to_batch_idx, max_seqlen_q,
+    )  # fmt: skip
+
+
+def launch_mla(
+    fwd, q, qv, k, v, out, lse, softmax_scale, cu_seqlens_q=None, cu_seqlens_k=None,
+    seqused_q=None, seqused_k=None, page_table=None, window_left=None, window_right=None,
+    learnable_sink=None, descales=None,
+):  # fmt: skip
+    """fwd(*fwd_args(arch, ..., qv=qv)) on sm100/sm103 without building the tuple."""
+    return fwd(
+        q, qv, k, v, out, lse, softmax_scale, None, None, cu_seqlens_q, cu_seqlens_k,
+        seqused_q, seqused_k, None, page_table, descales, window_left, window_right,
+        learnable_sink, None,
+    )  # fmt: skip
+
+
+def launcher(arch: str, mla: bool = False):
+    """The launch function for `arch`'s forward kernels (mla: the absorbed-MLA ones)."""
+    fam = family(arch)
+    if mla:
+        if fam != 10:
+            raise ValueError("absorbed MLA (qv) kernels exist on sm100/sm103 only")
+        return launch_mla
+    return launch_sm90 if fam == 9 else launch_sm100
 
 
 def combine_args(

@@ -102,6 +102,37 @@ def test_sm90_fwd_args_are_the_runtimes_launch_order():
     assert got == [abi.fwd_args("sm90", *pos, cu_total_m_blocks=cu_total)]
 
 
+def test_launchers_pass_what_fwd_args_lists():
+    """The hot-path launchers (abi.launcher) call the kernel with exactly fwd_args' list; their
+    first 16 parameters are the runtime's `_launch`'s."""
+    pos = [_S(n) for n in _FWD_POS]
+    kw = {n: _S(n) for n in _SCHED_KW}
+
+    def rec(*a):
+        return a
+
+    cu = kw["cu_total_m_blocks"]
+    assert abi.launcher("sm90") is abi.launch_sm90
+    assert abi.launch_sm90(rec, *pos, cu) == abi.fwd_args("sm90", *pos, cu_total_m_blocks=cu)
+    desc, m = _S("descales"), _S("max_seqlen_q")
+    kw["virtual_batch_idx"] = None  # (FA4: only with a batch sort, which it asserts against)
+    for arch in ("sm100", "sm103"):
+        assert abi.launcher(arch) is abi.launch_sm100 and abi.launcher(arch, True) is abi.launch_mla
+        want = abi.fwd_args(arch, *pos, descales=desc, max_seqlen_q=m, **kw)
+        rest = {n: kw[n] for n in ("blocks_to_batch_idx", "num_splits_dynamic",
+                                   "tile_count_semaphore", "num_nheads_in_l2",
+                                   "cu_total_splits_m_blocks")}  # fmt: skip
+        assert abi.launch_sm100(rec, *pos, cu, m, desc, **rest) == want
+        qv = _S("qv")
+        assert abi.launch_mla(rec, pos[0], qv, *pos[1:], desc) == abi.fwd_args(
+            arch, *pos, qv=qv, descales=desc
+        )
+    with pytest.raises(ValueError, match="max_seqlen_q"):
+        abi.launch_sm100(rec, *pos)
+    with pytest.raises(ValueError, match="sm100/sm103 only"):
+        abi.launcher("sm90", mla=True)
+
+
 def test_slots_an_arch_lacks_are_refused_not_dropped():
     pos = [None] * 14
     with pytest.raises(ValueError, match="no descale or scheduler"):
@@ -304,10 +335,23 @@ def _abi_calls(arch: str, c: dict, inp: dict, kw: dict, key) -> tuple[list, obje
             if fam == 10:
                 sched["blocks_to_batch_idx"] = b2b
     del q_stage, two_cta  # in the helpers' compile keys, not in any argument list
-    calls.append(("fwd", prep.args(
-        arch, cq, inp.get("cu_seqlens_k"), sq_used, inp.get("seqused_k"),
-        inp.get("page_table"), inp.get("learnable_sink"), **sched,
-    )))  # fmt: skip
+    varlen = (cq, inp.get("cu_seqlens_k"), sq_used, inp.get("seqused_k"), inp.get("page_table"))
+    sink = inp.get("learnable_sink")
+    fwd = prep.args(arch, *varlen, sink, **sched)
+    # the hot-path launcher passes the very same objects
+    p = prep
+    if p.mla:
+        launched = abi.launch_mla(lambda *x: x, p.q, p.qv, p.k, p.v, p.kernel_out, p.kernel_lse,
+                                  p.softmax_scale, *varlen, p.window_left, p.window_right, sink,
+                                  p.descales)  # fmt: skip
+    else:
+        extra = {} if fam == 9 else dict(max_seqlen_q=p.max_seqlen_q, descales=p.descales)
+        rest = {n: x for n, x in sched.items() if n != "cu_total_m_blocks"}
+        launched = abi.launcher(arch)(lambda *x: x, p.q, p.k, p.v, p.kernel_out, p.kernel_lse,
+                                      p.softmax_scale, *varlen, p.window_left, p.window_right,
+                                      sink, sched.get("cu_total_m_blocks"), **extra, **rest)  # fmt: skip
+    assert len(launched) == len(fwd) and all(x is y for x, y in zip(launched, fwd)), arch
+    calls.append(("fwd", fwd))
     if split:
         dyn = sched.get("num_splits_dynamic")
         calls.append(("combine", prep.combine(cq, sq_used, dyn, None)))
