@@ -12,6 +12,32 @@ recording stand-in for the compiled function).
 
 Imports torch (and fa4aot.constraints) only: no cutlass, no flash_attn.
 
+How the runtime calls it (`launcher(arch)` gives the launch function; its first 16
+parameters are `runtime._launch`'s):
+
+    sm90 (today's `_launch`, unchanged):
+        abi.launch_sm90(fwd, q, k, v, out, lse, scale, cu_q, cu_k, used_q, used_k, pages,
+                        window_left, window_right, sink, cu_total_m_blocks)
+    sm100 / sm103:
+        p = abi.fwd_prepare(arch, q, k, v, varlen_q=cu_q is not None, max_seqlen_q=hint,
+                            softmax_scale=scale, causal=causal, window_left=wl,
+                            window_right=wr, return_lse=return_lse, out=out, lse=lse,
+                            num_splits=n)   # n > 1 only for a split-KV variant
+        # varlen q, batch > 256: both helpers, and both outputs go to the forward
+        tile_cumsum(*abi.tile_cumsum_args(cu_total, None, cu_q, used_q))
+        blocks_to_batch(*abi.blocks_to_batch_args(cu_total, b2b))
+        abi.launch_sm100(fwd, p.q, p.k, p.v, p.kernel_out, p.kernel_lse, p.softmax_scale,
+                         cu_q, cu_k, used_q, used_k, pages, p.window_left, p.window_right,
+                         sink, cu_total, p.max_seqlen_q, p.descales, blocks_to_batch_idx=b2b)
+        if p.num_splits > 1:
+            combine(*p.combine(cu_q, used_q))   # + num_splits_dynamic with scheduler metadata
+            p.finish()
+        return p.out, p.lse
+    absorbed MLA (qv): the same prepare with qv=..., then
+        abi.launch_mla(fwd, p.q, p.qv, p.k, p.v, p.kernel_out, p.kernel_lse, p.softmax_scale,
+                       cu_q, cu_k, used_q, used_k, pages, p.window_left, p.window_right,
+                       sink, p.descales)
+
 Structured arguments: FA4 passes `AuxData(tensors, scalars)` and `DescaleTensors(q, k, v)`,
 NamedTuples. tvm-ffi converts any Python tuple to an ffi Array (`tvm_ffi/cython/function.pxi`,
 `isinstance(arg, tuple)` -> `TVMFFIPyArgSetterTuple_`), so plain tuples with the same members
@@ -70,7 +96,7 @@ TILE_CUMSUM = (
     "cu_total_m_blocks", "cu_total_splits_m_blocks", "cu_seqlens", "seqused",
     "num_splits_dynamic", "virtual_batch_idx",
 )  # fmt: skip
-BLOCKS_TO_BATCH = ("cu_total_blocks", "blocks_to_batch")
+BLOCKS_TO_BATCH = ("cu_total_blocks", "blocks_to_batch_idx")
 
 # _get_scheduler_metadata's prepare kernel (interface.py 4773-4791): split-KV with varlen q
 SCHEDULER = (

@@ -510,8 +510,57 @@ def _worker(arch: str) -> dict:
         if launch is not None:
             report["launch"][str(launch)] = report["launch"].get(str(launch), 0) + 1
         secs[origin] = secs.get(origin, 0.0) + time.perf_counter() - t1
+    report["signatures"] = _kernel_signatures(I)
     report["seconds"] = time.perf_counter() - t0
     return report
+
+
+def _kernel_signatures(I) -> dict:
+    """The parameters of each FA4 kernel class's `__call__` (what cute.compile traces and
+    FA4 passes positionally), less self and the trailing stream (tvm-ffi's environment one)."""
+    import inspect
+
+    from flash_attn.cute.flash_fwd_sm90 import FlashAttentionForwardSm90
+    from flash_attn.cute.flash_fwd_sm100 import FlashAttentionForwardSm100
+
+    out = {}
+    for cls in (FlashAttentionForwardSm90, FlashAttentionForwardSm100,
+                I.FlashAttentionMLAForwardSm100, I.FlashAttentionMLAForward1CtaSm100,
+                I.FlashAttentionMLAForward1CtaKb64Sm100, I.FlashAttentionForwardCombine,
+                I.CuSeqlensToBlocksKernel, I.CuBlocksToBatchKernel, I.FlashPrepareScheduler):  # fmt: skip
+        ps = list(inspect.signature(cls.__call__).parameters)
+        assert ps[0] == "self" and ps[-1] == "stream", (cls.__name__, ps)
+        out[cls.__name__] = ps[1:-1]
+    return out
+
+
+# FA4's kernel parameter names -> abi's slot names, where they differ
+_ALIASES = {
+    "mQ": "q", "mK": "k", "mV": "v", "mO": "out", "mLSE": "lse", "mQv": "qv",
+    "mCuSeqlensQ": "cu_seqlens_q", "mCuSeqlensK": "cu_seqlens_k", "mSeqUsedQ": "seqused_q",
+    "mSeqUsedK": "seqused_k", "mPageTable": "page_table", "window_size_left": "window_left",
+    "window_size_right": "window_right", "descale_tensors": "descales",
+    "blocksparse_tensors": "block_sparse", "aux_data": "aux",
+    "num_splits_dynamic_ptr": "num_splits_dynamic", "virtual_batch_idx_ptr": "virtual_batch_idx",
+    "num_nheads_in_l2_ptr": "num_nheads_in_l2", "mCuTotalMBlocks": "cu_total_m_blocks",
+    "mCuTotalSplitsMBlocks": "cu_total_splits_m_blocks", "mBlocksToBatchIdx": "blocks_to_batch_idx",
+    "mP": "p", "mRowMax": "row_max", "mIndexTopk": "gather_kv_indices", "mOlo": "o_lo",
+    "mO_partial": "out_partial", "mLSE_partial": "lse_partial",
+    "mCuBlocks": "cu_total_m_blocks", "mCuSplitsBlocks": "cu_total_splits_m_blocks",
+    "mCuSeqlens": "cu_seqlens", "mSeqUsed": "seqused", "mNumSplits": "num_splits_dynamic",
+    "mVirtualBatchIdx": "virtual_batch_idx", "mCuTotalBlocks": "cu_total_blocks",
+    "seqlen_q_static": "max_seqlen_q", "seqlen_k_static": "max_seqlen_k",
+    "seqlen_k_new_static": "seqlen_k_new", "mCuSeqlensKNew": "cu_seqlens_k_new",
+    "mLeftPadK": "leftpad_k", "num_splits_static": "num_splits", "num_m_blocks_ptr": "num_m_blocks",
+}  # fmt: skip
+_TABLE_OF = {
+    "FlashAttentionForwardSm90": abi.SM90_FWD, "FlashAttentionForwardSm100": abi.SM100_FWD,
+    "FlashAttentionMLAForwardSm100": abi.SM100_MLA_FWD,
+    "FlashAttentionMLAForward1CtaSm100": abi.SM100_MLA_FWD,
+    "FlashAttentionMLAForward1CtaKb64Sm100": abi.SM100_MLA_FWD,
+    "FlashAttentionForwardCombine": abi.COMBINE, "CuSeqlensToBlocksKernel": abi.TILE_CUMSUM,
+    "CuBlocksToBatchKernel": abi.BLOCKS_TO_BATCH, "FlashPrepareScheduler": abi.SCHEDULER,
+}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -562,6 +611,15 @@ def test_every_default_sm100_sm103_variant_and_mla_kernel_matches_fa4(parity):
     # sm103 call
     non_mla = rep["compared"]["default"] + rep["compared"]["extra"] - 4  # 4 extra MLA cases
     assert rep["launch"] == {"False": 2 * non_mla}
+
+
+def test_tables_are_the_kernels_parameter_lists(parity):
+    """Each slot table is its FA4 kernel's `__call__` parameter list, in order (the second
+    witness besides the recorded calls: the compiled function's arity and order)."""
+    sigs = parity["sm100"]["signatures"]
+    assert set(sigs) == set(_TABLE_OF)
+    for cls, params in sigs.items():
+        assert tuple(_ALIASES.get(p, p) for p in params) == _TABLE_OF[cls], cls
 
 
 def test_every_default_sm90_variant_matches_fa4(parity):
