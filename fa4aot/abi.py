@@ -552,3 +552,81 @@ def fwd_prepare(
                 else lse.transpose(-1, -2)
             )
     return prep
+
+
+# -- the helper kernels' buffers ----------------------------------------------------------------
+
+
+@dataclass
+class CuHint:
+    """FA4's varlen scheduler aid for batch > 256 (interface.py 1389-1415): the tile cumsum's
+    output, and the blocks-to-batch index FA4 computes from it. Both are forward arguments on
+    sm100/sm103; sm90's forward takes the cumsum only (FA4 still runs the second helper)."""
+
+    cu_total_m_blocks: torch.Tensor
+    blocks_to_batch_idx: torch.Tensor
+
+    def tile_cumsum_args(self, cu_seqlens_q=None, seqused_q=None) -> tuple:
+        return tile_cumsum_args(self.cu_total_m_blocks, None, cu_seqlens_q, seqused_q)
+
+    def blocks_to_batch_args(self) -> tuple:
+        return blocks_to_batch_args(self.cu_total_m_blocks, self.blocks_to_batch_idx)
+
+    def fwd_kwargs(self, arch: str) -> dict:
+        if family(arch) == 9:
+            return {"cu_total_m_blocks": self.cu_total_m_blocks}
+        return {"cu_total_m_blocks": self.cu_total_m_blocks,
+                "blocks_to_batch_idx": self.blocks_to_batch_idx}  # fmt: skip
+
+
+def cu_hint_prepare(
+    batch: int, total_q: int, tile_m: int, qhead_per_kvhead: int, pack_gqa: bool, device
+) -> CuHint:
+    """The buffers FA4 allocates for the batch > 256 aid (int32, uninitialized: the helpers
+    write them). tile_m and pack_gqa are the forward kernel's (its compile key's)."""
+    n = blocks_to_batch_size(total_q, batch, tile_m, qhead_per_kvhead, pack_gqa)
+    return CuHint(
+        torch.empty(batch + 1, dtype=torch.int32, device=device),
+        torch.empty(n, dtype=torch.int32, device=device),
+    )
+
+
+@dataclass
+class SchedulerMeta:
+    """The scheduler metadata FA4 computes for a split-KV call with a varlen q
+    (`_get_scheduler_metadata`, interface.py 4603-4700), before its forward."""
+
+    num_m_blocks: torch.Tensor
+    num_splits_dynamic: torch.Tensor
+    num_nheads_in_l2: torch.Tensor | None  # causal calls only
+    tile_count_semaphore: torch.Tensor | None  # absent with FA4's CLC scheduler
+    args: tuple  # the prepare kernel's (scheduler_args)
+
+    def fwd_kwargs(self) -> dict:
+        return {"num_splits_dynamic": self.num_splits_dynamic,
+                "tile_count_semaphore": self.tile_count_semaphore,
+                "num_nheads_in_l2": self.num_nheads_in_l2}  # fmt: skip
+
+
+def scheduler_prepare(
+    prep: FwdPrep, batch: int, max_seqlen_k: int, cu_seqlens_q=None, cu_seqlens_k=None,
+    seqused_q=None, seqused_k=None, *, semaphore: bool = True,
+) -> SchedulerMeta:  # fmt: skip
+    """Buffers and prepare-kernel arguments as FA4 makes them for `prep` (a split call):
+    int32 (batch,) block counts and split counts, (batch,) heads-in-L2 for a causal call, a
+    (1,) tile semaphore unless the kernel uses the CLC scheduler (`semaphore`: the compile
+    key's tile_count_semaphore). max_seqlen_k: `max_seqlen_k_bound`. The combine then takes
+    num_splits_dynamic (`FwdPrep.combine(..., num_splits_dynamic=meta.num_splits_dynamic)`)."""
+    dev = prep.v.device
+
+    def i32(n):
+        return torch.empty(n, dtype=torch.int32, device=dev)
+
+    nmb, dyn = i32(batch), i32(batch)
+    l2 = i32(batch) if prep.causal else None
+    sem = i32(1) if semaphore else None
+    args = scheduler_args(
+        prep.max_seqlen_q, max_seqlen_k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+        batch, prep.num_splits, sem, nmb, dyn, l2,
+    )  # fmt: skip
+    return SchedulerMeta(nmb, dyn, l2, sem, args)

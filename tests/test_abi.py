@@ -288,8 +288,8 @@ _FWD_TENSORS = ("cu_seqlens_q", "cu_seqlens_k", "seqused_q", "seqused_k", "page_
 
 def _abi_calls(arch: str, c: dict, inp: dict, kw: dict, key) -> tuple[list, object]:
     """The calls the runtime makes for this case with fa4aot.abi, the compile-time facts
-    (tile_m, q_stage, 2CTA, pack_gqa, scheduler slots present) read from FA4's compile key,
-    as a build records them."""
+    (tile_m, pack_gqa, split, which scheduler slots are present) read from FA4's compile key,
+    as a build would record them."""
     fam = abi.family(arch)
     cq, sq_used = inp.get("cu_seqlens_q"), inp.get("seqused_q")
     q = inp["q"]
@@ -301,40 +301,29 @@ def _abi_calls(arch: str, c: dict, inp: dict, kw: dict, key) -> tuple[list, obje
         q_descale=inp.get("q_descale"), k_descale=inp.get("k_descale"),
         v_descale=inp.get("v_descale"),
     )  # fmt: skip
-    tile_m, q_stage, split, pack_gqa, two_cta = key[30], key[32], key[34], key[35], key[38]
+    tile_m, split, pack_gqa = key[30], key[34], key[35]
     has_dyn, has_l2, has_sem, has_cu, has_b2b = key[45], key[49], key[50], key[51], key[53]
     b = (cq.shape[0] - 1) if cq is not None else q.shape[0]
     dev = q.device
     calls, sched = [], {}
-
-    def i32(n):
-        return torch.empty(n, dtype=torch.int32, device=dev)
-
     if has_dyn:  # split-KV with a varlen q: FA4's scheduler prepare kernel first
-        nmb, dyn = i32(b), i32(b)
-        l2 = i32(b) if has_l2 else None
-        sem = i32(1) if has_sem else None
-        calls.append(("scheduler", abi.scheduler_args(
-            prep.max_seqlen_q, abi.max_seqlen_k_bound(inp["v"], inp.get("page_table"),
-                                                      kw.get("max_seqlen_k")),
-            cq, inp.get("cu_seqlens_k"), sq_used, inp.get("seqused_k"), b, prep.num_splits,
-            sem, nmb, dyn, l2,
-        )))  # fmt: skip
-        sched.update(num_splits_dynamic=dyn, tile_count_semaphore=sem, num_nheads_in_l2=l2)
-    if has_cu:  # varlen q, batch > 256: the tile cumsum (and, FA4 runs it on sm90 too, b2b)
-        assert not has_dyn  # (FA4 takes the scheduler's cumsum then; no default reaches it)
-        cu_total = i32(b + 1)
-        calls.append(("tile_cumsum", abi.tile_cumsum_args(cu_total, None, cq, sq_used)))
-        sched["cu_total_m_blocks"] = cu_total
-        if has_b2b or fam == 9:
-            total_q = q.shape[0] if cq is not None else q.shape[0] * q.shape[1]
-            ratio = q.shape[-2] // inp["v"].shape[-2]
-            n = abi.blocks_to_batch_size(total_q, b, tile_m, ratio, pack_gqa)
-            b2b = i32(n)
-            calls.append(("blocks_to_batch", abi.blocks_to_batch_args(cu_total, b2b)))
-            if fam == 10:
-                sched["blocks_to_batch_idx"] = b2b
-    del q_stage, two_cta  # in the helpers' compile keys, not in any argument list
+        meta = abi.scheduler_prepare(
+            prep, b, abi.max_seqlen_k_bound(inp["v"], inp.get("page_table"),
+                                            kw.get("max_seqlen_k")),
+            cq, inp.get("cu_seqlens_k"), sq_used, inp.get("seqused_k"), semaphore=has_sem,
+        )  # fmt: skip
+        assert (meta.num_nheads_in_l2 is not None) == has_l2
+        calls.append(("scheduler", meta.args))
+        sched.update(meta.fwd_kwargs())
+    if has_cu:  # varlen q, batch > 256: the tile cumsum and the blocks-to-batch index
+        assert not has_dyn  # (FA4 takes the scheduler's cumsum then; no case reaches it)
+        total_q = q.shape[0] if cq is not None else q.shape[0] * q.shape[1]
+        ratio = q.shape[-2] // inp["v"].shape[-2]
+        hint = abi.cu_hint_prepare(b, total_q, tile_m, ratio, pack_gqa, dev)
+        calls.append(("tile_cumsum", hint.tile_cumsum_args(cq, sq_used)))
+        calls.append(("blocks_to_batch", hint.blocks_to_batch_args()))
+        assert has_b2b or fam == 9
+        sched.update(hint.fwd_kwargs(arch))
     varlen = (cq, inp.get("cu_seqlens_k"), sq_used, inp.get("seqused_k"), inp.get("page_table"))
     sink = inp.get("learnable_sink")
     fwd = prep.args(arch, *varlen, sink, **sched)
