@@ -23,14 +23,20 @@ parameters are `runtime._launch`'s):
                             softmax_scale=scale, causal=causal, window_left=wl,
                             window_right=wr, return_lse=return_lse, out=out, lse=lse,
                             num_splits=n)   # n > 1 only for a split-KV variant
-        # varlen q, batch > 256: both helpers, and both outputs go to the forward
-        tile_cumsum(*abi.tile_cumsum_args(cu_total, None, cu_q, used_q))
-        blocks_to_batch(*abi.blocks_to_batch_args(cu_total, b2b))
-        abi.launch_sm100(fwd, p.q, p.k, p.v, p.kernel_out, p.kernel_lse, p.softmax_scale,
-                         cu_q, cu_k, used_q, used_k, pages, p.window_left, p.window_right,
-                         sink, cu_total, p.max_seqlen_q, p.descales, blocks_to_batch_idx=b2b)
+        kw = {}
+        if varlen q and batch > 256:   # both helpers; both outputs go to the forward
+            h = abi.cu_hint_prepare(batch, total_q, tile_m, ratio, pack_gqa, device)
+            tile_cumsum(*h.tile_cumsum_args(cu_q, used_q))
+            blocks_to_batch(*h.blocks_to_batch_args())
+            kw = h.fwd_kwargs(arch)
+        if p.num_splits > 1 and varlen q:   # FA4's scheduler prepare kernel first
+            m = abi.scheduler_prepare(p, batch, abi.max_seqlen_k_bound(v, pages, hint_k),
+                                      cu_q, cu_k, used_q, used_k, semaphore=...)
+            scheduler(*m.args)
+            kw = m.fwd_kwargs()
+        fwd(*p.args(arch, cu_q, cu_k, used_q, used_k, pages, sink, **kw))  # or launch_sm100
         if p.num_splits > 1:
-            combine(*p.combine(cu_q, used_q))   # + num_splits_dynamic with scheduler metadata
+            combine(*p.combine(cu_q, used_q, kw.get("num_splits_dynamic")))
             p.finish()
         return p.out, p.lse
     absorbed MLA (qv): the same prepare with qv=..., then
