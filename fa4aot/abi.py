@@ -451,8 +451,10 @@ def max_seqlen_q_slot(q_shape, varlen_q: bool, max_seqlen_q) -> int:
     """The value FA4 passes in the sm100 forward's `max_seqlen_q` slot (interface.py 941-952):
     the caller's host integer hint, else s_q (q in batch form) or total_q (cu_seqlens_q).
     A tensor hint is never read on the host (FA4 drops it for varlen q); fa4aot callers pass
-    ints. It is a run-time Int32 of the kernel, not part of the compile key: it must bound
-    every sequence's query length of the call."""
+    ints. It is a run-time Int32 of the kernel, not part of the compile key (FA4's own cache
+    reuses a kernel across values); the kernel sizes its tile grid's M extent from it
+    (flash_fwd_sm100.py 726-735), so it must bound every sequence's query length of the call:
+    rows past it would not be computed."""
     if max_seqlen_q is not None and not torch.is_tensor(max_seqlen_q):
         return int(max_seqlen_q)
     return int(q_shape[0] if varlen_q else q_shape[1])
