@@ -510,6 +510,8 @@ def fwd_prepare(
 
     varlen_q: q is packed (cu_seqlens_q given). Not done here (the caller's, as FA4's
     maybe_contiguous does it): making inputs 16-byte aligned and unit-stride in the last dim.
+    A caller's `out` must be 32-byte aligned when dv is 512 (MLA): FA4 compiles O with that
+    alignment assumed (interface.py 884, 1543), 16 bytes otherwise.
     """
     fam = family(arch)
     base = q if q is not None else qv
