@@ -194,5 +194,63 @@ def resolve_window(
     return causal, False, window_left, window_right
 
 
+# -- Blackwell split-KV (FA4's native num_splits) -----------------------------------------------
+
+# FA4 4.0.0b36 `interface.S_PING_PONG_MIN_N_BLOCKS_PER_SPLIT`: a split kernel takes the S
+# ping-pong path (a different kernel: `use_s_ping_pong` is in the compile key) only when each
+# split holds at least this many key blocks; other head dims never do when split.
+S_PING_PONG_MIN_BLOCKS_PER_SPLIT = {64: 16, 128: 64}
+# FA4's split heuristic caps num_splits at 128 (`num_splits_heuristic(..., 128)`); the combine
+# kernel fa4aot builds beside a split kernel takes that many partials (log2: 7).
+MAX_NATIVE_SPLITS = 128
+
+
+def native_split_reason(arch: str, head_dim: int, head_dim_v: int) -> str | None:
+    """Why FA4's own split-KV (num_splits > 1) is not built for this layer on `arch`, or None."""
+    if not is_blackwell(arch):
+        return feature_unsupported_reason(arch, "split_kv")
+    if head_dim != head_dim_v:
+        # interface._get_fwd_config: fp32 partials overflow shared memory at (192, 128), so FA4
+        # re-tiles (tile_n 64) or silently falls back to num_splits = 1 depending on the length
+        return (
+            f"FA4 changes the tile (or drops the split) for head dims {head_dim}/{head_dim_v} "
+            "when splitting; fa4aot builds native split-KV for equal head dims only"
+        )
+    return None
+
+
+def q_stage(arch: str, rows: int, tile: Tile, head_dim_v: int) -> int:
+    """FA4's sm100 q_stage: two Q tiles per CTA when the (packed) query rows exceed one tile
+    (never at head_dim_v 256: tensor memory); sm90: 1."""
+    if not is_blackwell(arch):
+        return 1
+    return 2 if rows > tile.m and head_dim_v != 256 else 1
+
+
+def split_s_ping_pong(
+    head_dim: int,
+    head_dim_v: int,
+    tile: Tile,
+    q_stage_: int,
+    page_size: int | None,
+    has_sink: bool,
+    has_score_mod: bool,
+    seqlen_k_loaded: int,
+    num_splits: int,
+) -> bool:
+    """FA4's `use_s_ping_pong` for a split (num_splits > 1) sm100 kernel (interface.py, b36)."""
+    blocks = -(-(-(-seqlen_k_loaded // tile.n)) // num_splits)
+    return (
+        q_stage_ == 1
+        and head_dim in (64, 128, 256)
+        and head_dim_v == head_dim
+        and tile == Tile(128, 128)
+        and page_size in (None, tile.n)
+        and not has_score_mod
+        and not has_sink
+        and blocks >= S_PING_PONG_MIN_BLOCKS_PER_SPLIT.get(head_dim, float("inf"))
+    )
+
+
 # FA4 switches varlen scheduling to a precomputed per-batch tile cumsum above this batch size.
 BIN_BATCH_SEARCH_THRESH = 256
