@@ -151,7 +151,9 @@ def runtime_unsupported_reason(arch: str) -> str | None:
 
 
 def fwd_tile(arch: str, head_dim: int, head_dim_v: int, causal: bool, local: bool) -> Tile:
-    """The forward kernel's (tile_m, tile_n): FA4's `_tile_size_fwd_sm90` (dense, no sparsity)."""
+    """The forward kernel's (tile_m, tile_n): FA4's `_tile_size_fwd_sm90` (dense, no sparsity);
+    on Blackwell `_get_fwd_config`'s 128 x 128 at every head dim (a split with unequal head
+    dims re-tiles to 64: not built, native_split_reason)."""
     if arch != "sm90":
         return Tile(128, 128)
     if head_dim <= 64:

@@ -651,8 +651,11 @@ def _fold_calls(spec: Spec, att: Attention, arch: str, lses: list[bool]) -> list
 
 
 def enumerate_variants(spec: Spec, arch: str) -> Plan:
-    """spec x arch -> the distinct variants it needs (pure; no FA4 import, milliseconds)."""
+    """spec x arch -> the distinct variants it needs (pure; no FA4 import, milliseconds).
+    A spec whose `[serving] archs` leaves `arch` out needs nothing there."""
     plan = Plan()
+    if not spec.serving.for_arch(arch):
+        return plan
     for att in spec.attention:
         if att.qv is not None:
             # checked first: on sm90 the hd 64/512 shape must not be "served" by head-dim padding
