@@ -141,6 +141,19 @@ def fp8_reason(arch: str, dtype: str, which: str = "q/k/v") -> str:
     )
 
 
+def not_run_note(arch: str) -> str | None:
+    """What `doctor`, `coverage` and the docs say of an arch's artifacts the fa4aot runtime
+    does not serve (None for sm90): they are compiled and checked on the CPU, never run."""
+    if arch in RUNTIME_ARCHS:
+        return None
+    return (
+        f"{arch} artifacts are built and checked but not run: cross-compiled with no GPU, their "
+        "cubin target and FA4 compile keys checked on the CPU, but no "
+        f"{arch} kernel has run on a GPU through fa4aot (the runtime serves "
+        f"{', '.join(RUNTIME_ARCHS)} only; docs/blackwell.md)"
+    )
+
+
 def runtime_unsupported_reason(arch: str) -> str | None:
     if arch not in RUNTIME_ARCHS:
         return (
