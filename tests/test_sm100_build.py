@@ -22,7 +22,7 @@ import pytest
 import fa4aot.build as B
 from fa4aot import constraints as C
 from fa4aot import cubin, settings
-from fa4aot.specs import SpecError, parse_spec
+from fa4aot.specs import SpecError, load_default, parse_spec
 from fa4aot.variants import Call, Plan, Variant, enumerate_variants, representative_call
 
 FP8_SPEC = """
@@ -110,8 +110,7 @@ def test_features_refuse_what_fa4aot_does_not_model():
 
 def test_every_new_variant_has_a_representative_call():
     for arch in ("sm100", "sm103"):
-        for spec in (_fp8_spec(), *[__import__("fa4aot.specs").specs.load_default(n)
-                                    for n in ("llama-3.1-8b", "gpt-oss-20b", "gemma-4")]):
+        for spec in (_fp8_spec(), *map(load_default, ("llama-3.1-8b", "gpt-oss-20b", "gemma-4"))):
             for n in enumerate_variants(spec, arch).needs:
                 v = n.variant
                 if v.split_kv or v.descales:
