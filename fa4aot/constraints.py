@@ -220,6 +220,34 @@ S_PING_PONG_MIN_BLOCKS_PER_SPLIT = {64: 16, 128: 64}
 MAX_NATIVE_SPLITS = 128
 
 
+def native_num_splits(
+    arch: str,
+    *,
+    batch: int,
+    num_heads_kv: int,
+    qhead_per_kvhead: int,
+    seqlen_q: int,
+    max_seqlen_k: int,
+    head_dim: int,
+    num_sms: int,
+    pack_gqa: bool | None = None,
+) -> int:
+    """The split count FA4's heuristic picks for a call on Blackwell (`num_splits=0`:
+    interface._get_fwd_config + num_splits_heuristic, 4.0.0b36), non-local, equal head dims: the
+    SMs over the call's M tiles, capped at 128 and at the key blocks; 1 when there are at most
+    4 key blocks. What the runtime would pass as num_splits (and, with max_seqlen_k,
+    split_s_ping_pong then says which split kernel)."""
+    pack = qhead_per_kvhead > 1 if pack_gqa is None else pack_gqa
+    tile = fwd_tile(arch, head_dim, head_dim, False, False)
+    rows = seqlen_q * (qhead_per_kvhead if pack else 1)
+    m_tiles = -(-rows // (q_stage(arch, rows, tile, head_dim) * tile.m))
+    total = batch * num_heads_kv * (1 if pack else qhead_per_kvhead) * m_tiles
+    n_blocks = -(-max_seqlen_k // tile.n)
+    if n_blocks <= 4 or total == 0:
+        return 1
+    return max(1, min(num_sms // total, MAX_NATIVE_SPLITS, n_blocks))
+
+
 def native_split_reason(arch: str, head_dim: int, head_dim_v: int) -> str | None:
     """Why FA4's own split-KV (num_splits > 1) is not built for this layer on `arch`, or None."""
     if not is_blackwell(arch):

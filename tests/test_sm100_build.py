@@ -153,6 +153,22 @@ for c, k in zip(calls, got):
         bad.append(f"representative call traces elsewhere: {want.describe()}")
     if want.split_kv and [x[7] for x in r["combine"]] != [7]:
         bad.append(f"combine not built for 128 splits: {want.describe()}")
+# FA4's split heuristic (num_splits=0) against constraints.native_num_splits
+from types import SimpleNamespace
+from flash_attn.cute import interface as I
+from fa4aot import constraints as C
+for b_, hk, r, sq, sk, d in [(1, 8, 4, 1, 131072, 128), (1, 1, 16, 1, 4096, 64),
+                             (4, 8, 1, 4, 65536, 128), (64, 8, 4, 1, 8192, 128),
+                             (1, 2, 2, 1, 512, 256), (2, 4, 8, 40, 30000, 64)]:
+    cfg = I._get_fwd_config(
+        arch=100, head_dim=d, head_dim_v=d, max_seqlen_q=sq, max_seqlen_k=sk, num_head_kv=hk,
+        qhead_per_kvhead=r, pack_gqa=r > 1, batch_size=b_, causal=True, local=False,
+        window_size_left=None, window_size_right=None, num_splits=0,
+        device=SimpleNamespace(index=0), seqlen_q=sq)
+    mine = C.native_num_splits("sm100", batch=b_, num_heads_kv=hk, qhead_per_kvhead=r,
+                               seqlen_q=sq, max_seqlen_k=sk, head_dim=d, num_sms=148)
+    if cfg.num_splits != mine:
+        bad.append(f"num_splits for {(b_, hk, r, sq, sk, d)}: FA4 {cfg.num_splits}, ours {mine}")
 print(json.dumps({"calls": len(calls), "variants": len(reps), "bad": bad[:20],
                   "kinds": sorted(map(list, kinds))}))
 """
