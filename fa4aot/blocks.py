@@ -1,10 +1,17 @@
 """The KV block-size contract, answered from what the store holds (not from a table).
 
 An engine's KV-cache planner asks which page sizes a model's attention can be served with
-(vLLM: `get_supported_kernel_block_sizes_for_config`). For FA4 on sm90 the answer has two
-parts: the TMA paged kernel serves exactly page_size == its tile_n (fast; wrong results for
-any other size, so fa4aot never routes another size to it), and the cp.async paged kernel
-serves any page size (per-row page lookup).
+(vLLM: `get_supported_kernel_block_sizes_for_config`). For FA4 the answer has two parts: the
+TMA paged kernel serves exactly page_size == its tile_n (fast; wrong results for any other
+size on sm90, so fa4aot never routes another size to it), and the cp.async paged kernel serves
+any page size (per-row page lookup).
+
+tile_n differs by arch (`kernel_page_sizes` states FA4's rule): on sm90 it follows the head
+dim (128 up to hd128, 112/96 at hd192, 80 at hd256, 64 with a window at hd256); on Blackwell
+(sm100, sm103) FA4's forward tiles 128 x 128 at every head dim it runs, so the TMA page is 128
+for every layer. Absorbed-MLA (qv) kernels, Blackwell only, are not stored yet (no runtime qv
+path): for them `supported_block_sizes` reports nothing stored and `preferred_block_size`
+answers from FA4's rule (128: a TMA page on every MLA route).
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import constraints as C
-from .errors import FingerprintMismatch
+from .errors import FingerprintMismatch, UnsupportedVariant
 from .store import Store, find_serving_store, runtime_expectation, stores_at
 from .variants import Variant
 
@@ -24,6 +31,7 @@ class BlockSizes:
     tma: tuple[int, ...]  # page sizes served by the fast TMA paged kernel (== tile_n)
     any_size: bool  # True when a cp.async paged kernel is cached: every other page size works
     regimes: tuple[str, ...]  # paged regimes cached (decode/prefill, b>256)
+    note: str = ""  # why nothing is cached when the store cannot hold such kernels (MLA)
 
     def serves(self, page_size: int) -> bool:
         return page_size in self.tma or (self.any_size and page_size > 0)
@@ -115,7 +123,10 @@ def _block_sizes(
             tma.add(tile.n)
         else:
             other = True
-        regimes.add(f"{v.phase}{'/b>256' if v.cu_hint else ''}{'/tma' if v.paged_tma else ''}")
+        regimes.add(
+            f"{v.phase}{'/b>256' if v.cu_hint else ''}{'/split' if v.split_kv else ''}"
+            f"{'/tma' if v.paged_tma else ''}"
+        )
     return BlockSizes(tuple(sorted(tma)), other, tuple(sorted(regimes)))
 
 
@@ -131,11 +142,23 @@ def supported_block_sizes(
     sink_dtype: str | None = None,
     cache=None,
     num_sms: int | None = None,
+    qv: int | None = None,
 ) -> BlockSizes:
     """KV page sizes this process can serve for this attention config: answered from the
-    stores the runtime would use for (arch, `num_sms`; default: the arch's), so a page size
-    held only by a store of another toolchain, Python or SM count does not count."""
-    num_sms = num_sms or C.DEFAULT_NUM_SMS.get(arch, 0)  # an unknown arch: no store, as before
+    stores the runtime would use for (arch, `num_sms`; default: the arch's; sm103 has none and
+    raises NumSmsRequired), so a page size held only by a store of another toolchain, Python or
+    SM count does not count.
+
+    qv: an absorbed-MLA layer's latent dim (head_dim is then the rope part). Raises
+    UnsupportedVariant off Blackwell; on Blackwell no store holds MLA kernels yet, so nothing is
+    served (`note` says so; `kernel_page_sizes` gives FA4's rule)."""
+    if qv is not None:
+        if not C.is_blackwell(arch):
+            raise UnsupportedVariant(C.mla_reason(arch))
+        return BlockSizes((), False, (), note=C.mla_reason(arch))
+    if num_sms is None and arch in C.ARCHS:
+        num_sms = C.default_num_sms(arch)
+    num_sms = num_sms or 0  # an unknown arch: no store, as before
     stores = _serving_stores(_roots(cache), arch, num_sms)
     return _block_sizes(
         _paged_variants(stores),
@@ -154,9 +177,67 @@ def preferred_block_size(
     arch: str, dtype: str, head_dim: int, head_dim_v: int | None = None, **kw
 ) -> int | None:
     """The page size to allocate the KV cache with: the TMA kernel's tile_n when cached (in a
-    store this process serves from; `num_sms` as in supported_block_sizes)."""
+    store this process serves from; `num_sms` as in supported_block_sizes). For an absorbed-MLA
+    layer (`qv`, Blackwell), whose kernels no store holds yet, FA4's own rule answers: the page
+    size every MLA route loads by TMA (kernel_page_sizes)."""
+    if kw.get("qv") is not None:
+        if not C.is_blackwell(arch):
+            raise UnsupportedVariant(C.mla_reason(arch))
+        return kernel_page_sizes(arch, head_dim, head_dim_v, qv=kw["qv"]).tma[0]
     bs = supported_block_sizes(arch, dtype, head_dim, head_dim_v, **kw)
     return bs.tma[0] if bs.tma else None
+
+
+@dataclass(frozen=True)
+class KernelPages:
+    """FA4's own paged-KV rule for a layer on an arch (read from its source, 4.0.0b36; not from
+    a store): what its kernels take, whatever fa4aot has built."""
+
+    tile_n: int  # the forward kernel's key block
+    tma: tuple[int, ...]  # page sizes loaded by TMA on every route FA4 may pick for the layer
+    any_size: bool  # every other page size works through a cp.async kernel
+    note: str
+
+
+def kernel_page_sizes(
+    arch: str,
+    head_dim: int,
+    head_dim_v: int | None = None,
+    *,
+    causal: bool = True,
+    window: int | None = None,
+    qv: int | None = None,
+) -> KernelPages:
+    """FA4's paged-KV rule: TMA iff page_size == tile_n (interface.py `paged_kv_tma`), any other
+    page size through the cp.async loader (`paged_kv_non_tma`), on every arch.
+
+    Blackwell (sm100/sm103): tile_n is 128 at every head dim (`_get_fwd_config`: FwdConfig(128,
+    128); only a split with unequal head dims re-tiles to 64, which fa4aot does not build); the
+    2CTA kernel also needs page 128 (`page_size in [None, 128]`). MLA (qv): the 2CTA and 1CTA
+    kernels load pages of 128 by TMA and others by cp.async; the 1CTA-kb64 route (64-key
+    blocks) loads any multiple of 64 by TMA. FA4 picks the route from batch x heads against
+    the SM count at call time, so 128 is the one size that is TMA on every route.
+    Raises UnsupportedVariant for MLA off Blackwell."""
+    head_dim_v = head_dim_v or head_dim
+    if qv is not None:
+        if not C.is_blackwell(arch):
+            raise UnsupportedVariant(C.mla_reason(arch))
+        return KernelPages(
+            128, (128,), True,
+            "MLA: page 128 is TMA on the 2CTA, 1CTA and 1CTA-kb64 routes; multiples of 64 are "
+            "TMA on the kb64 route only; any other size takes cp.async",
+        )
+    why = C.unsupported_reason(arch, "bfloat16", head_dim, head_dim_v)
+    if why:
+        raise UnsupportedVariant(why)
+    causal_r, local, _, _ = C.resolve_window(causal, window, 0 if causal else None)
+    tile = C.fwd_tile(arch, head_dim, head_dim_v, causal_r, local)
+    where = "every head dim on Blackwell" if C.is_blackwell(arch) else "this head dim on sm90"
+    return KernelPages(
+        tile.n, (tile.n,), True,
+        f"tile_n {tile.n} at {where}: page {tile.n} takes the TMA kernel, any other size the "
+        "cp.async one",
+    )
 
 
 def block_size_rows(root: Path) -> list[dict]:

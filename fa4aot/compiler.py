@@ -177,11 +177,20 @@ def fake_call(call: Call):
             kw["softcap"] = call.softcap
         if call.pack_gqa is not None:
             kw["pack_gqa"] = call.pack_gqa
+        if call.num_splits != 1:
+            kw["num_splits"] = call.num_splits
+        descales = {
+            f"{t}_descale": torch.empty(b, hk, dtype=torch.float32, device=dev)
+            for t in (call.descales or "")
+        }
         if call.layout == "dense":
             q = torch.empty(b, sq, hq, d, dtype=dt, device=dev)
             k = torch.empty(b, sk, hk, d, dtype=dt, device=dev)
             v = torch.empty(b, sk, hk, dv, dtype=dt, device=dev)
-            fa.flash_attn_func(q, k, v, **kw)
+            if descales:
+                _fwd_with_descales(q, k, v, kw, descales)
+            else:
+                fa.flash_attn_func(q, k, v, **kw)
             return
         if call.batch_q:
             q = torch.empty(b, sq, hq, d, dtype=dt, device=dev)
@@ -206,7 +215,20 @@ def fake_call(call: Call):
             v = torch.empty(b * npages, p, hk, dv, dtype=dt, device=dev)
             kw.update(page_table=torch.empty(b, npages, dtype=torch.int32, device=dev))
             kw["max_seqlen_k"] = sk
-        fa.flash_attn_varlen_func(q, k, v, **kw)
+        if descales:
+            _fwd_with_descales(q, k, v, kw, descales)
+        else:
+            fa.flash_attn_varlen_func(q, k, v, **kw)
+
+
+def _fwd_with_descales(q, k, v, kw: dict, descales: dict) -> None:
+    """FA4 4.0.0b36 takes FP8 descales only through `interface._flash_attn_fwd` (its public
+    flash_attn_func / flash_attn_varlen_func have no such arguments): the same call, spelled
+    with that function's keyword names."""
+    _, I = _fa4()
+    kw = dict(kw)
+    wl, wr = kw.pop("window_size", (None, None))
+    I._flash_attn_fwd(q, k, v, window_size_left=wl, window_size_right=wr, **kw, **descales)
 
 
 def trace(call: Call) -> dict[str, list[tuple[Any, Any]]]:
@@ -250,6 +272,15 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
             )
     if variant.split_kernel:
         helpers["combine"] = trace_combine(variant)
+    if variant.split_kv:
+        # FA4's native split (Blackwell): its own entry compiled the combine for the call's
+        # num_splits (the representative call's is the heuristic's maximum, 128)
+        if len(got["combine"]) != 1:
+            raise RuntimeError(
+                f"expected FA4's combine kernel beside {variant.describe()}, it compiled "
+                f"{len(got['combine'])}"
+            )
+        helpers["combine"] = got["combine"]
     parts: dict[str, Any] = {}
     for name, entries in [("fwd", fwd), *helpers.items()]:
         for key, fn in entries:
@@ -266,8 +297,8 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
                 parts[name]["tile"], parts[name]["seqlen_q_multiplier"] = int(key[0]), int(key[1])
                 parts[name]["cu_seqlens"], parts[name]["seqused"] = bool(key[2]), bool(key[3])
             if name == "combine":
-                parts[name]["max_splits"] = 1 << COMBINE_LOG_MAX_SPLITS
-                parts[name]["partial_dtype"] = variant.dtype
+                parts[name]["max_splits"] = 1 << int(key[7])
+                parts[name]["partial_dtype"] = _CUTE_DTYPES[key[2].__name__]
                 parts[name]["tile_m"] = int(key[5])
     return {"parts": parts, "compile_seconds": seconds, "fa4_key": parts["fwd"]["key"]}
 
@@ -398,19 +429,29 @@ _CACHE_OWNERS = {  # FA4 function whose .compile_cache fa4aot serves -> record p
 }
 
 
-_CUTE_DTYPES = {"BFloat16": "bfloat16", "Float16": "float16", "Float32": "float32"}
+_CUTE_DTYPES = {
+    "BFloat16": "bfloat16", "Float16": "float16", "Float32": "float32",
+    "Float8E4M3FN": "float8_e4m3fn", "Float8E5M2": "float8_e5m2",
+}
 
 
 def variant_from_fa4_key(key, arch: str) -> Variant | None:
-    """FA4 (4.0.0b36) sm90 forward compile key -> our Variant, for the miss log of install().
+    """FA4 (4.0.0b36) forward compile key -> our Variant, for the miss log of install().
 
-    Positions follow `_flash_attn_fwd`'s compile_key tuple; `tests/test_dropin.py` checks the
-    mapping against every default variant's traced key. None for keys outside what fa4aot
-    models (MLA, score/mask mods other than a softcap FA4 made in this process, block sparsity,
-    split-KV, FP8 descales)."""
+    Positions follow `_flash_attn_fwd`'s compile_key tuple (one tuple for every arch);
+    `tests/test_dropin.py` checks the mapping against every default sm90 variant's traced key,
+    `tests/test_sm100_build.py` against the Blackwell FP8 and native split-KV variants. None
+    for keys outside what fa4aot models (MLA, score/mask mods other than a softcap FA4 made in
+    this process, block sparsity, broadcast (stride-0) descales, split-KV on sm90)."""
     try:
-        if key[0] or key[1] or key[10] or key[11] or key[34] or any(key[25:28]):
+        if key[0] or key[1] or key[10] or key[11]:
             return None
+        split = bool(key[34])
+        if split and (not C.is_blackwell(arch) or key[45] or any(key[48:51])):
+            return None  # sm90 has none; packed-q splits take FA4's scheduler metadata
+        descales = "".join(t for t, on in zip("qkv", key[25:28]) if on) or None
+        if descales and any(p is not None and any(p) for p in key[13][5:8]):
+            return None  # a stride-0 descale compiles its own kernel; fa4aot never makes one
         softcap = None
         if key[9]:
             softcap = SOFTCAP_BY_HASH.get(key[9])
@@ -440,9 +481,13 @@ def variant_from_fa4_key(key, arch: str) -> Variant | None:
             paged=paged,
             paged_tma=bool(key[37]) if paged else None,
             cu_hint=bool(key[51]),
-            static_persistent=bool(key[55]),
+            # a split kernel is never persistent: the field holds q_stage == 1 (Variant.split_kv)
+            static_persistent=int(key[32]) == 1 if split else bool(key[55]),
             softcap=softcap,
             pack_gqa=None if bool(key[35]) == (ratio > 1) else bool(key[35]),
+            descales=descales,
+            split_kv=split,
+            s_ping_pong=bool(key[44]) if split else None,
         )
     except (IndexError, KeyError, AttributeError, TypeError):
         return None

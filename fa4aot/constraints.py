@@ -141,6 +141,19 @@ def fp8_reason(arch: str, dtype: str, which: str = "q/k/v") -> str:
     )
 
 
+def not_run_note(arch: str) -> str | None:
+    """What `doctor`, `coverage` and the docs say of an arch's artifacts the fa4aot runtime
+    does not serve (None for sm90): they are compiled and checked on the CPU, never run."""
+    if arch in RUNTIME_ARCHS:
+        return None
+    return (
+        f"{arch} artifacts are built and checked but not run: cross-compiled with no GPU, their "
+        "cubin target and FA4 compile keys checked on the CPU, but no "
+        f"{arch} kernel has run on a GPU through fa4aot (the runtime serves "
+        f"{', '.join(RUNTIME_ARCHS)} only; docs/blackwell.md)"
+    )
+
+
 def runtime_unsupported_reason(arch: str) -> str | None:
     if arch not in RUNTIME_ARCHS:
         return (
@@ -151,7 +164,9 @@ def runtime_unsupported_reason(arch: str) -> str | None:
 
 
 def fwd_tile(arch: str, head_dim: int, head_dim_v: int, causal: bool, local: bool) -> Tile:
-    """The forward kernel's (tile_m, tile_n): FA4's `_tile_size_fwd_sm90` (dense, no sparsity)."""
+    """The forward kernel's (tile_m, tile_n): FA4's `_tile_size_fwd_sm90` (dense, no sparsity);
+    on Blackwell `_get_fwd_config`'s 128 x 128 at every head dim (a split with unequal head
+    dims re-tiles to 64: not built, native_split_reason)."""
     if arch != "sm90":
         return Tile(128, 128)
     if head_dim <= 64:
@@ -192,6 +207,92 @@ def resolve_window(
             return True, False, None, None
         return False, True, window_left, window_right
     return causal, False, window_left, window_right
+
+
+# -- Blackwell split-KV (FA4's native num_splits) -----------------------------------------------
+
+# FA4 4.0.0b36 `interface.S_PING_PONG_MIN_N_BLOCKS_PER_SPLIT`: a split kernel takes the S
+# ping-pong path (a different kernel: `use_s_ping_pong` is in the compile key) only when each
+# split holds at least this many key blocks; other head dims never do when split.
+S_PING_PONG_MIN_BLOCKS_PER_SPLIT = {64: 16, 128: 64}
+# FA4's split heuristic caps num_splits at 128 (`num_splits_heuristic(..., 128)`); the combine
+# kernel fa4aot builds beside a split kernel takes that many partials (log2: 7).
+MAX_NATIVE_SPLITS = 128
+
+
+def native_num_splits(
+    arch: str,
+    *,
+    batch: int,
+    num_heads_kv: int,
+    qhead_per_kvhead: int,
+    seqlen_q: int,
+    max_seqlen_k: int,
+    head_dim: int,
+    num_sms: int,
+    pack_gqa: bool | None = None,
+) -> int:
+    """The split count FA4's heuristic picks for a call on Blackwell (`num_splits=0`:
+    interface._get_fwd_config + num_splits_heuristic, 4.0.0b36), non-local, equal head dims: the
+    SMs over the call's M tiles, capped at 128 and at the key blocks; 1 when there are at most
+    4 key blocks. What the runtime would pass as num_splits (and, with max_seqlen_k,
+    split_s_ping_pong then says which split kernel)."""
+    pack = qhead_per_kvhead > 1 if pack_gqa is None else pack_gqa
+    tile = fwd_tile(arch, head_dim, head_dim, False, False)
+    rows = seqlen_q * (qhead_per_kvhead if pack else 1)
+    m_tiles = -(-rows // (q_stage(arch, rows, tile, head_dim) * tile.m))
+    total = batch * num_heads_kv * (1 if pack else qhead_per_kvhead) * m_tiles
+    n_blocks = -(-max_seqlen_k // tile.n)
+    if n_blocks <= 4 or total == 0:
+        return 1
+    return max(1, min(num_sms // total, MAX_NATIVE_SPLITS, n_blocks))
+
+
+def native_split_reason(arch: str, head_dim: int, head_dim_v: int) -> str | None:
+    """Why FA4's own split-KV (num_splits > 1) is not built for this layer on `arch`, or None."""
+    if not is_blackwell(arch):
+        return feature_unsupported_reason(arch, "split_kv")
+    if head_dim != head_dim_v:
+        # interface._get_fwd_config: fp32 partials overflow shared memory at (192, 128), so FA4
+        # re-tiles (tile_n 64) or silently falls back to num_splits = 1 depending on the length
+        return (
+            f"FA4 changes the tile (or drops the split) for head dims {head_dim}/{head_dim_v} "
+            "when splitting; fa4aot builds native split-KV for equal head dims only"
+        )
+    return None
+
+
+def q_stage(arch: str, rows: int, tile: Tile, head_dim_v: int) -> int:
+    """FA4's sm100 q_stage: two Q tiles per CTA when the (packed) query rows exceed one tile
+    (never at head_dim_v 256: tensor memory); sm90: 1."""
+    if not is_blackwell(arch):
+        return 1
+    return 2 if rows > tile.m and head_dim_v != 256 else 1
+
+
+def split_s_ping_pong(
+    head_dim: int,
+    head_dim_v: int,
+    tile: Tile,
+    q_stage_: int,
+    page_size: int | None,
+    has_sink: bool,
+    has_score_mod: bool,
+    seqlen_k_loaded: int,
+    num_splits: int,
+) -> bool:
+    """FA4's `use_s_ping_pong` for a split (num_splits > 1) sm100 kernel (interface.py, b36)."""
+    blocks = -(-(-(-seqlen_k_loaded // tile.n)) // num_splits)
+    return (
+        q_stage_ == 1
+        and head_dim in (64, 128, 256)
+        and head_dim_v == head_dim
+        and tile == Tile(128, 128)
+        and page_size in (None, tile.n)
+        and not has_score_mod
+        and not has_sink
+        and blocks >= S_PING_PONG_MIN_BLOCKS_PER_SPLIT.get(head_dim, float("inf"))
+    )
 
 
 # FA4 switches varlen scheduling to a precomputed per-batch tile cumsum above this batch size.

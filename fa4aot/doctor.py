@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from . import __version__
+from . import constraints as C
 from .errors import Fa4aotError
 from .store import (
     Layer,
@@ -107,6 +108,9 @@ def report(layers: list[Layer] | None = None) -> dict[str, Any]:
                     "corrupt": [f"{d}: {e}" for d, e in corrupt],
                     "compatible": not diff,
                     "mismatches": diff,
+                    # sm100/sm103 stores: compiled and checked, never run (not a problem here:
+                    # a build host holds them for the Blackwell fleet)
+                    "not_run": C.not_run_note(s.toolchain.get("arch", "")),
                 }
             )
         out_layers.append(layer)
@@ -122,8 +126,12 @@ def report(layers: list[Layer] | None = None) -> dict[str, Any]:
                 f"no store for {gpu['arch']} with {gpu['num_sms']} SMs in any layer: "
                 f"fa4aot build --arch {gpu['arch']} --num-sms {gpu['num_sms']}"
             )
-        if gpu["arch"] not in ("sm90",):
-            problems.append(f"the runtime serves sm90 only; this GPU is {gpu['arch']}")
+        if gpu["arch"] not in C.RUNTIME_ARCHS:
+            problems.append(
+                f"the runtime serves {', '.join(C.RUNTIME_ARCHS)} only; this GPU is "
+                f"{gpu['arch']}" + (f". {C.not_run_note(gpu['arch'])}"
+                                    if gpu["arch"] in C.ARCHS else "")
+            )
     return {
         "versions": versions,
         "platform": f"{platform.system()} {platform.machine()}",
@@ -178,6 +186,8 @@ def format_text(r: dict[str, Any]) -> str:
         for s in layer["stores"]:
             ok = "compatible" if s["compatible"] else "incompatible: " + "; ".join(s["mismatches"])
             lines.append(f"    {s['dir']}: {s['artifacts']} artifacts, {ok}")
+            if s.get("not_run"):
+                lines.append(f"    note: {s['not_run']}")
             lines += [f"    corrupt: {c}" for c in s["corrupt"]]
         lines += [f"    broken: {b}" for b in layer["broken"]]
     if r["serving"] is not None:

@@ -65,6 +65,7 @@ class Attention:
 # Attention fields added after specs were first stored: left out of a spec's identity at their
 # defaults, so stores built before them keep their spec index (build refuses a changed spec).
 _NEW_ATTENTION_DEFAULTS = {"sink_dtype": "float32", "softcap": None, "qv": None}
+_NEW_SERVING_DEFAULTS = {"archs": None}  # likewise for [serving]
 # The one absorbed-MLA shape FA4 (4.0.0b36) compiles: `_flash_attn_fwd` asserts head_dim_v == 512
 # and head_dim == 64 with qv (and no local window, no softcap).
 MLA_LATENT_DIM, MLA_ROPE_DIM = 512, 64
@@ -98,6 +99,13 @@ class Serving:
     # also build the kernels split-KV decode plans run on (split.py): the 1:1 kernel with LSE
     # per K layout, with FA4's combine kernel beside it
     split_kv: bool = True
+    # the archs this envelope is deployed on (None: every arch). A spec of layers only one arch
+    # family runs (FP8 Q/K/V: Blackwell) builds nothing elsewhere instead of reporting every
+    # layer unsupported there.
+    archs: tuple[str, ...] | None = None
+
+    def for_arch(self, arch: str) -> bool:
+        return self.archs is None or arch in self.archs
 
 
 @dataclass(frozen=True)
@@ -115,6 +123,9 @@ class Spec:
             for k, dflt in _NEW_ATTENTION_DEFAULTS.items():
                 if a[k] == dflt:
                     del a[k]
+        for k, dflt in _NEW_SERVING_DEFAULTS.items():
+            if d["serving"][k] == dflt:
+                del d["serving"][k]
         return d
 
     def identity(self) -> str:
@@ -279,7 +290,15 @@ def _serving(src: str, d: Any, attention: tuple[Attention, ...]) -> Serving:
     lse = _choice(src, "serving.return_lse", d.get("return_lse", dflt.return_lse), LSE_CHOICES)
     fold = _bool(src, "serving.decode_fold", d.get("decode_fold", dflt.decode_fold))
     split = _bool(src, "serving.split_kv", d.get("split_kv", dflt.split_kv))
-    return Serving(tp, layouts, phases, max_batch, max_context, pages, spec_len, lse, fold, split)
+    archs = None
+    if "archs" in d:
+        from .constraints import ARCHS
+
+        archs = _list(src, "serving.archs", d["archs"],
+                      lambda f, x: _choice(src, f, x, tuple(ARCHS)))
+    return Serving(
+        tp, layouts, phases, max_batch, max_context, pages, spec_len, lse, fold, split, archs
+    )
 
 
 def parse_spec(text: str, src: str = "<string>") -> Spec:

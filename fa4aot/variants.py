@@ -23,7 +23,12 @@ from .specs import Attention, Spec, layout_forms
 
 SCHEMA = 1  # bump when the meaning of a field changes: it is part of every variant id
 # Variant fields added after SCHEMA 1, with the default that leaves them out of the id
-NEW_FIELD_DEFAULTS = {"softcap": None, "pack_gqa": None}
+NEW_FIELD_DEFAULTS = {"softcap": None, "pack_gqa": None, "descales": None, "split_kv": False,
+                      "s_ping_pong": None}
+# FP8 descale tensors a kernel takes, as FA4's key records them (q_descale, k_descale, v_descale
+# present or not): a subset of "qkv", in that order. FA4 (4.0.0b36) takes them only through
+# `interface._flash_attn_fwd` (its public entry points have no descale arguments).
+DESCALE_SETS = ("q", "k", "v", "qk", "qv", "kv", "qkv")
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,17 @@ class Variant:
     # the caller's explicit pack_gqa when it differs from FA4's default (qhead_per_kvhead > 1);
     # None: the default. FA4's key holds the effective value, so True at ratio 4 is None here.
     pack_gqa: bool | None = None
+    # FP8 (Blackwell): which of q/k/v descale tensors the kernel takes (DESCALE_SETS); None: none
+    descales: str | None = None
+    # FA4's native split-KV (Blackwell, num_splits > 1: `is_split_kv` in its key). The forward
+    # writes float32 partials and FA4's combine kernel (a part of the same artifact) merges
+    # them; num_splits itself is a run-time size (the partials' first dim), not in the key. A
+    # split kernel is never persistent: static_persistent then holds whether the query rows
+    # fit one M tile (FA4's q_stage == 1), which the key records instead.
+    split_kv: bool = False
+    # split kernels only: FA4's S ping-pong path (`use_s_ping_pong`, a separate kernel): taken
+    # when each split holds enough key blocks (constraints.split_s_ping_pong); None otherwise
+    s_ping_pong: bool | None = None
 
     @property
     def id(self) -> str:
@@ -95,7 +111,9 @@ class Variant:
         """The kernel split-KV plans run chunks on (split.py): 1:1, no mask, q in batch form,
         K packed or paged, LSE returned, no sink. Built with FA4's combine kernel beside it."""
         return (
-            self.batch_q
+            not self.split_kv
+            and self.descales is None
+            and self.batch_q
             and self.qhead_per_kvhead == 1
             and not self.causal
             and not self.local
@@ -109,6 +127,8 @@ class Variant:
     @property
     def phase(self) -> str:
         """decode: one query tile per (batch, kv head); prefill: more; any: same kernel for both."""
+        if self.split_kv:
+            return "decode" if self.static_persistent else "prefill"
         if not self.causal and not self.local and self.layout == "dense":
             return "any"
         return "decode" if self.static_persistent else "prefill"
@@ -148,6 +168,10 @@ class Variant:
             parts.append(f"softcap:{self.softcap:g}")
         if self.pack_gqa is not None:
             parts.append(f"pack_gqa={self.pack_gqa}")
+        if self.descales is not None:
+            parts.append(f"descale:{self.descales}")
+        if self.split_kv:
+            parts.append("split-kv" + ("(ping-pong)" if self.s_ping_pong else ""))
         return " ".join(parts)
 
     def to_dict(self) -> dict:
@@ -201,14 +225,40 @@ def features(
     page_size: int | None = None,
     softcap: float | None = None,
     pack_gqa: bool | None = None,
+    descales: str | None = None,
+    num_splits: int = 1,
+    max_seqlen_k: int | None = None,
 ) -> Variant:
     """A call's static features -> the Variant FA4 would compile for it (sm90 logic, FA4 b36).
 
     seqlen_q: the dense query length (None for varlen q); max_seqlen_q: the caller's host hint
     for varlen q (None if not given: FA4 then bounds it by total_q and cannot use the decode
     scheduler). softcap: as FA4 takes it (0 or None: none); pack_gqa: the caller's explicit
-    choice (None: FA4's default, packed iff the head ratio > 1).
+    choice (None: FA4's default, packed iff the head ratio > 1). descales: which FP8 descale
+    tensors the call passes (DESCALE_SETS). num_splits: FA4's explicit split count (> 1: its
+    native split-KV, Blackwell only; the heuristic's 0 is not modelled); max_seqlen_k: the K
+    length bound FA4 plans with (needed when splitting).
+
+    Raises ValueError for what fa4aot does not model: descales without FP8, a split on sm90 or
+    with unequal head dims (constraints.native_split_reason), a split without max_seqlen_k.
     """
+    fp8 = dtype.startswith("float8")
+    if descales is not None and (descales not in DESCALE_SETS or not fp8):
+        raise ValueError(f"descales {descales!r}: a subset of 'qkv', for FP8 q/k/v only")
+    if num_splits > 1:
+        why = C.native_split_reason(arch, head_dim, head_dim_v)
+        if why:
+            raise ValueError(why)
+        if max_seqlen_k is None:
+            raise ValueError("a split call's variant needs max_seqlen_k (FA4 plans with it)")
+        if cu_seqlens_q or seqused_q:
+            # FA4 then computes per-batch split counts with its scheduler-metadata kernel
+            # (`_get_scheduler_metadata`), another kernel and four more key fields
+            raise ValueError(
+                "native split-KV with packed q (cu_seqlens_q / seqused_q) is not modelled: "
+                "fa4aot builds split kernels with q in batch form (a decode step's packed q "
+                "with equal rows per sequence is a view of it)"
+            )
     causal, local, wl, wr = C.resolve_window(causal, window_left, window_right)
     ratio = num_heads // num_heads_kv
     tile = C.fwd_tile(arch, head_dim, head_dim_v, causal, local)
@@ -219,10 +269,25 @@ def features(
         eff_max_q = seqlen_q if max_seqlen_q is None else max_seqlen_q
     else:
         eff_max_q = total_q if max_seqlen_q is None else max_seqlen_q
-    one_m_block = eff_max_q * (ratio if pack else 1) <= tile.m
+    rows = eff_max_q * (ratio if pack else 1)
+    # FA4's `max_m_blocks_leq_one`: the rows fit the CTA's Q tiles (two on Blackwell: q_stage)
+    one_m_block = rows <= C.q_stage(arch, rows, tile, head_dim_v) * tile.m
     static_persistent = (not causal and not local and not cu_seqlens_q and not seqused_q) or (
         one_m_block and (not cu_seqlens_q or max_seqlen_q is not None)
     )
+    split = num_splits > 1
+    ping_pong = None
+    if split:
+        stage = C.q_stage(arch, rows, tile, head_dim_v)
+        static_persistent = stage == 1  # see Variant.split_kv
+        loaded = max_seqlen_k
+        if local:
+            loaded = max(0, min(max_seqlen_k, (max_seqlen_k if wr is None else wr)
+                                + (max_seqlen_k if wl is None else wl) + 1 + tile.m))
+        ping_pong = C.split_s_ping_pong(
+            head_dim, head_dim_v, tile, stage, page_size, sink_dtype is not None,
+            bool(softcap), loaded, num_splits,
+        )
     return Variant(
         arch=arch,
         dtype=dtype,
@@ -245,6 +310,9 @@ def features(
         static_persistent=static_persistent,
         softcap=float(softcap) if softcap else None,  # FA4: softcap == 0.0 means none
         pack_gqa=None if pack == default_pack else pack,
+        descales=descales,
+        split_kv=split,
+        s_ping_pong=ping_pong,
     )
 
 
@@ -281,6 +349,8 @@ class Call:
     seqused_k: bool | None = None  # None: the layout's own (paged and padded: yes; else no)
     softcap: float | None = None
     pack_gqa: bool | None = None  # the caller's explicit pack_gqa (None: FA4's default)
+    descales: str | None = None  # FP8: which descale tensors are passed (DESCALE_SETS)
+    num_splits: int = 1  # > 1: FA4's native split-KV (Blackwell)
 
     def __post_init__(self):
         if self.layout not in CALL_LAYOUTS:
@@ -325,7 +395,16 @@ class Call:
             page_size=self.page_size,
             softcap=self.softcap,
             pack_gqa=self.pack_gqa,
+            descales=self.descales,
+            num_splits=self.num_splits,
+            max_seqlen_k=self.max_seqlen_k,
         )
+
+    @property
+    def max_seqlen_k(self) -> int:
+        """The K length bound FA4 plans with for this call: compiler.fake_call passes seqlen_k
+        as max_seqlen_k to the varlen entry, and a dense/padded K's length is seqlen_k."""
+        return self.seqlen_k
 
     def variant(self, arch: str) -> Variant:
         return features(arch=arch, **self.feature_kwargs())
@@ -422,6 +501,7 @@ def _probe_calls(spec: Spec, att: Attention, arch: str) -> list[Call]:
         | ({C.BIN_BATCH_SEARCH_THRESH + 1} if sv.max_batch > C.BIN_BATCH_SEARCH_THRESH else set())
     )
     sink = att.sink_dtype if att.sinks else None
+    descales = _descales(att)
     calls = []
     for r in ratios:
         for name in sv.layouts:
@@ -450,15 +530,70 @@ def _probe_calls(spec: Spec, att: Attention, arch: str) -> list[Call]:
                                         sink_dtype=sink,
                                         page_size=p,
                                         softcap=att.softcap,
+                                        descales=descales,
                                         **form,
                                     )
                                 )
     gqa = att.num_q_heads > att.num_kv_heads
     if sv.decode_fold and gqa and "decode" in sv.phases and not att.sinks and att.window is None:
         calls += _fold_calls(spec, att, arch, lses)
+    if C.is_blackwell(arch):
+        # FA4 splits natively there: its own split kernels, for any mask, sink and softcap
+        if sv.split_kv and "decode" in sv.phases and not C.native_split_reason(
+            arch, att.head_dim, att.head_dim_v
+        ):
+            calls += _native_split_calls(spec, att, arch, lses, ratios)
     # (softcap layers: the split's chunk kernel has none, and the runtime does not split them)
-    if sv.split_kv and "decode" in sv.phases and att.window is None and att.softcap is None:
+    elif sv.split_kv and "decode" in sv.phases and att.window is None and att.softcap is None:
         calls += _split_calls(spec, att, arch)
+    return calls
+
+
+def _descales(att: Attention) -> str | None:
+    """FP8 layers take all three descales (FA3's and vLLM's convention: q, k and v scales per
+    (batch, KV head)); other dtypes none (FA4 asserts descales only with FP8)."""
+    return "qkv" if att.dtype.startswith("float8") else None
+
+
+def _native_split_calls(
+    spec: Spec, att: Attention, arch: str, lses: list[bool], ratios: list[int]
+) -> list[Call]:
+    """FA4's own split-KV kernels (Blackwell; `num_splits > 1`) for the decode phase: q in
+    batch form (a packed q would add FA4's scheduler-metadata kernel), over each K/V form of
+    the spec's layouts and page sizes, per head ratio, decode length and LSE choice.
+
+    FA4's forward key holds only `is_split_kv` and `use_s_ping_pong`: the split count is a run-
+    time size, so one kernel serves every num_splits, and FA4's combine kernel (built beside it
+    for 128 partials, the heuristic's cap) merges any count. Ping-pong is a second kernel, taken
+    when each split holds enough key blocks: built too when some split of a `max_context` KV
+    reaches that (at 2 splits)."""
+    sv = spec.serving
+    causal_r, local, _, _ = C.resolve_window(att.causal, *_window(att))
+    tile = C.fwd_tile(arch, att.head_dim, att.head_dim_v, causal_r, local)
+    need = C.S_PING_PONG_MIN_BLOCKS_PER_SPLIT.get(att.head_dim)
+    long_k = 2 * need * tile.n if need and 2 * need * tile.n <= sv.max_context else None
+    sink = att.sink_dtype if att.sinks else None
+    kv_forms = dict.fromkeys(layout_forms(n)[1] for n in sv.layouts)
+    calls = []
+    for r in ratios:
+        for kv in kv_forms:
+            form = call_layout("batch", kv)
+            pages = page_sizes_for(spec, att, arch) if form["layout"] == "paged" else [None]
+            for sq in sorted({1, sv.speculative}):
+                for p in pages:
+                    for lse in lses:
+                        for sk in [4 * tile.n] + ([long_k] if long_k else []):
+                            calls.append(
+                                Call(
+                                    batch=1, seqlen_q=sq, seqlen_k=sk, num_heads=r,
+                                    num_heads_kv=1, head_dim=att.head_dim,
+                                    head_dim_v=att.head_dim_v, dtype=att.dtype,
+                                    causal=att.causal, window_left=_window(att)[0],
+                                    window_right=_window(att)[1], return_lse=lse,
+                                    sink_dtype=sink, page_size=p, softcap=att.softcap,
+                                    descales=_descales(att), num_splits=2, **form,
+                                )
+                            )
     return calls
 
 
@@ -493,6 +628,7 @@ def _one_to_one_call(att: Attention, page_size: int | None, return_lse: bool, **
         sink_dtype=None,
         page_size=page_size,
         softcap=att.softcap,
+        descales=_descales(att),
         **form,
     )
 
@@ -515,8 +651,11 @@ def _fold_calls(spec: Spec, att: Attention, arch: str, lses: list[bool]) -> list
 
 
 def enumerate_variants(spec: Spec, arch: str) -> Plan:
-    """spec x arch -> the distinct variants it needs (pure; no FA4 import, milliseconds)."""
+    """spec x arch -> the distinct variants it needs (pure; no FA4 import, milliseconds).
+    A spec whose `[serving] archs` leaves `arch` out needs nothing there."""
     plan = Plan()
+    if not spec.serving.for_arch(arch):
+        return plan
     for att in spec.attention:
         if att.qv is not None:
             # checked first: on sm90 the hd 64/512 shape must not be "served" by head-dim padding
@@ -581,7 +720,9 @@ def representative_call(v: Variant) -> Call:
     tile = v.tile
     r = v.qhead_per_kvhead
     rows = r if v.pack_gqa_effective else 1  # query rows per query position in an M tile
-    sq = tile.m // rows + 1 if v.phase == "prefill" else 1
+    # one row past what the CTA's Q tiles hold (two tiles on Blackwell: q_stage)
+    tiles = C.q_stage(v.arch, tile.m + 1, tile, v.head_dim_v)
+    sq = tiles * tile.m // rows + 1 if v.phase == "prefill" else 1
     if v.local:
         # a right-only window must not be 0: FA4 resolves (None, 0) to plain causal
         wl = 128 if v.has_window_left else None
@@ -594,11 +735,19 @@ def representative_call(v: Variant) -> Call:
     if v.paged:
         page = tile.n if v.paged_tma else (16 if tile.n != 16 else 32)
     own_seqused_k = layout in ("paged", "padded")
+    seqlen_k, num_splits = max(sq, 256), 1
+    if v.split_kv:
+        # FA4's heuristic maximum, so the combine FA4 compiles beside it takes every split
+        # count (its key holds log2 of the largest); enough keys per split for the ping-pong
+        # kernel, or 2 blocks per split without it
+        num_splits = C.MAX_NATIVE_SPLITS
+        per_split = C.S_PING_PONG_MIN_BLOCKS_PER_SPLIT.get(v.head_dim, 2) if v.s_ping_pong else 2
+        seqlen_k = num_splits * per_split * tile.n
     call = Call(
         layout=layout,
         batch=C.BIN_BATCH_SEARCH_THRESH + 1 if v.cu_hint else 1,
         seqlen_q=sq,
-        seqlen_k=max(sq, 256),
+        seqlen_k=seqlen_k,
         num_heads=r,
         num_heads_kv=1,
         head_dim=v.head_dim,
@@ -615,8 +764,14 @@ def representative_call(v: Variant) -> Call:
         seqused_k=None if v.seqused_k == own_seqused_k else v.seqused_k,
         softcap=v.softcap,
         pack_gqa=v.pack_gqa,
+        descales=v.descales,
+        num_splits=num_splits,
     )
-    if call.variant(v.arch) != v:
+    try:
+        got = call.variant(v.arch)
+    except ValueError:
+        got = None
+    if got != v:
         raise ValueError(
             f"no representative call for {v.describe()}: FA4 never compiles these features "
             "together (no call to its forward produces them)"

@@ -26,6 +26,7 @@ from fa4aot.specs import (
 REPO = Path(__file__).resolve().parents[1]
 DEFAULTS = [
     "deepseek-v3", "gemma-4", "glm-4.7-flash", "gpt-oss-20b", "llama-3.1-70b", "llama-3.1-8b",
+    "llama-3.1-8b-fp8",
     "mistral-7b", "qwen3-32b",
 ]
 

@@ -345,6 +345,10 @@ def specs_cmd(arch, specs, num_sms, cache, out):
     held = {a.id for a in found.artifacts} | found.stub_ids  # stub builds: tests' stores
     rows = []
     for s in resolve_specs(list(specs)):
+        if not s.serving.for_arch(arch):
+            out.note(f"{s.name}: not built for {arch} ([serving] archs = "
+                     f"{', '.join(s.serving.archs)})")
+            continue
         plan = plan_for([s], arch)
         for vid, n in plan.variants().items():
             rows.append(

@@ -148,6 +148,9 @@ def coverage(specs, arch, num_sms, python, cache, trace, allow_unsupported, out)
     }
     counts["corrupt"] = len(found.corrupt)
     corrupt = [{"id": vid, "error": err} for vid, err in sorted(found.corrupt.items())]
+    not_run = C.not_run_note(arch)
+    if not_run:
+        out.warning(not_run)  # a hit here is an artifact built and checked, never run
     out.table(
         rows,
         ["spec", "layer", "id", "status", "variant", "detail"],
@@ -155,6 +158,7 @@ def coverage(specs, arch, num_sms, python, cache, trace, allow_unsupported, out)
         corrupt=corrupt,
         stores=[str(s.dir) for s in match.stores],
         trace="skipped: " + trace_skipped if trace_skipped else trace,
+        not_run=not_run,
     )
     for c in corrupt:
         out.text(f"corrupt: {c['id']}: {c['error']}")
