@@ -91,6 +91,39 @@ def cases(dev):
             ),
         )
     )
+    # split-KV decode steps (long context, small batch: the plan splits them on an H200;
+    # FA4 runs these unsplit)
+    q1, k1 = r(1, 1, 32, 128), r(1, 8192, 8, 128)
+    out.append(("split dense decode b1 sk8192 32:8", "flash_attn_func", (q1, k1, r(1, 8192, 8, 128)),
+                dict(causal=True)))
+    b3, sk3 = 2, 16384
+    cu_q3 = torch.arange(b3 + 1, device=dev, dtype=torch.int32)
+    cu_k3 = torch.arange(b3 + 1, device=dev, dtype=torch.int32) * sk3
+    out.append(
+        (
+            "split varlen decode b2 sk16384 32:8",
+            "flash_attn_varlen_func",
+            (r(b3, 32, 128), r(b3 * sk3, 8, 128), r(b3 * sk3, 8, 128)),
+            dict(cu_seqlens_q=cu_q3, cu_seqlens_k=cu_k3, max_seqlen_q=1, max_seqlen_k=sk3,
+                 causal=True),
+        )
+    )
+    npg4 = 65536 // 128
+    out.append(
+        (
+            "split paged decode b1 sk65536 page128 32:8",
+            "flash_attn_varlen_func",
+            (r(1, 32, 128), r(npg4, 128, 8, 128), r(npg4, 128, 8, 128)),
+            dict(
+                cu_seqlens_q=cu_q[:2],
+                max_seqlen_q=1,
+                max_seqlen_k=65536,
+                page_table=torch.randperm(npg4, device=dev, dtype=torch.int32).reshape(1, npg4),
+                seqused_k=torch.full((1,), 65536, device=dev, dtype=torch.int32),
+                causal=True,
+            ),
+        )
+    )
     return out
 
 
