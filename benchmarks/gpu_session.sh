@@ -2,8 +2,11 @@
 # Every H200 check and benchmark, in one device call, outputs under $1 (default /tmp/fa4aot-gpu).
 # On the GPU host, from the project root, with a store built here and carried:
 #   source .device/setup.sh && FA4AOT_CACHE_DIR=$PWD/.gpu-store bash benchmarks/gpu_session.sh $OUT [what...]
-# what: any of tests split padding dropin conformance host decode startup wheel (default: all
-# but wheel). host: with .gpu-base/fa4aot_base present (an earlier fa4aot), timed side by side.
+# what: any of tests split padding padding-tests dropin conformance host decode startup wheel
+# multidevice compile sweep parity (default: tests split padding dropin conformance host decode
+# startup). padding-tests: the padding GPU tests without the padding benchmarks (which need
+# .gpu-store-bench). parity: from an empty store, needs the compiler bundle.
+# host: with .gpu-base/fa4aot_base present (an earlier fa4aot), timed side by side.
 # wheel: packs $FA4AOT_CACHE_DIR into a cache wheel (fa4aot wheel), pip-installs it into a fresh
 # --target dir, then `fa4aot doctor` and the conformance check served from the wheel alone (the
 # only other layer is empty).
@@ -21,6 +24,7 @@ for w in $what; do
     host) base=""; [ -d .gpu-base/fa4aot_base ] && base="--baseline .gpu-base"
       fa4=""; python3 -c "import flash_attn.cute" 2>/dev/null || fa4="--no-fa4"
       { stamp python3 benchmarks/host_overhead.py $base $fa4; python3 benchmarks/host_overhead.py $base $fa4 --out "$out/host.json" 2>&1 | grep -v -e Warning -e exe_args; } > "$out/host.txt"; cat "$out/host.txt";;
+    padding-tests) { stamp python3 -m pytest -m gpu tests/test_gpu_padding.py; python3 -m pytest -m gpu tests/test_gpu_padding.py -q -p no:cacheprovider -rf 2>&1; } > "$out/gpu-padding-tests.txt"; tail -3 "$out/gpu-padding-tests.txt";;
     padding) { stamp python3 -m pytest -m gpu tests/test_gpu_padding.py; python3 -m pytest -m gpu tests/test_gpu_padding.py -q -p no:cacheprovider -rf 2>&1; } > "$out/gpu-padding-tests.txt"; tail -3 "$out/gpu-padding-tests.txt"
       { stamp python3 benchmarks/padding.py; python3 benchmarks/padding.py --exact-store .gpu-store-bench --pad-store .gpu-store --out "$out/padding.json" 2>&1; } > "$out/padding.txt"; cat "$out/padding.txt"
       { stamp python3 benchmarks/copy_probe.py; python3 benchmarks/copy_probe.py --pad-store .gpu-store --out "$out/copy-probe.json" 2>&1 | grep -v -e Warning -e exe_args -e _warn_once; } > "$out/copy-probe.txt"; cat "$out/copy-probe.txt";;
@@ -33,6 +37,19 @@ for w in $what; do
         FA4AOT_CACHE_DIR=/tmp/empty-layer PYTHONPATH=/tmp/wheelsite:$PYTHONPATH python3 -m fa4aot.cli doctor 2>&1
         echo "# command: FA4AOT_CACHE_DIR=/tmp/empty-layer PYTHONPATH=/tmp/wheelsite:\$PYTHONPATH python3 .device/checks/gpu_conformance.py"
         FA4AOT_CACHE_DIR=/tmp/empty-layer PYTHONPATH=/tmp/wheelsite:$PYTHONPATH python3 .device/checks/gpu_conformance.py 2>&1; } > "$out/wheel.txt"; grep -e "would serve" -e problem -e passed "$out/wheel.txt";;
+    multidevice) { stamp python3 -m pytest -m gpu tests/test_gpu_multidevice.py; nvidia-smi -L; python3 -m pytest -m gpu tests/test_gpu_multidevice.py -v -p no:cacheprovider -rf 2>&1 | grep -v -e Warning -e exe_args; } > "$out/multidevice.txt"; tail -3 "$out/multidevice.txt";;
+    compile) { stamp python3 -m pytest -m gpu tests/test_gpu_compile.py; python3 -m pytest -m gpu tests/test_gpu_compile.py -v -p no:cacheprovider -p no:logging -rf --tb=short 2>&1 | grep -v -e Warning -e exe_args -e warnings.warn; } > "$out/compile.txt"; tail -3 "$out/compile.txt";;
+    sweep) { stamp python3 benchmarks/split_sweep.py; python3 benchmarks/split_sweep.py --out "$out/sweep.json" 2>&1 | grep -v -e Warning -e exe_args; } > "$out/sweep.txt"; cat "$out/sweep.txt";;
+    parity) # issue 13's loop, from an empty store: the tests' own miss log, one build, all served
+      # (needs the compiler bundle: install() and the build)
+      ps=$(mktemp -d); log=$ps.misses.jsonl
+      { stamp "FA4AOT_CACHE_DIR=<empty> FA4AOT_MISS_LOG=m.jsonl pytest -m gpu tests/test_gpu_parity.py  (round 1: misses)"
+        FA4AOT_CACHE_DIR=$ps FA4AOT_MISS_LOG=$log python3 -m pytest -m gpu tests/test_gpu_parity.py -q -p no:cacheprovider 2>&1 | tail -1
+        echo "misses logged: $(wc -l < $log)"
+        stamp "fa4aot build --cache <that store> --from-misses m.jsonl -j 16"
+        python3 -m fa4aot.cli build --cache $ps --from-misses $log -j 16 2>&1 | tail -2
+        stamp "FA4AOT_CACHE_DIR=<that store> pytest -m gpu tests/test_gpu_parity.py  (round 2)"
+        FA4AOT_CACHE_DIR=$ps python3 -m pytest -m gpu tests/test_gpu_parity.py -v -p no:cacheprovider -rf --tb=line 2>&1 | grep -v -e Warning -e exe_args; } > "$out/parity.txt"; grep -e passed -e failed -e "misses logged" -e "^built" "$out/parity.txt";;
     startup) { stamp python3 benchmarks/startup.py; python3 benchmarks/startup.py --out "$out/startup.json" 2>&1 | grep -v -e Warning -e exe_args; } > "$out/startup.txt"; tail -25 "$out/startup.txt";;
   esac
 done
