@@ -276,3 +276,19 @@ def test_dense_kv_lengths_in_one_plan_bucket_keep_their_own_chunk_bounds():
                       None, False, False)
         ro, _ = _ref(q, k, v, [sk, sk], True, None)
         assert rel_err(o, ro) < 1e-2, sk
+
+
+def test_one_row_split_reads_q_and_writes_lse_through_offset_views():
+    """One decode row: the chunks read q through a stride-0 view of the caller's tensor (here
+    a slice of a fused qkv, at a storage offset) and the combine writes a caller's LSE that
+    starts mid-buffer; nothing outside either is touched."""
+    q, k, v = _inputs(1, 1, 8, 2, 16, [900], seed=3)
+    qkv = torch.cat([torch.full((1, 1, 4, 16), float("nan")).bfloat16(), q], dim=2)
+    wide = torch.full((2, 8), float("nan"))
+    lse = wide[1].view(1, 8, 1)
+    got = _split(_FakeRuntime(3), qkv[:, :, 4:], k, v, "dense", (None, None, None), 900, None,
+                 True, None, None, lse, True, False)
+    assert got is not None and got[1] is lse
+    ro, rl = _ref(q, k, v, [900], True, None)
+    assert rel_err(got[0], ro) < 1e-2
+    assert torch.allclose(lse, rl, atol=1e-3) and wide[0].isnan().all()
