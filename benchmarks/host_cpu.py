@@ -191,9 +191,10 @@ def main():
                 fn()
     split_taken = {side: bool(rt._split_runs) for side, (_, rt) in sides.items()}
     per = {(s, n): [] for s in sides for n in names}
-    for _ in range(a.repeats):
+    order = list(sides.items())
+    for i in range(a.repeats):
         for name in names:
-            for side, (fns, _) in sides.items():
+            for side, (fns, _) in order if i % 2 else order[::-1]:  # neither side always first
                 fn = fns[name]
                 t = time.perf_counter()
                 for _ in range(a.n):
@@ -205,6 +206,7 @@ def main():
         for side, (fns, _) in sides.items():
             ops = count_ops(fns[name])
             row[side] = {"us": round(statistics.median(per[(side, name)]), 2),
+                         "min_us": round(min(per[(side, name)]), 2),
                          "aten_ops": len(ops), "ops": ops}
         rows.append(row)
     hdr = f"{'case':30s}" + "".join(

@@ -31,7 +31,7 @@ from . import plan as P
 from . import splitkv as SK
 from . import validate as V
 from .plan import Runtime
-from .validate import _aligned, _prep
+from .validate import _prep
 
 # The decode/prefill choice depends on the query length only up to the largest tile_m (192):
 # plan-cache keys clamp it there, so prefill calls of every length share one entry.
@@ -84,12 +84,12 @@ def flash_attn_func(
     padding: allow serving the call from a padded variant (and copying inputs whose layout the
     kernel cannot take); None: FA4AOT_PADDING (default allow).
     """
-    dq, b, sq, sk, hq, hk, d, dv, wl, wr, sink_dt, cap, return_lse = V.check_dense(
+    dq, b, sq, sk, hq, hk, d, dv, wl, wr, sink_dt, cap, return_lse, aligned = V.check_dense(
         q, k, v, window_size, learnable_sink, return_lse, out, lse, softcap, pack_gqa
     )
     rt = _DEFAULT or default_runtime()
     pad_ok = rt.padding if padding is None else bool(padding)
-    if not (_aligned(q) and _aligned(k) and _aligned(v)):
+    if not aligned:
         q, k, v = _prep(q, "q", pad_ok), _prep(k, "k", pad_ok), _prep(v, "v", pad_ok)
     # the split's chunk kernels carry no softcap (split.py): a capped call runs unsplit
     if (
@@ -104,7 +104,7 @@ def flash_attn_func(
             return got
     key = (
         "dense", q.dtype, d, dv, hq // hk, bool(causal), wl, wr, return_lse, sink_dt,
-        min(sq, _Q_KEY_CAP), dq, pad_ok, cap, pack_gqa,
+        sq if sq < _Q_KEY_CAP else _Q_KEY_CAP, dq, pad_ok, cap, pack_gqa,
     )
     plan = rt._plans.get(key)
     if plan is None:
@@ -187,14 +187,14 @@ def flash_attn_varlen_func(
     out / lse: caller-owned buffers, as in flash_attn_func.
     """
     (dev, batch, total_q, sq_dense, seqlen_k, hq, hk, d, dv, page_size, wl, wr, sink_dt, cap,
-     return_lse) = V.check_varlen(
+     return_lse, aligned) = V.check_varlen(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_q, seqused_k, page_table,
         window_size, learnable_sink, return_lse, out, lse, softcap, pack_gqa,
     )
     varlen_q = cu_seqlens_q is not None
     rt = _DEFAULT or default_runtime()
     pad_ok = rt.padding if padding is None else bool(padding)
-    if not (_aligned(q) and _aligned(k) and _aligned(v)):
+    if not aligned:
         q, k, v = _prep(q, "q", pad_ok), _prep(k, "k", pad_ok), _prep(v, "v", pad_ok)
     paged = page_size is not None
     if (
@@ -228,7 +228,7 @@ def flash_attn_varlen_func(
     key = (
         "varlen", q.dtype, d, dv, hq // hk, bool(causal), wl, wr, return_lse, sink_dt, varlen_q,
         cu_seqlens_k is not None, seqused_q is not None, seqused_k is not None, page_size,
-        batch > _BIN_BATCH, max_seqlen_q is None, min(eff_q, _Q_KEY_CAP),
+        batch > _BIN_BATCH, max_seqlen_q is None, eff_q if eff_q < _Q_KEY_CAP else _Q_KEY_CAP,
         total_q == batch,  # with max_seqlen_q == 1: one row per sequence, the decode fold applies
         dev, pad_ok, cap, pack_gqa,
     )

@@ -281,7 +281,7 @@ def _sink(learnable_sink, hq: int, device: int) -> str | None:
 
 def check_dense(q, k, v, window_size, learnable_sink, return_lse, out, lse, softcap, pack_gqa):
     """flash_attn_func's checks -> (device, b, sq, sk, hq, hk, d, dv, window_left,
-    window_right, sink dtype name, softcap, return_lse)."""
+    window_right, sink dtype name, softcap, return_lse, q/k/v aligned)."""
     dq, qs, ks, vs = _check_qkv(q, k, v)
     if len(qs) != 4 or len(ks) != 4 or len(vs) != 4:
         raise _fail(
@@ -297,13 +297,13 @@ def check_dense(q, k, v, window_size, learnable_sink, return_lse, out, lse, soft
     else:
         wl, wr = _window(window_size)
     sink_dt = None if learnable_sink is None else _sink(learnable_sink, hq, dq)
-    cap = _softcap(softcap)
+    cap = None if type(softcap) is float and softcap == 0.0 else _softcap(softcap)
     if pack_gqa is not None and type(pack_gqa) is not bool:
         raise _fail(f"pack_gqa must be True, False or None, got {pack_gqa!r}")
     return_lse = bool(return_lse) or lse is not None
     if out is not None or lse is not None:
         _check_outputs(q, out, lse, (b, sq, hq, dv), (b, hq, sq), dq)
-    return dq, b, sq, sk, hq, hk, d, dv, wl, wr, sink_dt, cap, return_lse
+    return dq, b, sq, sk, hq, hk, d, dv, wl, wr, sink_dt, cap, return_lse, _all_aligned(q, k, v)
 
 
 def check_varlen(
@@ -312,7 +312,7 @@ def check_varlen(
 ):
     """flash_attn_varlen_func's checks -> (device, batch, total_q, dense sq or None, seqlen_k
     bound (dense length, packed total or pool keys), hq, hk, d, dv, page_size, window_left,
-    window_right, sink dtype name, softcap, return_lse)."""
+    window_right, sink dtype name, softcap, return_lse, q/k/v aligned)."""
     dev, qs, ks, vs = _check_qkv(q, k, v)
     if cu_seqlens_q is not None:
         if len(qs) != 3:
@@ -390,7 +390,7 @@ def check_varlen(
     else:
         wl, wr = _window(window_size)
     sink_dt = None if learnable_sink is None else _sink(learnable_sink, hq, dev)
-    cap = _softcap(softcap)
+    cap = None if type(softcap) is float and softcap == 0.0 else _softcap(softcap)
     if pack_gqa is not None and type(pack_gqa) is not bool:
         raise _fail(f"pack_gqa must be True, False or None, got {pack_gqa!r}")
     return_lse = bool(return_lse) or lse is not None
@@ -405,5 +405,14 @@ def check_varlen(
         )
     return (
         dev, batch, total_q, sq_dense, seqlen_k, hq, hk, d, dv, page_size, wl, wr, sink_dt, cap,
-        return_lse,
+        return_lse, _all_aligned(q, k, v),
     )
+
+
+def _all_aligned(q, k, v) -> bool:
+    """_aligned of all three (False: the entry point copies or refuses them, `_prep`), with no
+    call for the usual contiguous inputs."""
+    return (
+        q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
+        and not (q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16)
+    ) or (_aligned(q) and _aligned(k) and _aligned(v))
