@@ -82,10 +82,10 @@ def store(monkeypatch, tmp_path, knobs):
     R.reset(roots=[tmp_path / "cache"])
 
 
-def _dense_variant(b, sq, hq, hk, d, causal=True):
+def _dense_variant(b, sq, hq, hk, d, causal=True, lse=False):
     return features(arch="sm90", dtype="bfloat16", head_dim=d, head_dim_v=d, num_heads=hq,
                     num_heads_kv=hk, causal=causal, window_left=None, window_right=None,
-                    return_lse=False, sink_dtype=None, batch=b, seqlen_q=sq, total_q=b * sq,
+                    return_lse=lse, sink_dtype=None, batch=b, seqlen_q=sq, total_q=b * sq,
                     max_seqlen_q=None)
 
 
@@ -143,6 +143,24 @@ def test_no_split_kernel_runs_the_unsplit_plan(store):
     assert len(rt._plans) == 1 and rt.calls == {"fwd": 2, "combine": 0}
     ro, _ = attention_ref(q, k, v, torch.ones(1), torch.full((1,), 1500), causal=True)
     assert rel_err(o, ro) < 1e-2
+
+
+def test_pad_then_split_compose(store):
+    """hd 72 with no kernel of its own: the split finds no hd-72 split kernel and declines; the
+    plan pads to hd 128, and the padded re-entry splits on the hd-128 split kernel (the
+    softmax scale stays the caller's 1/sqrt(72); O is cropped back)."""
+    rt = store([split_kernel_variant("sm90", "bfloat16", 128, 128, None),
+                _dense_variant(1, 1, 8, 2, 128, lse=True)])
+    rt.split = 3
+    q, k, v = _qkv(1, 1, 1500, 8, 2, 72, seed=4)
+    o, lse = R.flash_attn_func(q, k, v, causal=True, return_lse=True)
+    assert o.shape == (1, 1, 8, 72) and lse.shape == (1, 8, 1)
+    ro, rl = attention_ref(q, k, v, torch.ones(1), torch.full((1,), 1500), causal=True)
+    assert rel_err(o, ro) < 1e-2 and torch.allclose(lse, rl, atol=1e-3)
+    (plan,) = rt._plans.values()
+    assert plan.pad is not None and (plan.pad.head_dim, plan.pad.fold) == (128, 1)
+    assert rt.calls == {"fwd": 1, "combine": 1}  # the split ran, not the padded exact kernel
+    assert sorted(bool(r) for r in rt._split_runs.values()) == [False, True]
 
 
 def test_split_scratch_is_bounded(store, monkeypatch):
