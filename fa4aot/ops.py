@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from . import runtime as R
+from .runtime.splitkv import fresh_scratch
 
 _F32 = torch.float32
 
@@ -41,10 +42,11 @@ def _dense(
     return_lse: bool,
     softcap: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    out, lse = R.flash_attn_func(
-        q, k, v, softmax_scale, causal, (window_left, window_right), learnable_sink,
-        return_lse, softcap=softcap,
-    )
+    with fresh_scratch():  # nothing kept that a cudagraph-trees warm-up allocated
+        out, lse = R.flash_attn_func(
+            q, k, v, softmax_scale, causal, (window_left, window_right), learnable_sink,
+            return_lse, softcap=softcap,
+        )
     return out, _no_lse(q) if lse is None else lse
 
 
@@ -76,11 +78,12 @@ def _varlen(
     return_lse: bool,
     softcap: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    out, lse = R.flash_attn_varlen_func(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
-        page_table, softmax_scale, causal, (window_left, window_right), learnable_sink,
-        return_lse, softcap=softcap,
-    )
+    with fresh_scratch():
+        out, lse = R.flash_attn_varlen_func(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
+            seqused_k, page_table, softmax_scale, causal, (window_left, window_right),
+            learnable_sink, return_lse, softcap=softcap,
+        )
     return out, _no_lse(q) if lse is None else lse
 
 

@@ -175,6 +175,24 @@ def test_split_scratch_is_bounded(store, monkeypatch):
     assert sum(1 for r in rt._split_runs.values() if r) <= 16 and rt._split_scratch <= 16
 
 
+def test_fresh_scratch_keeps_nothing(store):
+    """Inside splitkv.fresh_scratch (what fa4aot.ops enters: torch.compile's cudagraph trees
+    warm up in the graph's pool and refuse tensors there that outlive the call) a split step
+    caches no SplitRun and no constant, and still computes the same answer."""
+    rt = store([split_kernel_variant("sm90", "bfloat16", 64, 64, None)])
+    rt.split = 3
+    q, k, v = _qkv(2, 1, 1500, 8, 2, 64, seed=5)
+    with SK.fresh_scratch():
+        o, lse = R.flash_attn_func(q, k, v, causal=True, return_lse=True)
+        o2, _ = R.flash_attn_func(q, k, v, causal=True, return_lse=True)
+    assert rt._split_runs == {} and rt._split_consts == {}
+    assert rt.calls == {"fwd": 2, "combine": 2} and torch.equal(o, o2)
+    ro, rl = attention_ref(q, k, v, torch.ones(2), torch.full((2,), 1500), causal=True)
+    assert rel_err(o, ro) < 1e-2 and torch.allclose(lse, rl, atol=1e-3)
+    o3, _ = R.flash_attn_func(q, k, v, causal=True, return_lse=True)  # outside: cached again
+    assert torch.equal(o3, o) and len([r for r in rt._split_runs.values() if r]) == 1
+
+
 def test_launch_is_dispatched_by_arch():
     with pytest.raises(UnsupportedVariant, match="no kernel ABI for sm100"):
         L.abi_for("sm100")

@@ -19,6 +19,8 @@ warm-up call, are shared: nothing writes them).
 from __future__ import annotations
 
 import math
+import threading
+from contextlib import contextmanager
 
 import torch
 
@@ -32,6 +34,25 @@ _MAX_KEYS = 4096
 # (absent from CPU-only torch builds; called for CUDA tensors only)
 _is_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_tls = threading.local()
+
+
+@contextmanager
+def fresh_scratch():
+    """Inside: a split step keeps nothing it allocates (as while a graph is captured). For
+    callers whose allocations may come from a CUDA-graph pool without a capture running:
+    torch.compile's cudagraph trees run warm-up calls in the graph's pool and refuse any
+    tensor there that outlives the call untracked (fa4aot.ops enters this)."""
+    prev = getattr(_tls, "fresh", False)
+    _tls.fresh = True
+    try:
+        yield
+    finally:
+        _tls.fresh = prev
+
+
+def _keep_nothing() -> bool:
+    return getattr(_tls, "fresh", False) or _is_capturing()
 
 
 def split_step(
@@ -49,10 +70,10 @@ def split_step(
     if rows > 1 and kind != "paged":
         return None  # split.split_refusal: only pages can give unrolled rows the same keys
     if q.is_cuda:
-        capturing = _is_capturing()
+        capturing = _keep_nothing()
         stream = _raw_stream(dev)
     else:  # (CPU tensors: the tests' stand-in kernels)
-        capturing, stream = False, 0
+        capturing, stream = getattr(_tls, "fresh", False), 0
     # a dense K's chunk bounds depend on its exact length; the rest on the plan's bucket
     key = (
         kind, dev, stream, q.dtype, b, rows, hq, hk, d, dv,
@@ -230,7 +251,7 @@ def _const(rt, key: tuple, device, make):
     t = rt._split_consts.get(key)
     if t is None:
         t = make()
-        if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+        if not getattr(_tls, "fresh", False) and (device.type != "cuda" or not _is_capturing()):
             if len(rt._split_consts) > 256:
                 rt._split_consts.clear()
             rt._split_consts[key] = t
