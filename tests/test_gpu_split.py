@@ -318,3 +318,34 @@ def test_packed_kv_with_seqused_k_is_not_split(monkeypatch):
     ro, _ = attention_ref(q[:, None], kp, vp, torch.ones(b, device="cuda", dtype=torch.long),
                           used.long(), causal=True)
     assert rel_err(out, ro[:, 0]) < 1e-2
+
+
+@pytest.mark.parametrize("split", [0, 3])
+def test_empty_first_sequence_reads_no_byte_before_the_page_table(monkeypatch, split):
+    """FA4's TMA-paged kernel reads page_table[0, -1] when sequence 0 has no keys; the runtime
+    hands a table that may start a GPU mapping to the kernel behind a guard (launch.GUARD_ALIGN,
+    forced here for every table). Under `PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer`
+    this test reports no invalid read (without the guard: "4 bytes before the nearest
+    allocation"); here: exact against the reference, unsplit and split."""
+    import fa4aot
+    from fa4aot.runtime import launch as L
+
+    monkeypatch.setattr(L, "GUARD_ALIGN", 1)
+    hq, hk, d, page = 8, 2, 128, 128
+    lk = [0, 700, 1, 1500]
+    b = len(lk)
+    k, v, table, kp, vp = _paged(lk, page, hk, d)
+    q = torch.randn(b, hq, d, device="cuda", dtype=torch.bfloat16)
+    _rt(split)
+    out, lse = fa4aot.flash_attn_varlen_func(
+        q, k, v, cu_seqlens_q=torch.arange(b + 1, device="cuda", dtype=torch.int32),
+        max_seqlen_q=1, max_seqlen_k=max(lk), page_table=table,
+        seqused_k=torch.tensor(lk, device="cuda", dtype=torch.int32), causal=True,
+        return_lse=True, out=_poison((b, hq, d)), lse=_poison((hq, b), torch.float32),
+    )
+    _rt(-1)
+    ro, rl = attention_ref(q[:, None], kp, vp, torch.ones(b, device="cuda", dtype=torch.long),
+                           torch.tensor(lk, device="cuda"), causal=True)
+    assert not out.isnan().any()
+    assert rel_err(out, ro[:, 0]) < 1e-2
+    assert _lse_err(lse.t(), rl[:, :, 0]) < 1e-3

@@ -193,6 +193,26 @@ def test_fresh_scratch_keeps_nothing(store):
     assert torch.equal(o3, o) and len([r for r in rt._split_runs.values() if r]) == 1
 
 
+def test_a_page_table_at_a_mapping_boundary_goes_behind_a_guard():
+    """FA4's TMA-paged sm90 kernel reads page_table[0, -1] for an empty first sequence: a table
+    starting at a 64 KiB boundary (where a GPU mapping may start) is passed as a copy with 16
+    readable bytes before it; any other table as it is (launch.GUARD_ALIGN)."""
+    seen = []
+    fwd = L.SM90.fwd(lambda *a: seen.append(a[10]))
+    buf = torch.empty(2 * L.GUARD_ALIGN // 4 + 64, dtype=torch.int32)
+    at = (-buf.data_ptr() % L.GUARD_ALIGN) // 4
+    aligned = buf[at : at + 12].view(3, 4)
+    aligned.copy_(torch.arange(12, dtype=torch.int32).view(3, 4))
+    inner = buf[at + 4 : at + 16].view(3, 4)  # 16 bytes past a boundary: mapped before it
+    for table in (aligned, inner):
+        fwd(None, None, None, None, None, 1.0, page_table=table)
+    got, same = seen
+    assert aligned.data_ptr() % L.GUARD_ALIGN == 0
+    assert got.data_ptr() != aligned.data_ptr() and torch.equal(got, aligned)
+    assert got.storage_offset() == 4 and got.data_ptr() % 16 == 0
+    assert same is inner
+
+
 def test_launch_is_dispatched_by_arch():
     with pytest.raises(UnsupportedVariant, match="no kernel ABI for sm100"):
         L.abi_for("sm100")

@@ -23,6 +23,25 @@ from ..errors import UnsupportedVariant
 
 _NO_AUX = (None, None)  # FA4's AuxData(tensors=None, scalars=None): a compile-time value
 
+# FA4 4.0.0b36's sm90 forward with TMA paged KV (page size == tile_n) reads
+# page_table[b, n_block_max - 1] before its first K load, i.e. page_table[b, -1] for a sequence
+# with no keys (flash_fwd_sm90.py: "TMA handles n_block=-1 gracefully"; the TMA load is, the
+# table read is not). For b = 0 that is the int32 just before the table: harmless while those
+# bytes are mapped, an illegal address when the table starts a GPU mapping (seen on the H200,
+# 2026-11-30: a split test's exact paged call faulted after ~80 cases; compute-sanitizer:
+# "Invalid __global__ read of size 4 ... 4 bytes before the nearest allocation"). Mappings
+# start at multiples of 64 KiB at the least: a table whose base is not one is passed as it is;
+# one that is goes to the kernel as a copy behind a 16-byte guard (one small copy kernel).
+GUARD_ALIGN = 1 << 16
+
+
+def guard_page_table(t):
+    """`t`, or a copy of it that has 16 readable bytes before its first entry."""
+    g = t.new_empty(4 + t.numel())
+    out = g[4:].view(t.shape)
+    out.copy_(t)
+    return out
+
 
 def _sm90_fwd(kernel: Any) -> Callable:
     """FA4 4.0.0b36's sm90 forward (tvm-ffi; the stream is torch's current one): q, k, v, out,
@@ -36,6 +55,8 @@ def _sm90_fwd(kernel: Any) -> Callable:
         seqused_k=None, page_table=None, window_left=None, window_right=None,
         learnable_sink=None, cu_total_m_blocks=None,
     ):
+        if page_table is not None and not page_table.data_ptr() % GUARD_ALIGN:
+            page_table = guard_page_table(page_table)  # see GUARD_ALIGN
         kernel(
             q, k, v, out, lse, scale, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
             page_table, window_left, window_right, learnable_sink, None, _NO_AUX,
