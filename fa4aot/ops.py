@@ -41,18 +41,19 @@ def _dense(
     learnable_sink: torch.Tensor | None,
     return_lse: bool,
     softcap: float,
+    pack_gqa: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     with fresh_scratch():  # nothing kept that a cudagraph-trees warm-up allocated
         out, lse = R.flash_attn_func(
             q, k, v, softmax_scale, causal, (window_left, window_right), learnable_sink,
-            return_lse, softcap=softcap,
+            return_lse, softcap=softcap, pack_gqa=pack_gqa,
         )
     return out, _no_lse(q) if lse is None else lse
 
 
 @_dense.register_fake
 def _dense_fake(q, k, v, softmax_scale, causal, window_left, window_right, learnable_sink,
-                return_lse, softcap):
+                return_lse, softcap, pack_gqa=None):
     b, sq, hq, _ = q.shape
     out = q.new_empty((b, sq, hq, v.shape[-1]))
     return out, q.new_empty((b, hq, sq), dtype=_F32) if return_lse else _no_lse(q)
@@ -77,12 +78,13 @@ def _varlen(
     learnable_sink: torch.Tensor | None,
     return_lse: bool,
     softcap: float,
+    pack_gqa: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     with fresh_scratch():
         out, lse = R.flash_attn_varlen_func(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
             seqused_k, page_table, softmax_scale, causal, (window_left, window_right),
-            learnable_sink, return_lse, softcap=softcap,
+            learnable_sink, return_lse, softcap=softcap, pack_gqa=pack_gqa,
         )
     return out, _no_lse(q) if lse is None else lse
 
@@ -90,7 +92,7 @@ def _varlen(
 @_varlen.register_fake
 def _varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
                  seqused_k, page_table, softmax_scale, causal, window_left, window_right,
-                 learnable_sink, return_lse, softcap):
+                 learnable_sink, return_lse, softcap, pack_gqa=None):
     out = q.new_empty((*q.shape[:-1], v.shape[-1]))
     if not return_lse:
         return out, _no_lse(q)
@@ -102,11 +104,11 @@ def _varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
 
 def flash_attn_func(
     q, k, v, softmax_scale=None, causal=False, window_size=(None, None), learnable_sink=None,
-    return_lse=False, *, softcap=0.0,
+    return_lse=False, *, softcap=0.0, pack_gqa=None,
 ):
     """fa4aot.flash_attn_func through the custom op `fa4aot::flash_attn_func`."""
     out, lse = _dense(q, k, v, softmax_scale, causal, window_size[0], window_size[1],
-                      learnable_sink, bool(return_lse), float(softcap))
+                      learnable_sink, bool(return_lse), float(softcap), pack_gqa)
     return out, lse if return_lse else None
 
 
@@ -114,11 +116,13 @@ def flash_attn_varlen_func(
     q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
     seqused_q=None, seqused_k=None, page_table=None, softmax_scale=None, causal=False,
     window_size=(None, None), learnable_sink=None, return_lse=False, *, softcap=0.0,
+    pack_gqa=None,
 ):
     """fa4aot.flash_attn_varlen_func through the custom op `fa4aot::flash_attn_varlen_func`."""
     out, lse = _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                        seqused_q, seqused_k, page_table, softmax_scale, causal, window_size[0],
-                       window_size[1], learnable_sink, bool(return_lse), float(softcap))
+                       window_size[1], learnable_sink, bool(return_lse), float(softcap),
+                       pack_gqa)
     return out, lse if return_lse else None
 
 

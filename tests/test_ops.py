@@ -57,3 +57,25 @@ def test_torch_compile_fullgraph_traces_through():
     # real op refuses CPU tensors, as fa4aot.flash_attn_func does
     with pytest.raises(ContractViolation, match="CUDA"):
         f(q, k, k)
+
+
+def test_the_ops_pass_every_argument_through(monkeypatch):
+    """softcap and pack_gqa reach the runtime (the op's schema carries them)."""
+    import fa4aot.runtime as R
+
+    seen = {}
+
+    def fake(*a, **kw):
+        seen.update(kw)
+        q = a[0]
+        return q.new_zeros(q.shape), None
+
+    monkeypatch.setattr(R, "flash_attn_func", fake)
+    monkeypatch.setattr(R, "flash_attn_varlen_func", fake)
+    q = torch.randn(1, 4, 8, 64, dtype=BF16)
+    k = torch.randn(1, 4, 2, 64, dtype=BF16)
+    ops.flash_attn_func(q, k, k, causal=True, softcap=30.0, pack_gqa=False)
+    assert seen == {"softcap": 30.0, "pack_gqa": False}
+    seen.clear()
+    ops.flash_attn_varlen_func(q[0], k[0], k[0], softcap=0.0, pack_gqa=True)
+    assert seen == {"softcap": 0.0, "pack_gqa": True}
