@@ -6,8 +6,8 @@ A 20:1 decode call (4 KV heads, hd128, dense K) served with the fold off, so q i
 group to the 32:1 variant and O cropped back. Side by side in one process, per shape:
   kernel32          the 32:1 kernel on q already padded (no copies)
   padded_wide       the padded path as shipped: the q pad and O crop moved as int64 words
-                    (runtime._copy_wide)
-  padded_elem       the same path with _copy_wide replaced by a plain bf16 copy_ (before)
+                    (runtime.pad.copy_wide)
+  padded_elem       the same path with copy_wide replaced by a plain bf16 copy_ (before)
   q_wide/q_elem, o_wide/o_elem: each copy alone
 Device time per call from CUDA-graph replay (_timing.graph_us); host time per call of the three
 calls interleaved (_timing.host_us_interleaved).
@@ -33,10 +33,11 @@ def main():
     a = ap.parse_args()
     import fa4aot
     import fa4aot.runtime as R
+    import fa4aot.runtime.pad as X
 
     R.reset(roots=[a.pad_store])
     R.default_runtime().fold = False
-    wide = R._copy_wide
+    wide = X.copy_wide
 
     def elem(dst, src):
         dst.copy_(src)
@@ -57,11 +58,11 @@ def main():
 
         def padded_with(copy):
             def call():
-                R._copy_wide = copy
+                X.copy_wide = copy
                 try:
                     return fa4aot.flash_attn_func(q, k, v, causal=True)
                 finally:
-                    R._copy_wide = wide
+                    X.copy_wide = wide
 
             return call
 

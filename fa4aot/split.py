@@ -185,6 +185,8 @@ def make_split(
 
 
 # -- the GPU-side metadata (torch ops; no host sync) ------------------------------------------
+# (a packed K's chunk bounds and a paged K's chunk lengths are written per step into scratch by
+# runtime/splitkv.py: two element-wise kernels each)
 
 
 def dense_cu_seqlens_k(torch, batch: int, seqlen_k: int, sp: Split, device):
@@ -195,22 +197,6 @@ def dense_cu_seqlens_k(torch, batch: int, seqlen_k: int, sp: Split, device):
     rows = torch.arange(batch, device=device, dtype=torch.int32)[:, None] * seqlen_k + starts
     tail = torch.full((1,), batch * seqlen_k, device=device, dtype=torch.int32)
     return torch.cat([rows.flatten(), tail])
-
-
-def varlen_cu_seqlens_k(torch, cu_seqlens_k, offsets):
-    """cu_seqlens_k of the virtual sequences over a packed K: sequence i's chunk j starts at
-    min(cu[i] + j*c, cu[i+1]); offsets: (slots,) int32 j*c."""
-    b = cu_seqlens_k.shape[0] - 1
-    out = cu_seqlens_k.new_empty(b * offsets.shape[0] + 1)
-    starts = cu_seqlens_k[:-1, None] + offsets
-    torch.minimum(starts, cu_seqlens_k[1:, None], out=out[:-1].view(b, offsets.shape[0]))
-    out[-1:].copy_(cu_seqlens_k[-1:])
-    return out
-
-
-def chunk_lengths(seqused, offsets, chunk: int):
-    """Per-chunk KV lengths: clamp(len - j*c, 0, c); seqused (rows,) -> (rows * slots,)."""
-    return (seqused[:, None] - offsets).clamp_(0, chunk).flatten()
 
 
 def chunk_page_table(torch, page_table, sp: Split, page_size: int, rows_per_seq: int = 1):

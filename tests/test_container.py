@@ -196,7 +196,8 @@ def test_stages_replayed_runtime_never_imports_the_compiler(dockerfile, tmp_path
     _replay(runtime, dockerfile["runtime"], ROOT, build, rt_env, runtime_run)
     tree = {str(p.relative_to(runtime.tree)) for p in runtime.tree.rglob("*") if p.is_file()}
     assert "opt/fa4aot/lib/libcute_dsl_runtime.so" in tree
-    assert "opt/fa4aot/src/fa4aot/runtime.py" in tree
+    assert "opt/fa4aot/src/fa4aot/runtime/__init__.py" in tree
+    assert "opt/fa4aot/src/fa4aot/runtime/launch.py" in tree
     assert not any(p.startswith("src/") for p in tree), "the build context leaked in"
     # serve-side checks in the runtime image: the store is found, a call reaches the contract
     # checks (no GPU here) and the packaged store answers block-size queries

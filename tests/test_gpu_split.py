@@ -39,17 +39,17 @@ def _report():
 
 class _Spy:
     def __init__(self, monkeypatch):
-        import fa4aot.runtime as R
+        import fa4aot.runtime.splitkv as SK
 
         self.split = 0
-        inner = R._try_split
+        inner = SK.split_step
 
         def spy(*a, **k):
             got = inner(*a, **k)
             self.split += got is not None
             return got
 
-        monkeypatch.setattr(R, "_try_split", spy)
+        monkeypatch.setattr(SK, "split_step", spy)
 
 
 def _rt(n):

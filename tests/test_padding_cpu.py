@@ -1,4 +1,4 @@
-"""Padding arithmetic on a CPU: `runtime._padded` pads q per KV group and the head dims, runs an
+"""Padding arithmetic on a CPU: `runtime.pad.padded` pads q per KV group and the head dims, runs an
 entry point on the padded call, and crops O and LSE back. Here the entry point is an fp32
 reference attention, so the test checks the pad/crop bookkeeping (grouping of heads, the
 caller's softmax scale, sinks, LSE layout) exactly, with no GPU."""
@@ -11,7 +11,10 @@ import pytest
 import torch
 from reference import attention_ref
 
-from fa4aot.runtime import _pad_last2, _padded
+from fa4aot.runtime.launch import SM90
+from fa4aot.runtime.pad import folded as _folded
+from fa4aot.runtime.pad import pad_last2 as _pad_last2
+from fa4aot.runtime.pad import padded as _padded
 from fa4aot.select import Choice
 
 
@@ -127,8 +130,6 @@ def test_folded_decode_equals_reference(hq, hk, ratio, varlen, given):
     LSE in the caller's layout (dense (b, hq, 1), varlen (hq, b)), into the caller's buffers."""
     from types import SimpleNamespace
 
-    from fa4aot.runtime import _folded
-
     torch.manual_seed(hq + ratio)
     b, sk, d, dv = 3, 37, 64, 32
     m = (hq // hk) // ratio
@@ -136,7 +137,9 @@ def test_folded_decode_equals_reference(hq, hk, ratio, varlen, given):
     k, v = torch.randn(b, sk, hk, d), torch.randn(b, sk, hk, dv)
     out = torch.full((*q.shape[:-1], dv), float("nan")) if given else None
     lse = torch.full((hq, b) if varlen else (b, hq, 1), float("nan")) if given else None
-    plan = SimpleNamespace(pad=Choice(None, ratio, d, dv, 1.0, False, fold=m), fwd=_ref_fwd)
+    plan = SimpleNamespace(
+        pad=Choice(None, ratio, d, dv, 1.0, False, fold=m), launch=SM90.fwd(_ref_fwd)
+    )
     o, l = _folded(plan, q, k, v, out, lse, None, True, varlen, sk, (None, None, None))
     q4 = q[:, None] if varlen else q
     ones = torch.ones(b, dtype=torch.long)
@@ -149,7 +152,7 @@ def test_folded_decode_equals_reference(hq, hk, ratio, varlen, given):
     if given:
         assert o is out and l is lse
     # no keys: zeros and -inf, nothing called
-    plan.fwd = None
+    plan.launch = None
     o, l = _folded(plan, q, k[:, :0], v[:, :0], None, None, None, True, varlen, 0, (None,) * 3)
     assert (o == 0).all() and (l == float("-inf")).all() and l.shape == ref_l.shape
 
@@ -169,8 +172,6 @@ def test_folded_decode_into_strided_caller_buffers():
     views): the fold's views of them still address the right elements."""
     from types import SimpleNamespace
 
-    from fa4aot.runtime import _folded
-
     torch.manual_seed(7)
     b, hq, hk, d, sk = 2, 12, 2, 64, 19
     qkv = torch.randn(b, 1, hq + 2 * hk, d)
@@ -178,7 +179,9 @@ def test_folded_decode_into_strided_caller_buffers():
     k, v = torch.randn(b, sk, hk, d), torch.randn(b, sk, hk, d)
     wide = torch.full((b, 1, hq, 2 * d), float("nan"))
     out = wide[..., d:]
-    plan = SimpleNamespace(pad=Choice(None, 1, d, d, 1.0, False, fold=6), fwd=_ref_fwd)
+    plan = SimpleNamespace(
+        pad=Choice(None, 1, d, d, 1.0, False, fold=6), launch=SM90.fwd(_ref_fwd)
+    )
     o, _ = _folded(plan, q, k, v, out, None, None, False, False, sk, (None, None, None))
     ref, _ = attention_ref(
         q, k, v, torch.ones(b, dtype=torch.long), torch.full((b,), sk), causal=True

@@ -631,7 +631,7 @@ class _AnyKey(dict):
 def _planted(decode_blocks=True, helper_seqused=False):
     """A runtime whose every call finds one plan with recording fakes for the two kernels."""
     calls = {"helper": [], "fwd": []}
-    plan = R._Plan(
+    plan = R.plan.Plan(
         None,  # the variant: read when a plan is resolved, not on the call path
         lambda *a: calls["fwd"].append(a),
         lambda *a: calls["helper"].append(a),

@@ -116,24 +116,34 @@ def fake_combine(op, lp, out, lse, *rest):
 
 
 class _FakeRuntime:
-    """Runtime.split_for's plan for a forced count n, with stand-in kernels."""
+    """Runtime.split_for's plan for a forced count n (of the exact KV bound), with stand-in
+    kernels."""
 
     def __init__(self, n):
-        self.n = n
+        self.n = self.split = n
         self._split_consts = {}
         self._split_runs = {}
+        self._split_scratch = 0
 
     def split_kernel(self, dev, dtype, d, dv, page_size):
-        return R._SplitKernel(fake_fwd, fake_combine, S.MAX_SLOTS, None)
+        return R.plan.SplitKernel(fake_fwd, fake_combine, S.MAX_SLOTS, None)
 
     def plan(self, seqlen_k, page_size, sink):
         return S.make_split(self.n, seqlen_k, page_size=page_size, sink=sink)
 
+    def split_for(self, dev, dtype, ctas, seqlen_k, d, dv, page_size, sink):
+        return self.plan(seqlen_k, page_size, sink)
+
 
 def _split(rt, q, k, v, kind, kv, seqlen_k, page, causal, sink, out, lse, want_lse, varlen_q):
-    return R._try_split(
-        rt, 0, q, k, v, kind, kv, seqlen_k, page, causal, sink, None, out, lse, want_lse,
-        varlen_q, rt.plan(seqlen_k, page, sink is not None),
+    """splitkv.split_step on q (b, rows, hq, d), passed packed when varlen_q, as the entry
+    points pass the caller's q."""
+    b, rows, hq, d = q.shape
+    cu_k, used_k, pt = kv
+    qq = q.reshape(b * rows, hq, d) if varlen_q else q
+    return R.splitkv.split_step(
+        rt, 0, qq, k, v, kind, cu_k, used_k, pt, b, rows, hq, k.shape[-2], d, v.shape[-1],
+        seqlen_k, page, causal, sink, None, out, lse, want_lse, varlen_q,
     )
 
 
@@ -266,3 +276,19 @@ def test_dense_kv_lengths_in_one_plan_bucket_keep_their_own_chunk_bounds():
                       None, False, False)
         ro, _ = _ref(q, k, v, [sk, sk], True, None)
         assert rel_err(o, ro) < 1e-2, sk
+
+
+def test_one_row_split_reads_q_and_writes_lse_through_offset_views():
+    """One decode row: the chunks read q through a stride-0 view of the caller's tensor (here
+    a slice of a fused qkv, at a storage offset) and the combine writes a caller's LSE that
+    starts mid-buffer; nothing outside either is touched."""
+    q, k, v = _inputs(1, 1, 8, 2, 16, [900], seed=3)
+    qkv = torch.cat([torch.full((1, 1, 4, 16), float("nan")).bfloat16(), q], dim=2)
+    wide = torch.full((2, 8), float("nan"))
+    lse = wide[1].view(1, 8, 1)
+    got = _split(_FakeRuntime(3), qkv[:, :, 4:], k, v, "dense", (None, None, None), 900, None,
+                 True, None, None, lse, True, False)
+    assert got is not None and got[1] is lse
+    ro, rl = _ref(q, k, v, [900], True, None)
+    assert rel_err(got[0], ro) < 1e-2
+    assert torch.allclose(lse, rl, atol=1e-3) and wide[0].isnan().all()

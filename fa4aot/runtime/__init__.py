@@ -1,0 +1,312 @@
+"""The compiler-free runtime: FA4's forward calling convention, served from the store.
+
+Never imports `cutlass` or `flash_attn` (unless FA4AOT_ON_MISS=jit and a call misses). A call
+goes validate -> plan -> launch, one module each:
+
+- `validate`: the arguments -> host-known sizes and static features, or a typed refusal;
+  `validate.Call`, the frozen description planning works from, is built on plan-cache misses;
+- `plan`: the `Runtime` (stores, loaded artifacts, caches) and the choice of exact kernel,
+  decode fold or padding per call key (`plan.resolve`), and of split-KV (`Runtime.split_for`);
+- `launch`: FA4's kernel ABI per arch, bound to each loaded part;
+- `splitkv` and `pad` run the composite plans (split-KV decode; fold and padding).
+
+The per-call path is kept short (target: under 15 us of host time): everything that depends
+only on a call's static features is resolved once and cached by a key tuple of host-known
+values; the entry points below only check, look up and launch.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from pathlib import Path
+
+import torch
+
+from .. import split as S
+from ..constraints import BIN_BATCH_SEARCH_THRESH as _BIN_BATCH  # varlen: cu_total path above it
+from ..errors import Fa4aotError
+from . import pad as X
+from . import plan as P
+from . import splitkv as SK
+from . import validate as V
+from .plan import Runtime
+from .validate import _prep
+
+# The decode/prefill choice depends on the query length only up to the largest tile_m (192):
+# plan-cache keys clamp it there, so prefill calls of every length share one entry.
+_Q_KEY_CAP = 193
+_SPLIT_ROWS = S.MAX_ROWS
+_SPLIT_MIN = S.NEVER_SPLIT_KEYS
+
+_DEFAULT: Runtime | None = None
+_DEFAULT_LOCK = threading.Lock()
+
+
+def default_runtime() -> Runtime:
+    global _DEFAULT
+    if _DEFAULT is None:
+        with _DEFAULT_LOCK:
+            if _DEFAULT is None:
+                _DEFAULT = Runtime()
+    return _DEFAULT
+
+
+def reset(roots: list[Path] | None = None, on_miss: str | None = None) -> Runtime:
+    """Replace the process-wide runtime (tests; a server reconfiguring its store)."""
+    global _DEFAULT
+    with _DEFAULT_LOCK:
+        _DEFAULT = Runtime(roots, on_miss)
+    return _DEFAULT
+
+
+def flash_attn_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int | None, int | None] = (None, None),
+    learnable_sink: torch.Tensor | None = None,
+    return_lse: bool = False,
+    *,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+    padding: bool | None = None,
+    softcap: float = 0.0,
+    pack_gqa: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Dense forward with FA4's calling convention: q (b, sq, hq, d), k/v (b, sk, hk, d[v]).
+
+    Returns (out, lse): out (b, sq, hq, dv) in q's dtype, lse (b, hq, sq) float32 or None.
+    out / lse: caller-owned buffers to write into (as FA4's internal `_flash_attn_fwd` takes
+    them; e.g. for CUDA graphs); `lse` given implies return_lse.
+    padding: allow serving the call from a padded variant (and copying inputs whose layout the
+    kernel cannot take); None: FA4AOT_PADDING (default allow).
+    """
+    dq, b, sq, sk, hq, hk, d, dv, wl, wr, sink_dt, cap, return_lse, aligned = V.check_dense(
+        q, k, v, window_size, learnable_sink, return_lse, out, lse, softcap, pack_gqa
+    )
+    rt = _DEFAULT or default_runtime()
+    pad_ok = rt.padding if padding is None else bool(padding)
+    if not aligned:
+        q, k, v = _prep(q, "q", pad_ok), _prep(k, "k", pad_ok), _prep(v, "v", pad_ok)
+    # the split's chunk kernels carry no softcap (split.py): a capped call runs unsplit
+    if (
+        sq == 1 and rt.split and wl is None and wr is None and cap is None and sk > _SPLIT_MIN
+        and b and dq >= 0
+    ):
+        got = SK.split_step(
+            rt, dq, q, k, v, "dense", None, None, None, b, 1, hq, hk, d, dv, sk, None, causal,
+            learnable_sink, softmax_scale, out, lse, return_lse, False,
+        )
+        if got is not None:
+            return got
+    key = (
+        "dense", q.dtype, d, dv, hq // hk, bool(causal), wl, wr, return_lse, sink_dt,
+        sq if sq < _Q_KEY_CAP else _Q_KEY_CAP, dq, pad_ok, cap, pack_gqa,
+    )
+    plan = rt._plans.get(key)
+    if plan is None:
+        V.require_cuda(dq, q)
+        call = V.Call(
+            "dense", dq, q.dtype, d, dv, hq, hk, b, sq, b * sq, None, sk, bool(causal), wl, wr,
+            return_lse, sink_dt, cap, pack_gqa, pad_ok,
+        )
+        plan = P.resolve(rt, key, call)
+        if plan is None:
+            return P.on_miss(
+                rt, call, "jit_flash_attn_func", (q, k, v),
+                dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                     learnable_sink=learnable_sink, return_lse=return_lse, softcap=softcap,
+                     pack_gqa=pack_gqa),
+                out, lse,
+            )
+    if plan.pad is not None:
+        if plan.pad.fold > 1:
+            return X.folded(
+                plan, q, k, v, out, lse, softmax_scale, return_lse, False, sk, (None, None, None)
+            )
+        return X.padded(
+            flash_attn_func, plan.pad, q, k, v, hk, learnable_sink, softmax_scale,
+            dict(causal=causal, window_size=window_size, return_lse=return_lse, softcap=softcap,
+                 pack_gqa=pack_gqa),
+            varlen=False, out=out, lse=lse,
+        )
+    # exact
+    if out is None:
+        # empty_like skips shape parsing (~1 us); for a contiguous q it is contiguous too
+        out = torch.empty_like(q) if dv == d and q.is_contiguous() else q.new_empty((b, sq, hq, dv))
+    if lse is None and return_lse:
+        lse = q.new_empty((b, hq, sq), dtype=torch.float32)
+    if sq == 0 or sk == 0 or b == 0:
+        return X.empty(out, lse, learnable_sink, varlen=False)
+    if learnable_sink is not None and learnable_sink.stride(0) != 1:
+        learnable_sink = learnable_sink.contiguous()
+    plan.launch(
+        q, k, v, out, lse, 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale),
+        None, None, None, None, None, plan.window_left, plan.window_right, learnable_sink,
+    )
+    return out, lse
+
+
+def flash_attn_varlen_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    seqused_q: torch.Tensor | None = None,
+    seqused_k: torch.Tensor | None = None,
+    page_table: torch.Tensor | None = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int | None, int | None] = (None, None),
+    learnable_sink: torch.Tensor | None = None,
+    return_lse: bool = False,
+    *,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+    padding: bool | None = None,
+    softcap: float = 0.0,
+    pack_gqa: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Varlen / paged forward with FA4's calling convention.
+
+    q: (total_q, hq, d) with cu_seqlens_q (batch+1,) int32 [or (b, sq, hq, d) without it].
+    k/v: (total_k, hk, d) with cu_seqlens_k; or paged (num_pages, page_size, hk, d) with
+    page_table (batch, max_pages) int32 and seqused_k (batch,) int32.
+    Caller's contract (not checked: it would need a device sync): cu_seqlens start at 0, are
+    non-decreasing and end at the packed length; max_seqlen_q, when given, bounds every
+    sequence's query length; max_seqlen_k, when given, bounds every sequence's KV length (a
+    split-KV decode step reads no key beyond it); page_table entries index the KV pool and
+    cover ceil(seqused_k / page_size) pages per sequence; seqused_k <= pages * page_size.
+    Returns (out, lse): out like q with head_dim_v; lse (hq, total_q) float32 or None.
+    out / lse: caller-owned buffers, as in flash_attn_func.
+    """
+    (dev, batch, total_q, sq_dense, seqlen_k, hq, hk, d, dv, page_size, wl, wr, sink_dt, cap,
+     return_lse, aligned) = V.check_varlen(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_q, seqused_k, page_table,
+        window_size, learnable_sink, return_lse, out, lse, softcap, pack_gqa,
+    )
+    varlen_q = cu_seqlens_q is not None
+    rt = _DEFAULT or default_runtime()
+    pad_ok = rt.padding if padding is None else bool(padding)
+    if not aligned:
+        q, k, v = _prep(q, "q", pad_ok), _prep(k, "k", pad_ok), _prep(v, "v", pad_ok)
+    paged = page_size is not None
+    if (
+        rt.split
+        and wl is None
+        and wr is None
+        and cap is None
+        and seqused_q is None
+        and batch
+        and dev >= 0
+        and (paged or cu_seqlens_k is not None)
+        # a packed K with seqused_k too: the chunks' bounds would ignore seqused_k (found in
+        # review once FA4's cu_seqlens_k + seqused_k layout became buildable)
+        and (paged or seqused_k is None)
+    ):
+        rows = max_seqlen_q if varlen_q else sq_dense
+        if rows is not None and 0 < rows <= _SPLIT_ROWS and total_q == batch * rows:
+            if type(max_seqlen_k) is int and max_seqlen_k >= 0:
+                bound = max_seqlen_k  # the caller's contract: it bounds every KV length
+            else:
+                bound = page_table.size(1) * page_size if paged else seqlen_k
+            if bound > _SPLIT_MIN and (paged or rows == 1):
+                got = SK.split_step(
+                    rt, dev, q, k, v, "paged" if paged else "varlen", cu_seqlens_k, seqused_k,
+                    page_table, batch, rows, hq, hk, d, dv, bound, page_size, causal,
+                    learnable_sink, softmax_scale, out, lse, return_lse, varlen_q,
+                )
+                if got is not None:
+                    return got
+    eff_q = max_seqlen_q if max_seqlen_q is not None else (total_q if varlen_q else sq_dense)
+    key = (
+        "varlen", q.dtype, d, dv, hq // hk, bool(causal), wl, wr, return_lse, sink_dt, varlen_q,
+        cu_seqlens_k is not None, seqused_q is not None, seqused_k is not None, page_size,
+        batch > _BIN_BATCH, max_seqlen_q is None, eff_q if eff_q < _Q_KEY_CAP else _Q_KEY_CAP,
+        total_q == batch,  # with max_seqlen_q == 1: one row per sequence, the decode fold applies
+        dev, pad_ok, cap, pack_gqa,
+    )
+    plan = rt._plans.get(key)
+    if plan is None:
+        V.require_cuda(dev, q)
+        call = V.Call(
+            "varlen", dev, q.dtype, d, dv, hq, hk, batch, sq_dense, total_q, max_seqlen_q,
+            seqlen_k, bool(causal), wl, wr, return_lse, sink_dt, cap, pack_gqa, pad_ok,
+            varlen_q, cu_seqlens_k is not None, seqused_q is not None, seqused_k is not None,
+            page_size,
+        )
+        plan = P.resolve(rt, key, call)
+        if plan is None:
+            return P.on_miss(
+                rt, call, "jit_flash_attn_varlen_func", (q, k, v),
+                dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                     max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, seqused_q=seqused_q,
+                     seqused_k=seqused_k, page_table=page_table, softmax_scale=softmax_scale,
+                     causal=causal, window_size=window_size, learnable_sink=learnable_sink,
+                     return_lse=return_lse, softcap=softcap, pack_gqa=pack_gqa),
+                out, lse,
+            )
+    if plan.pad is not None:
+        if plan.pad.fold > 1:  # q (batch, hq, d), one row per sequence (see the key)
+            return X.folded(
+                plan, q, k, v, out, lse, softmax_scale, return_lse, varlen_q, seqlen_k,
+                (cu_seqlens_k, seqused_k, page_table),
+            )
+        return X.padded(
+            flash_attn_varlen_func, plan.pad, q, k, v, hk, learnable_sink, softmax_scale,
+            dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                 max_seqlen_k=max_seqlen_k, seqused_q=seqused_q, seqused_k=seqused_k,
+                 page_table=page_table, causal=causal, window_size=window_size,
+                 return_lse=return_lse, softcap=softcap, pack_gqa=pack_gqa),
+            varlen=varlen_q, out=out, lse=lse,
+        )
+    # exact
+    if out is None:
+        out = (
+            torch.empty_like(q)
+            if dv == d and q.is_contiguous()
+            else q.new_empty((*q.shape[:-1], dv))
+        )
+    if lse is None and return_lse:
+        lse = q.new_empty((hq, total_q) if varlen_q else (batch, hq, sq_dense), dtype=torch.float32)
+    if total_q == 0 or seqlen_k == 0:
+        return X.empty(out, lse, learnable_sink, varlen=varlen_q)
+    if learnable_sink is not None and learnable_sink.stride(0) != 1:
+        learnable_sink = learnable_sink.contiguous()
+    cu_total = None
+    if plan.tile is None:
+        pass
+    elif max_seqlen_q == 1 and plan.helper_cu and not plan.helper_seqused and plan.decode_blocks:
+        # Decode (every sequence has 0 or 1 query rows): the helper would compute, per sequence,
+        # ceil(rows * qhead_per_kvhead / tile) = rows (qhead_per_kvhead <= tile_m), i.e.
+        # cu_total == cu_seqlens_q. Passing it saves a kernel launch and an allocation.
+        cu_total = cu_seqlens_q
+    else:
+        cu_total = cu_seqlens_q.new_empty(batch + 1) if varlen_q else seqused_q.new_empty(batch + 1)
+        plan.tile(
+            cu_total,
+            cu_seqlens_q if plan.helper_cu else None,
+            seqused_q if plan.helper_seqused else None,
+        )
+    plan.launch(
+        q, k, v, out, lse, 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale),
+        cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table, plan.window_left,
+        plan.window_right, learnable_sink, cu_total,
+    )
+    return out, lse
+
+
+__all__ = [
+    "Runtime",
+    "flash_attn_func",
+    "flash_attn_varlen_func",
+    "default_runtime",
+    "reset",
+    "Fa4aotError",
+]

@@ -1,0 +1,93 @@
+"""FA4's kernel ABI: the one place that spells the argument order of each kernel the runtime calls.
+
+An artifact's parts are tvm-ffi functions taking FA4's compiled signature positionally. When a
+part is loaded, the runtime binds it through its arch's `Abi` (`abi_for(variant.arch)`), and
+every call site uses the bound launcher's keyword-free, arch-neutral form:
+
+    fwd(q, k, v, out, lse, scale, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+        page_table, window_left, window_right, learnable_sink, cu_total_m_blocks)
+    tile_cumsum(out, cu_seqlens_q, seqused_q)
+    combine(out_partial, lse_partial, out, lse)
+
+Another arch's ABI (sm100's forward takes other trailing arguments) is a separate module that
+calls `register(arch, Abi(...))`; nothing else changes. A launcher is one Python frame, as the
+hand-written call it replaces was (a closure over the kernel, built once per load).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..errors import UnsupportedVariant
+
+_NO_AUX = (None, None)  # FA4's AuxData(tensors=None, scalars=None): a compile-time value
+
+
+def _sm90_fwd(kernel: Any) -> Callable:
+    """FA4 4.0.0b36's sm90 forward (tvm-ffi; the stream is torch's current one): q, k, v, out,
+    lse, scale, cu_seqlens_q/k, seqused_q/k, page_table, window left/right, learnable_sink,
+    block sparsity (unused), aux data (FA4 passes a compile-time empty pair), cu_total_m_blocks,
+    cu_total_splits_m_blocks (unused on sm90). A function compiled with lse=None rejects a
+    tensor there: whether LSE is returned is part of the variant."""
+
+    def fwd(
+        q, k, v, out, lse, scale, cu_seqlens_q=None, cu_seqlens_k=None, seqused_q=None,
+        seqused_k=None, page_table=None, window_left=None, window_right=None,
+        learnable_sink=None, cu_total_m_blocks=None,
+    ):
+        kernel(
+            q, k, v, out, lse, scale, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+            page_table, window_left, window_right, learnable_sink, None, _NO_AUX,
+            cu_total_m_blocks, None,
+        )
+
+    return fwd
+
+
+def _sm90_tile_cumsum(kernel: Any) -> Callable:
+    """FA4's `_compute_tile_cumsum` helper (varlen batch > 256): out (batch+1,) int32, then
+    (unused) seqlen, cu_seqlens_q, seqused_q, and two compile-time Nones."""
+
+    def tile_cumsum(out, cu_seqlens_q, seqused_q):
+        kernel(out, None, cu_seqlens_q, seqused_q, None, None)
+
+    return tile_cumsum
+
+
+def _sm90_combine(kernel: Any) -> Callable:
+    """FA4's `flash_fwd_combine` as the split-KV part `combine` is compiled: partial O (chunk,
+    batch, seqlen, heads, dv), partial LSE (chunk, batch, seqlen, heads), out, lse, then
+    cu_seqlens, seqused, num_splits_dynamic, semaphore and varlen batch index, all None."""
+
+    def combine(out_partial, lse_partial, out, lse):
+        kernel(out_partial, lse_partial, out, lse, None, None, None, None, None)
+
+    return combine
+
+
+@dataclass(frozen=True)
+class Abi:
+    """How one arch's artifacts are called: each field binds a loaded part to its launcher."""
+
+    fwd: Callable[[Any], Callable]
+    tile_cumsum: Callable[[Any], Callable]
+    combine: Callable[[Any], Callable]
+
+
+SM90 = Abi(_sm90_fwd, _sm90_tile_cumsum, _sm90_combine)
+_ABIS: dict[str, Abi] = {"sm90": SM90}
+
+
+def register(arch: str, abi: Abi) -> None:
+    """Make `arch`'s artifacts callable (a module spelling that arch's ABI calls this)."""
+    _ABIS[arch] = abi
+
+
+def abi_for(arch: str) -> Abi:
+    try:
+        return _ABIS[arch]
+    except KeyError:
+        raise UnsupportedVariant(
+            f"the fa4aot runtime knows no kernel ABI for {arch} (known: {', '.join(_ABIS)})"
+        ) from None

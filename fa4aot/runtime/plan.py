@@ -1,0 +1,348 @@
+"""Planning: which loaded kernels serve a call, decided once per host-known call key.
+
+A plan is one of
+- exact: the call's own variant (`Plan.pad is None`);
+- fold: a decode step on the non-causal kernel of a dividing head ratio, the call's query
+  heads as query rows (`Plan.pad.fold > 1`, select.py), with no copies;
+- pad: a cached variant with more query heads per KV head and/or larger head dims, O and LSE
+  cropped back (`Plan.pad`, fold 1);
+and, for decode steps, split-KV (`Runtime.split_for`, split.py) ahead of any of them: its
+chunk kernel is itself a fold (GQA as rows of the 1:1 kernel), so fold + split is one plan; a
+padded call splits when its padded re-entry does (pad + split), and a call whose head dims have
+no split kernel runs unsplit (`split_kernel` is None).
+
+Plans are cached in `Runtime._plans` by the entry points' key tuples (host-known values only:
+dtypes, dims, head ratio, mask, layout flags, a clamped query length, the device), so a call
+builds its `validate.Call` description and consults the store only the first time its key is
+seen. Split decisions are cached by `Runtime.split_for`; their scratch by `splitkv`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from .. import constraints as C
+from .. import settings
+from .. import split as S
+from ..errors import ArtifactMissing, UnsupportedVariant
+from ..select import fold_from_env
+from ..store import Artifact, Store, default_roots, find_serving_store, runtime_expectation
+from ..variants import Variant, features, split_kernel_variant
+from . import launch as L
+from .validate import DTYPES, Call
+
+log = logging.getLogger("fa4aot")
+
+ON_MISS = ("error", "warn", "jit")
+
+
+@dataclass(slots=True)
+class SplitKernel:
+    """A loaded split-KV chunk kernel (variants.split_kernel_variant) and its combine, bound
+    to their arch's ABI (`launch`, `merge`)."""
+
+    fwd: Any
+    combine: Any
+    max_slots: int
+    artifact: Artifact | None
+    abi: L.Abi = L.SM90
+    launch: Callable = field(init=False)
+    merge: Callable = field(init=False)
+
+    def __post_init__(self):
+        self.launch = self.abi.fwd(self.fwd)
+        self.merge = self.abi.combine(self.combine)
+
+
+@dataclass(slots=True)
+class Plan:
+    """Everything a call with these static features needs, resolved once."""
+
+    variant: Variant | None
+    fwd: Any
+    tile_cumsum: Any  # helper kernel (varlen batch > 256) or None
+    helper_cu: bool  # the helper was compiled to read cu_seqlens_q
+    helper_seqused: bool  # ... and/or seqused_q
+    artifact: Artifact | None
+    window_left: int | None = None  # FA4's resolved window, passed to the kernel
+    window_right: int | None = None
+    pad: Any = None  # select.Choice when the call is served by padding (or a decode fold)
+    # a sequence of at most one query row is one m-block for the helper: with max_seqlen_q == 1
+    # its output equals cu_seqlens_q (see flash_attn_varlen_func)
+    decode_blocks: bool = False
+    abi: L.Abi = L.SM90
+    launch: Callable = field(init=False)  # fwd bound to its ABI (launch.py)
+    tile: Callable | None = field(init=False)  # tile_cumsum bound, or None
+
+    def __post_init__(self):
+        self.launch = self.abi.fwd(self.fwd)
+        self.tile = None if self.tile_cumsum is None else self.abi.tile_cumsum(self.tile_cumsum)
+
+
+def _arch_of(device: torch.device) -> tuple[str, int]:
+    major, minor = torch.cuda.get_device_capability(device)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return f"sm{major}{minor}", sms
+
+
+class Runtime:
+    """Serves calls from a layered store. Thread-safe; loads each artifact once per process."""
+
+    def __init__(
+        self,
+        roots: list[Path] | None = None,
+        on_miss: str | None = None,
+        allow_unsafe_dirs: bool | None = None,
+    ):
+        self.roots = [Path(r) for r in roots] if roots else default_roots()
+        # one snapshot of the settings (fa4aot.settings: a bad value raises SettingError,
+        # naming the variable, here, when the runtime is built)
+        self.on_miss = on_miss or settings.on_miss()
+        if self.on_miss not in ON_MISS:
+            raise ValueError(f"on_miss must be one of {ON_MISS}, got {self.on_miss!r}")
+        if allow_unsafe_dirs is None:
+            allow_unsafe_dirs = settings.allow_unsafe_dirs()
+        self.allow_unsafe_dirs = allow_unsafe_dirs
+        self.padding = settings.allow_padding()
+        self.fold = fold_from_env()  # serve s_q == 1 decode by folding heads into rows
+        split = settings.split_kv()
+        self.split = -1 if split == "auto" else split  # -1: the cost model chooses
+        self._lock = threading.Lock()
+        self._devices: dict[int, tuple[str, int]] = {}
+        self._lib_checked: set[Path] = set()
+        self._split_kernels: dict[tuple, SplitKernel | None] = {}
+        self._split_n: dict[tuple, S.Split | None] = {}
+        self._split_consts: dict[tuple, Any] = {}
+        # splitkv.split_step's cache: key -> SplitRun, or False (this step runs unsplit)
+        self._split_runs: dict[tuple, Any] = {}
+        self._split_scratch = 0  # SplitRuns (scratch holders) in _split_runs
+        self._stores: dict[tuple[str, int], list[Store]] = {}
+        self._modules: dict[str, tuple[Any, Any, Artifact]] = {}
+        self._plans: dict[tuple, Plan] = {}
+
+    # -- store and artifact resolution (once per variant) -------------------------------------
+    def stores_for(self, arch: str, num_sms: int) -> list[Store]:
+        key = (arch, num_sms)
+        if key not in self._stores:
+            self._stores[key] = find_serving_store(self.roots, runtime_expectation(arch, num_sms))
+        return self._stores[key]
+
+    def find(self, variant: Variant, num_sms: int) -> Artifact | None:
+        for store in self.stores_for(variant.arch, num_sms):
+            art = store.get(variant.id, verify=False)
+            if art is not None:
+                return art
+        return None
+
+    def available(self, arch: str, num_sms: int) -> list[Variant]:
+        """Every variant the serving stores hold (read on misses only: one JSON per artifact)."""
+        out = []
+        for store in self.stores_for(arch, num_sms):
+            for _, a in store.iter_artifacts():
+                if isinstance(a, Exception) or a.record.get("stub"):
+                    continue
+                try:
+                    out.append(Variant.from_dict(a.record["variant"]))
+                except (ValueError, TypeError):
+                    continue
+        return out
+
+    def _load(self, art: Artifact, *names: str) -> list[Any]:
+        """The named parts of `art` (None for a part it lacks), after one check of the whole
+        artifact: every part's sha256 is hashed once per load, not once per part."""
+        art.check_loadable(self.allow_unsafe_dirs)  # stub, unsafe dirs, sha256: before any dlopen
+        from .. import runtime_lib
+
+        self._check_runtime_lib(art)
+        runtime_lib.load_runtime_lib()
+        import tvm_ffi
+
+        parts = art.record["parts"]
+        return [
+            tvm_ffi.load_module(str(art.part_path(n)))[f"fa4aot_{n}"] if n in parts else None
+            for n in names
+        ]
+
+    def _check_runtime_lib(self, art: Artifact) -> None:
+        """RuntimeLibraryMismatch unless the store holding `art` was built against the runtime
+        library this process loads (once per store directory)."""
+        from .. import runtime_lib
+        from ..store import read_toolchain
+
+        d = art.dir.parent.parent  # <fingerprint dir>/artifacts/<id>
+        if d not in self._lib_checked:
+            runtime_lib.check_matches(read_toolchain(d).get("runtime_lib"))
+            self._lib_checked.add(d)
+
+    def device(self, index: int) -> tuple[str, int]:
+        """(arch, SM count) of CUDA device `index`, queried once."""
+        got = self._devices.get(index)
+        if got is None:
+            got = self._devices[index] = _arch_of(torch.device("cuda", index))
+        return got
+
+    def split_kernel(
+        self, dev: int, dtype, head_dim: int, head_dim_v: int, page_size: int | None
+    ) -> SplitKernel | None:
+        """The split-KV chunk kernel (packed K when page_size is None) with its combine, or
+        None when the stores lack it (the call then runs unsplit)."""
+        key = (dev, dtype, head_dim, head_dim_v, page_size)
+        if key in self._split_kernels:
+            return self._split_kernels[key]
+        arch, sms = self.device(dev)
+        got = None
+        if not C.runtime_unsupported_reason(arch) and not C.unsupported_reason(
+            arch, DTYPES[dtype], head_dim, head_dim_v
+        ):
+            v = split_kernel_variant(arch, DTYPES[dtype], head_dim, head_dim_v, page_size)
+            with self._lock:
+                art = self.find(v, sms)
+                comb = art.record["parts"].get("combine", {}) if art is not None else {}
+                if comb.get("partial_dtype") == DTYPES[dtype] and comb.get("tile_m"):
+                    if art.id in self._modules:  # the decode fold loaded it
+                        (combine,) = self._load(art, "combine")
+                    else:
+                        fwd, helper, combine = self._load(art, "fwd", "tile_cumsum", "combine")
+                        self._modules[art.id] = (fwd, helper, art)
+                    got = SplitKernel(
+                        self._modules[art.id][0],
+                        combine,
+                        int(comb.get("max_splits", S.MAX_SLOTS)),
+                        art,
+                        L.abi_for(arch),
+                    )
+        self._split_kernels[key] = got
+        return got
+
+    def split_for(
+        self, dev: int, dtype, ctas: int, seqlen_k: int, d: int, dv: int,
+        page_size: int | None, sink: bool,
+    ) -> S.Split | None:
+        """The split plan of a decode step with `ctas` (sequence, row, KV head) triples over
+        at most seqlen_k keys, or None (run it unsplit: the cost model says splitting loses,
+        FA4AOT_SPLIT_KV=0, or the store lacks the split kernel). Planned for seqlen_k rounded
+        up to 256 keys and cached, so a decode loop whose KV grows a key a step replans (and
+        reallocates nothing) once per 256 steps."""
+        bucket = S.plan_bucket(seqlen_k)
+        key = (dev, dtype, ctas, bucket, d, dv, page_size, sink, self.split)
+        try:
+            return self._split_n[key]
+        except KeyError:
+            pass
+        sp = None
+        kern = self.split_kernel(dev, dtype, d, dv, page_size) if self.split else None
+        if kern is not None:
+            sp = S.plan_split(
+                ctas=ctas, seqlen_k=bucket, bytes_per_key=(d + dv) * dtype.itemsize,
+                page_size=page_size, sink=sink, num_sms=self.device(dev)[1],
+                setting=self.split, max_slots=kern.max_slots,
+            )
+        if len(self._split_n) > 4096:
+            self._split_n.clear()
+        self._split_n[key] = sp
+        return sp
+
+    def plan(self, variant: Variant, num_sms: int) -> Plan | None:
+        """Load the artifact serving `variant` (or None if the store has none)."""
+        with self._lock:
+            art = self.find(variant, num_sms)
+            if art is None:
+                return None
+            if art.id not in self._modules:
+                fwd, helper = self._load(art, "fwd", "tile_cumsum")
+                self._modules[art.id] = (fwd, helper, art)
+            fwd, helper, art = self._modules[art.id]
+            hp = art.record["parts"].get("tile_cumsum", {})
+            return Plan(
+                variant,
+                fwd,
+                helper,
+                bool(hp.get("cu_seqlens")),
+                bool(hp.get("seqused")),
+                art,
+                decode_blocks=variant.qhead_per_kvhead <= variant.tile.m,
+                abi=L.abi_for(variant.arch),
+            )
+
+    def miss(self, variant: Variant, num_sms: int, allow_padding: bool) -> None:
+        from ..missing import record_miss
+        from ..select import nearest
+
+        record_miss(variant)
+        near = nearest(variant, self.available(variant.arch, num_sms))
+        near_s = "; ".join(f"{v.describe()} ({v.id})" for v in near) or "none (empty store?)"
+        pad = "" if allow_padding else " (padding is denied: FA4AOT_PADDING=deny or padding=False)"
+        raise ArtifactMissing(
+            f"no artifact serves {variant.describe()} (variant id {variant.id}){pad}, not even by "
+            f"padding. Nearest cached: {near_s}. Add it with: fa4aot build --arch {variant.arch} "
+            f"--spec <a spec whose envelope covers this call>, or record misses with "
+            f"FA4AOT_MISS_LOG=FILE and run fa4aot build --from-misses FILE"
+        )
+
+
+def resolve(rt: Runtime, key: tuple, call: Call) -> Plan | None:
+    """The plan serving `call` (exact, else the best fold or padding select.choose finds),
+    cached under `key`; None when nothing serves it (the caller applies the miss policy).
+    Raises UnsupportedVariant for an arch the runtime does not serve, or a call FA4 cannot
+    run that no padded variant serves."""
+    plan = rt._plans.get(key)
+    if plan is not None:
+        return plan
+    arch, sms = rt.device(call.device)
+    why = C.runtime_unsupported_reason(arch)
+    if why:
+        raise UnsupportedVariant(why)
+    feat = call.features()
+    variant = features(arch=arch, **feat)
+    why = C.unsupported_reason(arch, feat["dtype"], call.head_dim, call.head_dim_v)
+    plan = None if why else rt.plan(variant, sms)
+    if plan is None and call.padding:
+        from ..select import choose
+
+        choices = choose(arch, feat, rt.available(arch, sms), allow_fold=rt.fold)
+        if choices:
+            inner = rt.plan(choices[0].variant, sms)
+            if inner is not None:
+                plan = replace(inner, pad=choices[0])
+                log.debug(
+                    "fa4aot: %s served by %s", variant.describe(), choices[0].describe(variant)
+                )
+    if plan is None and why:
+        raise UnsupportedVariant(f"{variant.describe()}: {why}")
+    if plan is None:
+        return None  # caller decides (miss policy)
+    _, _, plan.window_left, plan.window_right = C.resolve_window(
+        call.causal, call.window_left, call.window_right
+    )
+    rt._plans[key] = plan
+    return plan
+
+
+def on_miss(rt: Runtime, call: Call, jit_fn: str, args, kwargs, out=None, lse=None):
+    """The miss policy: error raises ArtifactMissing (logged to the miss log); warn and jit
+    log the miss and run FA4's JIT (`compiler.jit_*`), writing the caller's buffers if given."""
+    arch, sms = rt.device(call.device)
+    variant = features(arch=arch, **call.features())
+    if rt.on_miss == "error":
+        rt.miss(variant, sms, call.padding)
+    from ..missing import record_miss
+
+    record_miss(variant)
+    if rt.on_miss == "warn":
+        log.warning("fa4aot: no artifact for %s; compiling with FA4 (JIT)", variant.describe())
+    from .. import compiler
+
+    o, lse_ = getattr(compiler, jit_fn)(*args, **kwargs)
+    if out is not None:  # FA4's public functions take no output buffers: honour the caller's
+        out.copy_(o)
+        o = out
+    if lse is not None and lse_ is not None:
+        lse.copy_(lse_)
+        lse_ = lse
+    return o, lse_

@@ -1,0 +1,237 @@
+"""Split-KV decode steps at run time (fa4aot/split.py: the plan, the cost model, exactness).
+
+`split_step` serves a decode step split, or returns None (the caller runs it unsplit). Its
+per-call work is what the inputs force: one cache lookup keyed by host-known sizes, the
+kernel-facing views of the caller's tensors (q through a stride-0 chunk mode for one decode
+row, else one broadcast copy; a dense K as packed), the chunk metadata from the caller's KV
+lengths (two element-wise kernels into scratch, for packed and paged K; none for dense K),
+the chunk kernel, the sink slot, the combine. Everything that depends only on the step's
+sizes (the split, scratch buffers and every view of them, chunk offsets, a dense K's chunk
+bounds, output shapes, the default softmax scale, the bound launchers) is made once per
+(device, stream, shape) in `SplitRun`.
+
+No host sync; CUDA graphs: steps on one stream are ordered, so a step never overwrites
+scratch an earlier one still reads. While a graph is captured nothing is reused or kept: the
+graph gets scratch of its own, from its pool (constants made eagerly before, e.g. by the
+warm-up call, are shared: nothing writes them).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import split as S
+
+_PLAN_KEYS = S.PLAN_KEYS
+# SplitRuns kept (each holds scratch for one batch size / stream): bound what they hold
+_MAX_RUNS = 16
+_MAX_KEYS = 4096
+
+# (absent from CPU-only torch builds; called for CUDA tensors only)
+_is_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def split_step(
+    rt, dev: int, q, k, v, kind: str, cu_seqlens_k, seqused_k, page_table,
+    b: int, rows: int, hq: int, hk: int, d: int, dv: int, seqlen_k: int,
+    page_size: int | None, causal: bool, sink, softmax_scale, out, lse, return_lse: bool,
+    varlen_q: bool,
+):
+    """Serve a decode step split-KV (Runtime.split_for decides), or return None.
+
+    q: the caller's q, (b, rows, hq, d) or packed (b * rows, hq, d) when varlen_q; kind:
+    "dense" | "varlen" | "paged" K; seqlen_k: a host bound on every KV length (a dense K's
+    exact length); out / lse: the caller's buffers or None (lse laid out as the entry point
+    returns it)."""
+    if rows > 1 and kind != "paged":
+        return None  # split.split_refusal: only pages can give unrolled rows the same keys
+    if q.is_cuda:
+        capturing = _is_capturing()
+        stream = _raw_stream(dev)
+    else:  # (CPU tensors: the tests' stand-in kernels)
+        capturing, stream = False, 0
+    # a dense K's chunk bounds depend on its exact length; the rest on the plan's bucket
+    key = (
+        kind, dev, stream, q.dtype, b, rows, hq, hk, d, dv,
+        seqlen_k if kind == "dense" else -(-seqlen_k // _PLAN_KEYS),
+        page_size, causal, sink is not None, varlen_q, rt.split,
+    )
+    run = None if capturing else rt._split_runs.get(key)
+    if run is None:
+        sp = rt.split_for(dev, q.dtype, b * rows * hk, seqlen_k, d, dv, page_size,
+                          sink is not None)
+        run = False if sp is None else SplitRun(
+            rt, dev, q, b, rows, hq, hk, d, dv, kind, sp, page_size, causal, seqlen_k, varlen_q
+        )
+        if not capturing:
+            if len(rt._split_runs) > _MAX_KEYS or (run and rt._split_scratch >= _MAX_RUNS):
+                rt._split_runs.clear()
+                rt._split_scratch = 0
+            rt._split_runs[key] = run
+            rt._split_scratch += run is not False
+    if run is False:
+        return None
+    if kind == "dense":
+        try:
+            k, v = k.view(run.k_shape), v.view(run.v_shape)
+        except RuntimeError:
+            return None  # K/V strided across batch and sequence: no packed view
+    if out is not None:
+        if run.out_as_is:
+            out_c = out  # (b, 1, hq, dv), any strides: the combine's own shape
+        else:
+            try:  # the combine writes the caller's out in place, as (decode rows, 1, hq, dv)
+                out_c = out.view(run.out_c_shape)
+            except RuntimeError:
+                return None  # a caller's out whose rows do not merge
+    if run.one_row:
+        # one decode row: every chunk reads the same q through a stride-0 batch mode, no copy
+        # (the kernel took it and matched the copied q bit for bit on the H200, 2026-11-30)
+        sh = q.stride(-2)
+        kq = torch.as_strided(q, run.kq_size, (0, sh, run.r * sh, 1))
+    else:
+        run.q_dst.copy_(q)  # q broadcast over the chunk slots
+        kq = run.kq
+    if kind == "dense":
+        cu_seqlens_k = run.cu_k
+    elif kind == "varlen":
+        # chunk j of sequence i starts at min(cu[i] + j*c, cu[i+1]); the last bound, cu[b],
+        # is row b's first entry (cu[b] + 0): two kernels into scratch, no allocation
+        torch.add(run.offs_col, cu_seqlens_k, out=run.cu_t)
+        torch.minimum(run.cu_t_lo, cu_seqlens_k[1:], out=run.cu_t_lo)
+        cu_seqlens_k = run.cu_flat
+    else:
+        # per-chunk lengths clamp(len - offset, 0, c), written transposed into scratch
+        torch.sub(seqused_k, run.offs_col, out=run.len_t)
+        run.len_buf.clamp_(0, run.chunk)
+        seqused_k = run.len_flat
+        if run.pt_rows and page_table.size(1) == run.pt_cols and page_table.is_contiguous():
+            page_table = page_table.view(run.pt_shape)  # the chunks' pages: a view
+        else:
+            page_table = S.chunk_page_table(torch, page_table, run.sp, page_size, rows)
+    run.launch(
+        kq, k, v, run.ko, run.kl, run.scale if softmax_scale is None else float(softmax_scale),
+        None, cu_seqlens_k, None, seqused_k, page_table,
+    )
+    if sink is not None:  # the empty last slot carries the sink: counted once, as FA4 does
+        run.lp_sink.copy_(sink)
+    if out is None:
+        out = q.new_empty(run.out_shape)
+        out_c = out if run.out_as_is else out.view(run.out_c_shape)
+    if return_lse and lse is None:
+        lse = q.new_empty(run.lse_shape, dtype=torch.float32)
+    if lse is not None and rows == 1:
+        lse_c = torch.as_strided(lse, run.lse_c_size, run.lse_c_stride)
+    else:
+        lse_c = run.lse_scratch
+    run.merge(run.op_c, run.lp_c, out_c, lse_c)
+    if lse is not None and rows > 1:
+        lse.copy_(run.lse_rows)
+    return out, lse
+
+
+class SplitRun:
+    """What a split decode step of one shape needs besides its inputs: the bound kernels,
+    scratch buffers, the kernel-facing views of them and every shape the step uses, made once
+    per (device, stream, shape) and reused by later steps (see the module docstring)."""
+
+    __slots__ = (
+        "sp", "chunk", "launch", "merge", "scale", "r", "one_row", "kq_size", "q_dst", "kq",
+        "ko", "kl", "lp_sink", "op_c", "lp_c", "lse_scratch", "lse_rows", "k_shape",
+        "v_shape", "cu_k", "offs_col", "cu_t", "cu_t_lo", "cu_flat", "len_buf", "len_t",
+        "len_flat", "pt_rows", "pt_cols", "pt_shape", "out_as_is", "out_shape", "out_c_shape",
+        "lse_shape", "lse_c_size", "lse_c_stride",
+    )
+
+    def __init__(self, rt, dev, q, b, rows, hq, hk, d, dv, kind, sp, page_size, causal,
+                 seqlen_k, varlen_q):
+        r, slots = hq // hk, sp.slots
+        bb, nv = b * rows, b * rows * slots  # decode rows; virtual sequences (chunk fastest)
+        dvc = q.device
+        kern = rt.split_kernel(dev, q.dtype, d, dv, page_size)
+        self.sp, self.chunk = sp, sp.chunk
+        self.launch, self.merge = kern.launch, kern.merge
+        self.scale = float(1.0 / math.sqrt(d))
+        self.r = r
+        self.one_row = bb == 1
+        self.kq_size = (slots, r, hk, d)
+        qr = q.new_empty((bb, slots, hq, d))
+        # the caller's q, (b, rows, hq, d) or (b*rows, hq, d), broadcast over the slots
+        self.q_dst = (qr.view(bb, slots, hq, d).transpose(0, 1) if varlen_q
+                      else qr.view(b, rows, slots, hq, d).permute(2, 0, 1, 3, 4))
+        self.kq = qr.view(nv, hk, r, d).transpose(1, 2)  # GQA folded: r rows of a 1:1 kernel
+        op = q.new_empty((bb, slots, hq, dv))
+        self.ko = op.view(nv, hk, r, dv).transpose(1, 2)
+        lp = torch.empty((bb, slots, hq), dtype=torch.float32, device=dvc)
+        self.kl = lp.view(nv, hk, r)
+        self.lp_sink = lp[:, sp.n] if slots > sp.n else None
+        # the combine's modes are (chunk, row, 1, hq, dv) for partial outputs and (chunk, row,
+        # 1, hq) for partial LSE with the seqlen mode contiguous: views of the kernel's
+        self.op_c = op.permute(1, 0, 2, 3).unsqueeze(2)
+        self.lp_c = torch.as_strided(lp, (slots, bb, 1, hq), (hq, slots * hq, 1, 1))
+        self.lse_scratch = torch.empty((bb, 1, hq), dtype=torch.float32, device=dvc)
+        self.lse_rows = (self.lse_scratch.view(bb, hq).t() if varlen_q
+                         else self.lse_scratch.view(b, rows, hq).transpose(1, 2))
+        # outputs in the caller's layout, and the combine's (decode rows, 1, hq, dv) view
+        self.out_shape = (bb, hq, dv) if varlen_q else (b, rows, hq, dv)
+        self.out_c_shape = (bb, 1, hq, dv)
+        self.out_as_is = not varlen_q and rows == 1
+        self.lse_shape = (hq, bb) if varlen_q else (b, hq, rows)
+        self.lse_c_size = (b, 1, hq)
+        self.lse_c_stride = (1, 1, b) if varlen_q else (hq, 1, 1)
+        self.k_shape, self.v_shape = (b * seqlen_k, hk, d), (b * seqlen_k, hk, dv)
+        self.pt_rows = self.pt_cols = 0
+        self.pt_shape = None
+
+        def const(key, make):  # (while capturing: the eager warm-up's, or made in the graph)
+            return _const(rt, key, dvc, make)
+
+        if kind == "dense":
+            self.cu_k = const(
+                ("dense_cu", dev, b, seqlen_k, sp.chunk, slots),
+                lambda: S.dense_cu_seqlens_k(torch, b, seqlen_k, sp, dvc),
+            )
+            return
+        offs = lambda: torch.arange(  # noqa: E731
+            0, slots * sp.chunk, sp.chunk, dtype=torch.int32, device=dvc
+        )
+        offsets = const(("offsets", dev, slots, sp.chunk), offs)
+        if kind == "varlen":
+            cu = torch.empty((b + 1, slots), dtype=torch.int32, device=dvc)
+            self.offs_col = offsets.view(slots, 1)
+            self.cu_t = cu.t()
+            self.cu_t_lo = self.cu_t[:, :b]
+            self.cu_flat = cu.view(-1)[: b * slots + 1]
+            return
+        if rows > 1:
+            # unrolled row t of a causal step sees len - rows + 1 + t keys; a non-causal one
+            # all of them: per (row, chunk) offsets
+            back = torch.arange(rows - 1, -1, -1, dtype=torch.int32, device=dvc)
+            offsets = ((back[:, None] if causal else back[:, None] * 0) + offsets).flatten()
+        self.offs_col = offsets.view(-1, 1)
+        self.len_buf = torch.empty((b, rows * slots), dtype=torch.int32, device=dvc)
+        self.len_t = self.len_buf.t()
+        self.len_flat = self.len_buf.view(-1)
+        # split.chunk_page_table's free case: the table holds exactly slots * pages-per-chunk
+        # pages per row (and one row per sequence)
+        pp = sp.chunk // page_size
+        self.pt_rows = int(rows == 1)
+        self.pt_cols = slots * pp
+        self.pt_shape = (b * slots, pp)
+
+
+def _const(rt, key: tuple, device, make):
+    """A device tensor that depends only on host-known sizes (chunk offsets, a dense K's
+    cu_seqlens_k): made once and cached, except while a CUDA graph is captured (a tensor made
+    then holds nothing until the graph replays)."""
+    t = rt._split_consts.get(key)
+    if t is None:
+        t = make()
+        if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+            if len(rt._split_consts) > 256:
+                rt._split_consts.clear()
+            rt._split_consts[key] = t
+    return t

@@ -1,0 +1,194 @@
+"""The runtime's plan step on a CPU, through the public entry points: a stand-in store serves
+chosen variants with reference kernels (CPU tensors report device 0), so validate -> plan ->
+launch runs end to end: plans are cached per key (the call's description is built once),
+split-KV composes with the GQA fold and falls back to the unsplit plan when the store lacks the
+split kernel, and kernels are called through their arch's ABI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from reference import attention_ref, rel_err
+from test_split import fake_combine, fake_fwd
+
+import fa4aot.runtime as R
+from fa4aot.errors import UnsupportedVariant
+from fa4aot.runtime import launch as L
+from fa4aot.runtime import plan as P
+from fa4aot.runtime import splitkv as SK
+from fa4aot.runtime import validate as V
+from fa4aot.variants import features, split_kernel_variant
+
+BF16 = torch.bfloat16
+
+
+class _Art:
+    def __init__(self, variant):
+        self.id, self.variant = variant.id, variant
+        comb = {"partial_dtype": "bfloat16", "tile_m": 16, "max_splits": 128}
+        self.record = {"parts": {"fwd": {}, "combine": comb}}
+        self.dir = Path("/nonexistent") / variant.id
+
+
+def _dense_ref_kernel(causal: bool):
+    """A dense-q, dense-K forward in FA4's sm90 argument order (reference attention)."""
+
+    def fwd(q, k, v, out, lse, scale, cu_q, cu_k, used_q, used_k, pt, wl, wr, sink, *rest):
+        assert cu_q is cu_k is used_q is used_k is pt is None
+        b, sq = q.shape[:2]
+        o, lse_ = attention_ref(q, k, v, torch.full((b,), sq), torch.full((b,), k.shape[1]),
+                                causal=causal, sink=sink, scale=scale)
+        out.copy_(o)
+        if lse is not None:
+            lse.copy_(lse_)
+
+    return fwd
+
+
+@pytest.fixture
+def store(monkeypatch, tmp_path, knobs):
+    """serve(variants) -> the default runtime, its stores holding exactly `variants`."""
+    knobs(cache_dir=str(tmp_path / "cache"), padding=None)
+    monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0)
+    calls = {"fwd": 0, "combine": 0}
+
+    def load(self, art, *names):
+        def counted(name, fn):
+            def k(*a):
+                calls[name] += 1
+                return fn(*a)
+
+            return k
+
+        v = art.variant
+        split = v == split_kernel_variant("sm90", "bfloat16", v.head_dim, v.head_dim_v, None)
+        fwd = fake_fwd if split else _dense_ref_kernel(v.causal)
+        got = {"fwd": counted("fwd", fwd), "combine": counted("combine", fake_combine)}
+        return [got.get(n) for n in names]
+
+    def serve(variants):
+        have = {v.id: v for v in variants}
+        monkeypatch.setattr(P.Runtime, "find", lambda s, v, sms: _Art(v) if v.id in have else None)
+        monkeypatch.setattr(P.Runtime, "_load", load)
+        monkeypatch.setattr(P.Runtime, "available", lambda s, arch, sms: list(have.values()))
+        rt = R.reset(roots=[tmp_path / "cache"], on_miss="error")
+        rt._devices[0] = ("sm90", 132)
+        rt.calls = calls
+        return rt
+
+    yield serve
+    R.reset(roots=[tmp_path / "cache"])
+
+
+def _dense_variant(b, sq, hq, hk, d, causal=True, lse=False):
+    return features(arch="sm90", dtype="bfloat16", head_dim=d, head_dim_v=d, num_heads=hq,
+                    num_heads_kv=hk, causal=causal, window_left=None, window_right=None,
+                    return_lse=lse, sink_dtype=None, batch=b, seqlen_q=sq, total_q=b * sq,
+                    max_seqlen_q=None)
+
+
+def _qkv(b, sq, sk, hq, hk, d, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(b, sq, hq, d, generator=g).to(BF16),
+            torch.randn(b, sk, hk, d, generator=g).to(BF16),
+            torch.randn(b, sk, hk, d, generator=g).to(BF16))
+
+
+def test_plan_is_cached_per_key_and_the_description_built_once(store, monkeypatch):
+    rt = store([_dense_variant(2, 200, 8, 2, 64)])
+    built = []
+    real = V.Call
+    monkeypatch.setattr(V, "Call", lambda *a: built.append(a) or real(*a))
+    q, k, v = _qkv(2, 200, 40, 8, 2, 64)
+    for _ in range(3):
+        o, _ = R.flash_attn_func(q, k, v, causal=True)
+    assert len(built) == 1 and len(rt._plans) == 1 and rt.calls["fwd"] == 3
+    (plan,) = rt._plans.values()
+    assert plan.pad is None and plan.abi is L.SM90
+    ro, _ = attention_ref(q, k, v, torch.full((2,), 200), torch.full((2,), 40), causal=True)
+    assert rel_err(o, ro) < 1e-2
+    # another prefill length shares the plan (the key clamps the query length at 193)
+    R.flash_attn_func(*_qkv(2, 300, 40, 8, 2, 64), causal=True)
+    assert len(built) == 1
+
+
+@pytest.mark.parametrize("sink", [False, True])
+def test_split_composes_with_the_gqa_fold_through_the_entry_point(store, sink):
+    """A 4:1 decode step over 1500 keys split in 3: the split kernel is the 1:1 non-causal
+    fold kernel (4 query heads as 4 rows); the call's own variant is never planned."""
+    rt = store([split_kernel_variant("sm90", "bfloat16", 64, 64, None)])
+    rt.split = 3
+    q, k, v = _qkv(2, 1, 1500, 8, 2, 64, seed=1)
+    s = torch.randn(8) if sink else None
+    for _ in range(2):
+        o, lse = R.flash_attn_func(q, k, v, causal=True, learnable_sink=s, return_lse=True)
+    ro, rl = attention_ref(q, k, v, torch.ones(2), torch.full((2,), 1500), causal=True, sink=s)
+    assert rel_err(o, ro) < 1e-2 and torch.allclose(lse, rl, atol=1e-3)
+    assert rt._plans == {}  # served by the split alone
+    runs = [r for r in rt._split_runs.values() if r]
+    assert len(runs) == 1 and runs[0].sp.slots == 3 + sink
+    assert rt.calls == {"fwd": 2, "combine": 2}
+
+
+def test_no_split_kernel_runs_the_unsplit_plan(store):
+    """The store lacks the split kernel: the decision (unsplit) is cached, the exact plan runs."""
+    rt = store([_dense_variant(1, 1, 8, 2, 64)])
+    rt.split = 4
+    q, k, v = _qkv(1, 1, 1500, 8, 2, 64, seed=2)
+    for _ in range(2):
+        o, _ = R.flash_attn_func(q, k, v, causal=True)
+    assert list(rt._split_runs.values()) == [False]
+    assert len(rt._plans) == 1 and rt.calls == {"fwd": 2, "combine": 0}
+    ro, _ = attention_ref(q, k, v, torch.ones(1), torch.full((1,), 1500), causal=True)
+    assert rel_err(o, ro) < 1e-2
+
+
+def test_pad_then_split_compose(store):
+    """hd 72 with no kernel of its own: the split finds no hd-72 split kernel and declines; the
+    plan pads to hd 128, and the padded re-entry splits on the hd-128 split kernel (the
+    softmax scale stays the caller's 1/sqrt(72); O is cropped back)."""
+    rt = store([split_kernel_variant("sm90", "bfloat16", 128, 128, None),
+                _dense_variant(1, 1, 8, 2, 128, lse=True)])
+    rt.split = 3
+    q, k, v = _qkv(1, 1, 1500, 8, 2, 72, seed=4)
+    o, lse = R.flash_attn_func(q, k, v, causal=True, return_lse=True)
+    assert o.shape == (1, 1, 8, 72) and lse.shape == (1, 8, 1)
+    ro, rl = attention_ref(q, k, v, torch.ones(1), torch.full((1,), 1500), causal=True)
+    assert rel_err(o, ro) < 1e-2 and torch.allclose(lse, rl, atol=1e-3)
+    (plan,) = rt._plans.values()
+    assert plan.pad is not None and (plan.pad.head_dim, plan.pad.fold) == (128, 1)
+    assert rt.calls == {"fwd": 1, "combine": 1}  # the split ran, not the padded exact kernel
+    assert sorted(bool(r) for r in rt._split_runs.values()) == [False, True]
+
+
+def test_split_scratch_is_bounded(store, monkeypatch):
+    rt = store([split_kernel_variant("sm90", "bfloat16", 64, 64, None)])
+    rt.split = 2
+    made = []
+    real = SK.SplitRun
+    monkeypatch.setattr(SK, "SplitRun", lambda *a: made.append(1) or real(*a))
+    for b in range(1, 20):
+        R.flash_attn_func(*_qkv(b, 1, 1100, 2, 1, 64), causal=True)
+    assert len(made) == 19
+    assert sum(1 for r in rt._split_runs.values() if r) <= 16 and rt._split_scratch <= 16
+
+
+def test_launch_is_dispatched_by_arch():
+    with pytest.raises(UnsupportedVariant, match="no kernel ABI for sm100"):
+        L.abi_for("sm100")
+    seen = []
+    abi = L.Abi(lambda k: (lambda *a: seen.append(("fwd", a))), L.SM90.tile_cumsum,
+                L.SM90.combine)
+    L.register("sm_test", abi)
+    try:
+        plan = P.Plan(None, object(), None, False, False, None, abi=L.abi_for("sm_test"))
+        plan.launch(1, 2, 3)
+        assert seen == [("fwd", (1, 2, 3))]
+    finally:
+        L._ABIS.pop("sm_test")
+    raw = []
+    L.SM90.fwd(lambda *a: raw.append(a))("q", "k", "v", "o", None, 0.5)
+    assert len(raw[0]) == 18 and raw[0][:6] == ("q", "k", "v", "o", None, 0.5)
+    assert raw[0][15] == (None, None)  # FA4's empty aux data
