@@ -491,6 +491,8 @@ def fwd_prepare(
     q_descale=None,
     k_descale=None,
     v_descale=None,
+    out_partial=None,
+    lse_partial=None,
 ) -> FwdPrep:
     """What `_flash_attn_fwd` does to a call before its kernel runs (interface.py 736-1080,
     1846-1856), for inference calls (no grad, no score/mask mod, no block sparsity):
@@ -508,7 +510,9 @@ def fwd_prepare(
       when all three are None;
     - sm100's `max_seqlen_q` slot (`max_seqlen_q_slot`).
 
-    varlen_q: q is packed (cu_seqlens_q given). Not done here (the caller's, as FA4's
+    varlen_q: q is packed (cu_seqlens_q given). out_partial / lse_partial: the split's float32
+    partial buffers, when the caller keeps them as scratch (the shapes above; else allocated).
+    Not done here (the caller's, as FA4's
     maybe_contiguous does it): making inputs 16-byte aligned and unit-stride in the last dim.
     A caller's `out` must be 32-byte aligned when dv is 512 (MLA): FA4 compiles O with that
     alignment assumed (interface.py 884, 1543), 16 bytes otherwise.
@@ -547,11 +551,17 @@ def fwd_prepare(
     )  # fmt: skip
     if num_splits > 1:
         rows = qs[:1] if varlen_q else qs[:2]
-        prep.out_partial = torch.empty(
-            (num_splits, *rows, qs[-2], dv), dtype=torch.float32, device=v.device
+        prep.out_partial = (
+            torch.empty((num_splits, *rows, qs[-2], dv), dtype=torch.float32, device=v.device)
+            if out_partial is None
+            else out_partial
         )
         lp = lse_shape(qs, varlen_q, mla=False)  # seqlen-last, for the combine
-        prep.lse_partial = torch.empty((num_splits, *lp), dtype=torch.float32, device=v.device)
+        prep.lse_partial = (
+            torch.empty((num_splits, *lp), dtype=torch.float32, device=v.device)
+            if lse_partial is None
+            else lse_partial
+        )
         prep.kernel_out = prep.out_partial
         prep.kernel_lse = prep.lse_partial.transpose(-1, -2) if mla else prep.lse_partial
         if lse is not None:
