@@ -14,8 +14,9 @@ host-known values only (no device sync):
   query length of a batch-form q without seqused_q is refused (it would skip rows);
 - varlen q with batch > 256: FA4's tile cumsum, then its blocks-to-batch index, both passed on;
 - split-KV: FA4's own split kernels (`Variant.split_kv`) with the combine stored beside them.
-  For q in batch form, non-local masks and equal head dims, the count is FA4's heuristic
-  (`constraints.native_num_splits`; FA4AOT_SPLIT_KV=N forces N, 0 never splits), the kernel the
+  For q in batch form and equal head dims, the count is FA4's heuristic
+  (`constraints.native_num_splits` over the keys the mask loads, as FA4's `seqlen_k_loaded`;
+  FA4AOT_SPLIT_KV=N forces N, 0 never splits), the kernel the
   split variant of the call (`features(..., num_splits=n, max_seqlen_k=bound)`, ping-pong or
   not), run only when a store holds it; float32 partials are scratch per (device, stream,
   shape), fresh while a CUDA graph is captured. A packed q runs unsplit (FA4 would compute
@@ -120,13 +121,7 @@ def run(
     if sink is not None and sink.stride(0) != 1:
         sink = sink.contiguous()
     target, n = plan, 1
-    if (
-        rt.split
-        and not varlen_q
-        and seqused_q is None
-        and not variant.local
-        and variant.head_dim == variant.head_dim_v
-    ):
+    if rt.split and not varlen_q and seqused_q is None and variant.head_dim == variant.head_dim_v:
         bound = A.max_seqlen_k_bound(v, page_table, max_seqlen_k)
         rows = seqlen_q if max_seqlen_q is None else max_seqlen_q
         key = (batch, rows, -(-bound // 128), rt.split)
@@ -179,9 +174,14 @@ def _native_split(rt, plan, dev, batch, rows, bound, hq, hk):
     variant = plan.variant
     arch, sms = rt.device(dev)
     if rt.split < 0:
+        loaded = bound
+        if variant.local:  # FA4's seqlen_k_loaded (interface.py 392-407): the window's keys
+            wl, wr = plan.window_left, plan.window_right
+            loaded = max(0, min(bound, (bound if wr is None else wr)
+                                + (bound if wl is None else wl) + 1 + plan.facts["tile_m"]))
         n = C.native_num_splits(
             arch, batch=batch, num_heads_kv=hk, qhead_per_kvhead=hq // hk, seqlen_q=rows,
-            max_seqlen_k=bound, head_dim=variant.head_dim, num_sms=sms,
+            max_seqlen_k=loaded, head_dim=variant.head_dim, num_sms=sms,
             pack_gqa=plan.facts["pack_gqa"],
         )  # fmt: skip
     else:

@@ -106,7 +106,8 @@ class Plan:
 # What the Blackwell path needs of a forward kernel's compile key (FA4's key positions, as
 # compiler.fwd_abi_record stores them in the artifact's record: parts.fwd.abi)
 FACTS = ("tile_m", "pack_gqa", "split_kv", "cu_total_m_blocks", "blocks_to_batch_idx",
-         "num_splits_dynamic")  # fmt: skip
+         "num_splits_dynamic", "virtual_batch_idx", "num_nheads_in_l2", "tile_count_semaphore",
+         "cu_total_splits_m_blocks")  # fmt: skip
 
 
 def fwd_facts(variant: Variant, art: Artifact | None) -> dict:
@@ -123,7 +124,13 @@ def fwd_facts(variant: Variant, art: Artifact | None) -> dict:
         "split_kv": variant.split_kv,
         "cu_total_m_blocks": variant.cu_hint,
         "blocks_to_batch_idx": variant.cu_hint,
+        # FA4's varlen scheduler metadata (split with a packed q) is not modelled: none of its
+        # slots (the launcher passes None there)
         "num_splits_dynamic": False,
+        "virtual_batch_idx": False,
+        "num_nheads_in_l2": False,
+        "tile_count_semaphore": False,
+        "cu_total_splits_m_blocks": False,
     }
     rec = None if art is None else art.record.get("parts", {}).get("fwd", {}).get("abi")
     if rec is not None:
