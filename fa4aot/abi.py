@@ -13,9 +13,10 @@ recording stand-in for the compiled function).
 Imports torch (and fa4aot.constraints) only: no cutlass, no flash_attn.
 
 How the runtime calls it (`launcher(arch)` gives the launch function; its first 16
-parameters are `runtime._launch`'s):
+parameters are the runtime's bound launchers', runtime/launch.py; the Blackwell path is
+runtime/blackwell.py):
 
-    sm90 (today's `_launch`, unchanged):
+    sm90 (runtime.launch.SM90, unchanged):
         abi.launch_sm90(fwd, q, k, v, out, lse, scale, cu_q, cu_k, used_q, used_k, pages,
                         window_left, window_right, sink, cu_total_m_blocks)
     sm100 / sm103:
@@ -177,7 +178,7 @@ def fwd_args(
 ) -> tuple:
     """The positional arguments of FA4's compiled forward on `arch`.
 
-    The first 14 are `runtime._launch`'s, in its order. q/k/v/qv/out/lse are what the
+    The first 14 are the runtime's bound launchers' (runtime/launch.py), in their order. q/k/v/qv/out/lse are what the
     kernel gets (`FwdPrep`: uint8 views for FP8; out_partial / lse_partial when split);
     window_left/right are FA4's resolved ones (`resolve_window`); descales is
     (q_descale, k_descale, v_descale) or None when all three are None (FA4 passes None then).
@@ -233,7 +234,7 @@ def fwd_args(
 
 
 # -- launchers: the same lists, passed straight to the kernel (the runtime's hot path) -------------
-# Their first 16 parameters are `runtime._launch`'s, so a call site serves either arch by
+# Their first 16 parameters are the runtime's bound launchers', so a call site serves either arch by
 # taking its launcher from `launcher(arch)`; tests/test_abi.py checks each against fwd_args.
 
 

@@ -127,11 +127,12 @@ def feature_unsupported_reason(arch: str, feature: str) -> str | None:
 
 def mla_reason(arch: str) -> str:
     """Why fa4aot builds no kernel for an absorbed-MLA (qv) layer on `arch`: FA4's MLA kernels
-    are Blackwell-only; on Blackwell the runtime has no qv argument yet, so its variants are
+    are Blackwell-only; on Blackwell the runtime does not serve qv calls yet, so its variants are
     enumerated by tracing FA4 and cross-compiled on request (fa4aot/mla.py), not by `build`."""
     return feature_unsupported_reason(arch, "mla") or (
         f"absorbed MLA (qv) on {arch}: FA4 compiles it (fa4aot.mla enumerates and cross-compiles "
-        "its variants, docs/blackwell.md), but the fa4aot runtime has no qv argument yet, so "
+        "its variants, docs/blackwell.md), but the fa4aot runtime does not serve qv (MLA) calls yet "
+        "(it refuses its qv argument), so "
         "`fa4aot build` does not store them"
     )
 
