@@ -275,7 +275,9 @@ def _case_inputs(c: dict):
     inp["v"] = torch.empty(*shape, dv, dtype=dt, device=dev)
     desc = c.get("descales")
     if desc:
-        for n in desc.split(","):
+        # "q,k,v" (the extra cases) or a Variant's "qkv" (the default FP8 variants: found
+        # unparsed here, so those were traced with no descales at all)
+        for n in desc.split(",") if "," in desc else desc:
             inp[f"{n}_descale"] = torch.empty(b, hk, dtype=torch.float32, device=dev)
         if desc == "k,v=k":  # one tensor for K and V (what FA4's MLA + descales requires)
             del inp["v=k_descale"]

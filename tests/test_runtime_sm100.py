@@ -139,8 +139,6 @@ def _worker(arch: str) -> dict:
     num = int(arch[2:])
     for origin, call, built in cases:
         c = TA._call_dict(call) if origin == "default" else dict(call)
-        if c.get("descales") and "," not in c["descales"]:  # "qkv" -> _case_inputs' "q,k,v"
-            c["descales"] = ",".join(c["descales"])
         split = bool(c.get("num_splits", 1) > 1)
         forced = split and built is not None and built.local
         if split and not forced:
