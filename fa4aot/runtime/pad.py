@@ -39,7 +39,7 @@ def copy_wide(dst: torch.Tensor, src: torch.Tensor) -> None:
 
 def folded(plan, q, k, v, out, lse, softmax_scale, return_lse, varlen, seqlen_k, kv_args):
     """A decode step (one query row per sequence) run on the non-causal kernel of ratio
-    `plan.pad.ratio` that `plan.launch` runs: the call's r query heads per KV group as r / ratio query
+    `plan.pad.ratio` (`plan.launch`): the call's r query heads per KV group as r / ratio query
     rows (select.py). q, O and a dense call's LSE are strided views; a varlen call's LSE (heads,
     tokens) is the transpose of the kernel's (batch, heads, rows) and takes one copy.
     kv_args: (cu_seqlens_k, seqused_k, page_table), passed through."""
