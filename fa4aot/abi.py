@@ -13,9 +13,10 @@ recording stand-in for the compiled function).
 Imports torch (and fa4aot.constraints) only: no cutlass, no flash_attn.
 
 How the runtime calls it (`launcher(arch)` gives the launch function; its first 16
-parameters are `runtime._launch`'s):
+parameters are the runtime's bound launchers', runtime/launch.py; the Blackwell path is
+runtime/blackwell.py):
 
-    sm90 (today's `_launch`, unchanged):
+    sm90 (runtime.launch.SM90, unchanged):
         abi.launch_sm90(fwd, q, k, v, out, lse, scale, cu_q, cu_k, used_q, used_k, pages,
                         window_left, window_right, sink, cu_total_m_blocks)
     sm100 / sm103:
@@ -177,7 +178,7 @@ def fwd_args(
 ) -> tuple:
     """The positional arguments of FA4's compiled forward on `arch`.
 
-    The first 14 are `runtime._launch`'s, in its order. q/k/v/qv/out/lse are what the
+    The first 14 are the runtime's bound launchers' (runtime/launch.py), in their order. q/k/v/qv/out/lse are what the
     kernel gets (`FwdPrep`: uint8 views for FP8; out_partial / lse_partial when split);
     window_left/right are FA4's resolved ones (`resolve_window`); descales is
     (q_descale, k_descale, v_descale) or None when all three are None (FA4 passes None then).
@@ -233,7 +234,7 @@ def fwd_args(
 
 
 # -- launchers: the same lists, passed straight to the kernel (the runtime's hot path) -------------
-# Their first 16 parameters are `runtime._launch`'s, so a call site serves either arch by
+# Their first 16 parameters are the runtime's bound launchers', so a call site serves either arch by
 # taking its launcher from `launcher(arch)`; tests/test_abi.py checks each against fwd_args.
 
 
@@ -491,6 +492,8 @@ def fwd_prepare(
     q_descale=None,
     k_descale=None,
     v_descale=None,
+    out_partial=None,
+    lse_partial=None,
 ) -> FwdPrep:
     """What `_flash_attn_fwd` does to a call before its kernel runs (interface.py 736-1080,
     1846-1856), for inference calls (no grad, no score/mask mod, no block sparsity):
@@ -508,7 +511,9 @@ def fwd_prepare(
       when all three are None;
     - sm100's `max_seqlen_q` slot (`max_seqlen_q_slot`).
 
-    varlen_q: q is packed (cu_seqlens_q given). Not done here (the caller's, as FA4's
+    varlen_q: q is packed (cu_seqlens_q given). out_partial / lse_partial: the split's float32
+    partial buffers, when the caller keeps them as scratch (the shapes above; else allocated).
+    Not done here (the caller's, as FA4's
     maybe_contiguous does it): making inputs 16-byte aligned and unit-stride in the last dim.
     A caller's `out` must be 32-byte aligned when dv is 512 (MLA): FA4 compiles O with that
     alignment assumed (interface.py 884, 1543), 16 bytes otherwise.
@@ -547,11 +552,17 @@ def fwd_prepare(
     )  # fmt: skip
     if num_splits > 1:
         rows = qs[:1] if varlen_q else qs[:2]
-        prep.out_partial = torch.empty(
-            (num_splits, *rows, qs[-2], dv), dtype=torch.float32, device=v.device
+        prep.out_partial = (
+            torch.empty((num_splits, *rows, qs[-2], dv), dtype=torch.float32, device=v.device)
+            if out_partial is None
+            else out_partial
         )
         lp = lse_shape(qs, varlen_q, mla=False)  # seqlen-last, for the combine
-        prep.lse_partial = torch.empty((num_splits, *lp), dtype=torch.float32, device=v.device)
+        prep.lse_partial = (
+            torch.empty((num_splits, *lp), dtype=torch.float32, device=v.device)
+            if lse_partial is None
+            else lse_partial
+        )
         prep.kernel_out = prep.out_partial
         prep.kernel_lse = prep.lse_partial.transpose(-1, -2) if mla else prep.lse_partial
         if lse is not None:

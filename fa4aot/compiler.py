@@ -291,16 +291,48 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
             problem = cubin.target_problem(obj, C.cubin_target(variant.arch))
             if problem:
                 raise RuntimeError(f"{variant.describe()}: {problem}")
-            parts[name] = {"object": str(obj), "key": key_repr(key)}
-            if name == "tile_cumsum":
-                # (tile, seqlen_q_multiplier, cu_seqlens?, seqused?, splits?, virtual batch?)
-                parts[name]["tile"], parts[name]["seqlen_q_multiplier"] = int(key[0]), int(key[1])
-                parts[name]["cu_seqlens"], parts[name]["seqused"] = bool(key[2]), bool(key[3])
-            if name == "combine":
-                parts[name]["max_splits"] = 1 << int(key[7])
-                parts[name]["partial_dtype"] = _CUTE_DTYPES[key[2].__name__]
-                parts[name]["tile_m"] = int(key[5])
+            parts[name] = {"object": str(obj), **part_record(name, key, variant.arch)}
     return {"parts": parts, "compile_seconds": seconds, "fa4_key": parts["fwd"]["key"]}
+
+
+def part_record(name: str, key, arch: str) -> dict:
+    """A part's record besides its object: FA4's compile key (rendered: what install() matches)
+    and the compile-time facts the runtime calls it by."""
+    rec: dict[str, Any] = {"key": key_repr(key)}
+    if name == "fwd" and C.is_blackwell(arch):
+        rec["abi"] = fwd_abi_record(key)
+    if name == "tile_cumsum":
+        # (tile, seqlen_q_multiplier, cu_seqlens?, seqused?, splits?, virtual batch?)
+        rec["tile"], rec["seqlen_q_multiplier"] = int(key[0]), int(key[1])
+        rec["cu_seqlens"], rec["seqused"] = bool(key[2]), bool(key[3])
+    if name == "combine":
+        rec["max_splits"] = 1 << int(key[7])
+        rec["partial_dtype"] = _CUTE_DTYPES[key[2].__name__]
+        rec["tile_m"] = int(key[5])
+    return rec
+
+
+def fwd_abi_record(key) -> dict:
+    """What the runtime's Blackwell path needs of a forward kernel's FA4 compile key (4.0.0b36
+    positions), stored in its record as parts.fwd.abi: the M tile and Q stages the batch > 256
+    helpers size their buffers with, pack_gqa, whether it writes split partials, and which
+    optional scheduler slots it was compiled with (a tensor there is required, None refused).
+    The runtime checks these against its model of the variant (runtime.plan.fwd_facts) and
+    refuses the artifact on any difference (and any kernel taking FA4's varlen scheduler
+    metadata, whose prepare kernel is not shipped). Not part of the variant id."""
+    return {
+        "tile_m": int(key[30]),
+        "q_stage": int(key[32]),
+        "split_kv": bool(key[34]),
+        "pack_gqa": bool(key[35]),
+        "num_splits_dynamic": bool(key[45]),
+        "virtual_batch_idx": bool(key[48]),
+        "num_nheads_in_l2": bool(key[49]),
+        "tile_count_semaphore": bool(key[50]),
+        "cu_total_m_blocks": bool(key[51]),
+        "cu_total_splits_m_blocks": bool(key[52]),
+        "blocks_to_batch_idx": bool(key[53]),
+    }
 
 
 # split.MAX_SLOTS partials per row: FA4 derives log_max_splits from the partials' count

@@ -23,8 +23,12 @@ DEFAULT_NUM_SMS = {"sm90": 132, "sm100": 148}
 # flash_fwd_sm100.py `is_sm103`), so an sm_100f build would not be the B300 kernel either.
 CUBIN_TARGETS = {"sm90": "sm_90a", "sm100": "sm_100a", "sm103": "sm_103a"}
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
-# Runtime support: the runtime knows the sm90 kernel's argument order and selection logic.
-RUNTIME_ARCHS = ("sm90",)
+# Runtime support: the archs whose kernels the runtime calls (FA4's argument lists per arch:
+# fa4aot/abi.py; sm100/sm103 proven equal to FA4's on the CPU, tests/test_runtime_sm100.py).
+RUNTIME_ARCHS = ("sm90", "sm100", "sm103")
+# The archs whose kernels have run on a GPU through fa4aot (the rest: built, checked on the CPU
+# and called through the CPU-proven ABI, never run: `not_run_note`).
+GPU_RUN_ARCHS = ("sm90",)
 
 
 class Tile(NamedTuple):
@@ -123,11 +127,12 @@ def feature_unsupported_reason(arch: str, feature: str) -> str | None:
 
 def mla_reason(arch: str) -> str:
     """Why fa4aot builds no kernel for an absorbed-MLA (qv) layer on `arch`: FA4's MLA kernels
-    are Blackwell-only; on Blackwell the runtime has no qv argument yet, so its variants are
+    are Blackwell-only; on Blackwell the runtime does not serve qv calls yet, so its variants are
     enumerated by tracing FA4 and cross-compiled on request (fa4aot/mla.py), not by `build`."""
     return feature_unsupported_reason(arch, "mla") or (
         f"absorbed MLA (qv) on {arch}: FA4 compiles it (fa4aot.mla enumerates and cross-compiles "
-        "its variants, docs/blackwell.md), but the fa4aot runtime has no qv argument yet, so "
+        "its variants, docs/blackwell.md), but the fa4aot runtime does not serve qv (MLA) calls yet "
+        "(it refuses its qv argument), so "
         "`fa4aot build` does not store them"
     )
 
@@ -144,13 +149,13 @@ def fp8_reason(arch: str, dtype: str, which: str = "q/k/v") -> str:
 def not_run_note(arch: str) -> str | None:
     """What `doctor`, `coverage` and the docs say of an arch's artifacts the fa4aot runtime
     does not serve (None for sm90): they are compiled and checked on the CPU, never run."""
-    if arch in RUNTIME_ARCHS:
+    if arch in GPU_RUN_ARCHS:
         return None
     return (
         f"{arch} artifacts are built and checked but not run: cross-compiled with no GPU, their "
-        "cubin target and FA4 compile keys checked on the CPU, but no "
-        f"{arch} kernel has run on a GPU through fa4aot (the runtime serves "
-        f"{', '.join(RUNTIME_ARCHS)} only; docs/blackwell.md)"
+        "cubin target and FA4 compile keys checked on the CPU, and the runtime's argument "
+        f"lists proven equal to FA4's on the CPU, but no {arch} kernel has run on a GPU through "
+        "fa4aot (docs/blackwell.md)"
     )
 
 
@@ -158,7 +163,7 @@ def runtime_unsupported_reason(arch: str) -> str | None:
     if arch not in RUNTIME_ARCHS:
         return (
             f"the fa4aot runtime serves {', '.join(RUNTIME_ARCHS)} only; {arch} artifacts can be "
-            "built but not yet called (their argument order differs)"
+            "built but not called (no FA4 argument list is described for them: fa4aot/abi.py)"
         )
     return None
 

@@ -14,9 +14,9 @@ satisfy, as FA4's `interface._flash_attn_fwd` states it (line numbers of 4.0.0b3
   all three takes exactly all three, each with real strides;
 - FP8 has no backward (860): forward-only.
 
-The fa4aot runtime serves sm90 only today (constraints.RUNTIME_ARCHS); when it serves Blackwell
-it calls `check_fp8_dtypes` where it checks dtypes, `fp8_out_dtype` where it allocates `out`,
-and `check_descales` with the selected variant's `descales` before the launch.
+The fa4aot runtime on Blackwell (runtime/blackwell.py) calls `check_fp8_dtypes` where it checks
+dtypes (runtime/validate.py), `fp8_mismatch_reason` when it plans, `check_descales` with the
+selected variant's `descales` before the launch, and allocates O as `fp8_out_dtype` says.
 """
 
 from __future__ import annotations

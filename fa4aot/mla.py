@@ -5,7 +5,7 @@ Why tracing, not a feature model as variants.features() is for sm90: FA4 routes 
 one of three kernels (2CTA; 1CTA; 1CTA with 64-key blocks) from the batch, the head ratio, the
 query length and the SM count (`_mla_1cta_route`, `_mla_fwd_plan`), and its key holds the real
 head ratio. Modelling that by hand would drift with every FA4 release; FA4's own key is the
-partition. `fa4aot build` does not store these kernels yet (the runtime has no qv argument:
+partition. `fa4aot build` does not store these kernels yet (the runtime does not serve qv calls yet:
 constraints.mla_reason); `mla_plan` + `compiler.compile_mla` cross-compile them on request.
 """
 

@@ -92,13 +92,14 @@ def test_builders_fill_their_tables_in_order():
 
 
 def test_sm90_fwd_args_are_the_runtimes_launch_order():
-    """The runtime's `_launch` (today's sm90 ABI) passes exactly abi.fwd_args("sm90", ...)."""
-    from fa4aot import runtime
+    """The runtime's sm90 launcher (runtime/launch.py, bound per loaded part) passes exactly
+    abi.fwd_args("sm90", ...)."""
+    from fa4aot.runtime import launch as L
 
     got = []
     pos = [_S(n) for n in _FWD_POS]
     cu_total = _S("cu_total_m_blocks")
-    runtime._launch(lambda *a: got.append(a), *pos, cu_total)
+    L.SM90.fwd(lambda *a: got.append(a))(*pos, cu_total)
     assert got == [abi.fwd_args("sm90", *pos, cu_total_m_blocks=cu_total)]
 
 
@@ -274,7 +275,9 @@ def _case_inputs(c: dict):
     inp["v"] = torch.empty(*shape, dv, dtype=dt, device=dev)
     desc = c.get("descales")
     if desc:
-        for n in desc.split(","):
+        # "q,k,v" (the extra cases) or a Variant's "qkv" (the default FP8 variants: found
+        # unparsed here, so those were traced with no descales at all)
+        for n in desc.split(",") if "," in desc else desc:
             inp[f"{n}_descale"] = torch.empty(b, hk, dtype=torch.float32, device=dev)
         if desc == "k,v=k":  # one tensor for K and V (what FA4's MLA + descales requires)
             del inp["v=k_descale"]
@@ -429,7 +432,8 @@ def _cases(arch: str) -> list[tuple[str, dict]]:
 def _worker(arch: str) -> dict:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from fa4aot import compiler, runtime
+    from fa4aot import compiler
+    from fa4aot.runtime import launch as L
 
     t0 = time.perf_counter()
     compiler.configure(arch, _TARGETS[arch])
@@ -485,7 +489,7 @@ def _worker(arch: str) -> dict:
                 got = []
                 fwd = next(x for k, x in mine if k == "fwd")
                 cu_total = fwd[16 if abi.family(case_arch) == 9 else 21]
-                runtime._launch(lambda *x: got.append(x), *fwd[:14], cu_total)
+                L.SM90.fwd(lambda *x: got.append(x))(*fwd[:14], cu_total)
                 swapped = [(k, got[0] if k == "fwd" else x) for k, x in mine]
                 launch = _norm_seq(swapped, inp) == a
         report["compared"][origin] = report["compared"].get(origin, 0) + 1

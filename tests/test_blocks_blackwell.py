@@ -85,7 +85,7 @@ def test_sm103_needs_its_sm_count(tmp_path, stub):
 
 def test_mla_block_sizes(tmp_path):
     bs = blocks.supported_block_sizes("sm100", "bfloat16", 64, 512, qv=512, cache=tmp_path)
-    assert bs.tma == () and not bs.any_size and "no qv argument" in bs.note
+    assert bs.tma == () and not bs.any_size and "does not serve qv" in bs.note
     assert blocks.preferred_block_size("sm100", "bfloat16", 64, 512, qv=512) == 128
     rule = blocks.kernel_page_sizes("sm103", 64, 512, qv=512)
     assert rule.tma == (128,) and rule.any_size and "kb64" in rule.note

@@ -100,7 +100,7 @@ def test_plan_is_cached_per_key_and_the_description_built_once(store, monkeypatc
     rt = store([_dense_variant(2, 200, 8, 2, 64)])
     built = []
     real = V.Call
-    monkeypatch.setattr(V, "Call", lambda *a: built.append(a) or real(*a))
+    monkeypatch.setattr(V, "Call", lambda *a, **kw: built.append(a) or real(*a, **kw))
     q, k, v = _qkv(2, 200, 40, 8, 2, 64)
     for _ in range(3):
         o, _ = R.flash_attn_func(q, k, v, causal=True)
@@ -214,8 +214,10 @@ def test_a_page_table_at_a_mapping_boundary_goes_behind_a_guard():
 
 
 def test_launch_is_dispatched_by_arch():
-    with pytest.raises(UnsupportedVariant, match="no kernel ABI for sm100"):
-        L.abi_for("sm100")
+    with pytest.raises(UnsupportedVariant, match="no kernel ABI for sm80"):
+        L.abi_for("sm80")
+    assert L.abi_for("sm100") is L.abi_for("sm103") is L.SM100 and L.SM100.blackwell
+    assert not L.SM90.blackwell
     seen = []
     abi = L.Abi(lambda k: (lambda *a: seen.append(("fwd", a))), L.SM90.tile_cumsum,
                 L.SM90.combine)

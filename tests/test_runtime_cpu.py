@@ -703,6 +703,7 @@ def test_decode_fold_plan_passes_views_of_the_callers_tensors():
     calls = _planted()
     plan = R.default_runtime()._plans.plan
     plan.pad = Choice(None, 1, 64, 64, 1.0, False, fold=20)
+    plan.special = True  # (Plan.__post_init__ sets it once per plan; pad was set after it)
     b = 3
     q, out = t(b, 40, 64), t(b, 40, 64)
     k, v = t(b * 2, 16, 2, 64), t(b * 2, 16, 2, 64)

@@ -239,6 +239,49 @@ def test_fp8_and_split_artifacts_carry_sm100_cubins(tmp_path):
         assert c.sm == 100 and c.arch_specific
     comb = parts["combine"]
     assert comb["max_splits"] == C.MAX_NATIVE_SPLITS and comb["partial_dtype"] == "float32"
+    # the builder records the forward's Blackwell key facts, and they are the runtime's model
+    from fa4aot.runtime import plan as P
+
+    rec = parts["fwd"]["abi"]
+    assert rec["split_kv"] and rec["tile_m"] == 128 and rec["pack_gqa"]
+    assert not rec["num_splits_dynamic"] and not rec["cu_total_m_blocks"]
+    assert P.fwd_facts(v, art)["split_kv"]
+    _runtime_and_install_serve_the_sm100_store(tmp_path, v)
+
+
+def _runtime_and_install_serve_the_sm100_store(root, v):
+    """In a fresh process (FA4 fixes its arch at import): the runtime loads the real sm100
+    artifact as a Blackwell plan (forward and combine, with tvm-ffi; nothing runs), and
+    fa4aot.install(arch="sm100") serves FA4's own entry point from the same store: the
+    variant's representative call hits the forward and the combine, and compiles nothing."""
+    import json
+    import subprocess
+    import sys
+
+    code = f"""
+import json
+from pathlib import Path
+from fa4aot import compiler
+from fa4aot.runtime import plan as P
+from fa4aot.variants import Variant, representative_call
+import fa4aot
+v = Variant.from_dict(json.loads({json.dumps(json.dumps(v.to_dict()))}))
+rt = P.Runtime([Path({str(root)!r})], "error")
+plan = rt.plan(v, 148)
+assert plan is not None and plan.abi.blackwell and plan.special and plan.combine is not None
+assert plan.facts["split_kv"] and plan.tile is None and plan.b2b is None
+compiler.configure("sm100", 148)
+counters = fa4aot.install(cache=Path({str(root)!r}), on_miss="error", arch="sm100", num_sms=148)
+try:
+    compiler.fake_call(representative_call(v))
+finally:
+    fa4aot.uninstall()
+print(json.dumps([counters.hits, counters.compiles, list(counters.misses)]))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    hits, compiles, misses = json.loads(r.stdout.strip().splitlines()[-1])
+    assert (hits, compiles, misses) == (2, 0, []), (hits, compiles, misses)
 
 
 def test_spec_fp8_dtype_parsing():

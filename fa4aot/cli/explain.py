@@ -188,7 +188,7 @@ def explain(
 
 def _explain_mla(out, arch, hq, hk, head_dim, qv, no_padding) -> None:
     """An absorbed-MLA (qv) call: where FA4 runs it and the head ratio it runs at (select.
-    mla_padded_ratio). The runtime has no qv argument yet (constraints.mla_reason): this is the
+    mla_padded_ratio). The runtime does not serve qv calls yet (constraints.mla_reason): this is the
     plan the runtime hook will follow (docs/blackwell.md)."""
     from ..select import mla_padded_ratio
 

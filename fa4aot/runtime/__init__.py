@@ -26,6 +26,7 @@ import torch
 from .. import split as S
 from ..constraints import BIN_BATCH_SEARCH_THRESH as _BIN_BATCH  # varlen: cu_total path above it
 from ..errors import Fa4aotError
+from . import blackwell as B
 from . import pad as X
 from . import plan as P
 from . import splitkv as SK
@@ -75,18 +76,29 @@ def flash_attn_func(
     padding: bool | None = None,
     softcap: float = 0.0,
     pack_gqa: bool | None = None,
+    q_descale: torch.Tensor | None = None,
+    k_descale: torch.Tensor | None = None,
+    v_descale: torch.Tensor | None = None,
+    qv: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Dense forward with FA4's calling convention: q (b, sq, hq, d), k/v (b, sk, hk, d[v]).
 
-    Returns (out, lse): out (b, sq, hq, dv) in q's dtype, lse (b, hq, sq) float32 or None.
+    Returns (out, lse): out (b, sq, hq, dv) in q's dtype (bfloat16 for FP8 inputs), lse
+    (b, hq, sq) float32 or None.
     out / lse: caller-owned buffers to write into (as FA4's internal `_flash_attn_fwd` takes
     them; e.g. for CUDA graphs); `lse` given implies return_lse.
     padding: allow serving the call from a padded variant (and copying inputs whose layout the
     kernel cannot take); None: FA4AOT_PADDING (default allow).
+    q_descale / k_descale / v_descale (FA4's `_flash_attn_fwd` names; Blackwell FP8 only):
+    float32 (batch, num_kv_heads); which of them are passed selects the kernel. qv (absorbed
+    MLA) is refused: the runtime does not serve MLA yet.
     """
     dq, b, sq, sk, hq, hk, d, dv, wl, wr, sink_dt, cap, return_lse, aligned = V.check_dense(
         q, k, v, window_size, learnable_sink, return_lse, out, lse, softcap, pack_gqa
     )
+    ds = None
+    if q_descale is not None or k_descale is not None or v_descale is not None or qv is not None:
+        ds = B.extras(q.dtype, qv, q_descale, k_descale, v_descale)
     rt = _DEFAULT or default_runtime()
     pad_ok = rt.padding if padding is None else bool(padding)
     if not aligned:
@@ -104,14 +116,14 @@ def flash_attn_func(
             return got
     key = (
         "dense", q.dtype, d, dv, hq // hk, bool(causal), wl, wr, return_lse, sink_dt,
-        sq if sq < _Q_KEY_CAP else _Q_KEY_CAP, dq, pad_ok, cap, pack_gqa,
+        sq if sq < _Q_KEY_CAP else _Q_KEY_CAP, dq, pad_ok, cap, pack_gqa, ds,
     )
     plan = rt._plans.get(key)
     if plan is None:
         V.require_cuda(dq, q)
         call = V.Call(
             "dense", dq, q.dtype, d, dv, hq, hk, b, sq, b * sq, None, sk, bool(causal), wl, wr,
-            return_lse, sink_dt, cap, pack_gqa, pad_ok,
+            return_lse, sink_dt, cap, pack_gqa, pad_ok, descales=ds,
         )
         plan = P.resolve(rt, key, call)
         if plan is None:
@@ -122,7 +134,13 @@ def flash_attn_func(
                      pack_gqa=pack_gqa),
                 out, lse,
             )
-    if plan.pad is not None:
+    if plan.special:  # a fold or padding plan, or a Blackwell one
+        if plan.pad is None:
+            return B.run(
+                rt, plan, q, k, v, out, lse, softmax_scale, causal, wl, wr, return_lse,
+                learnable_sink, None if ds is None else (q_descale, k_descale, v_descale),
+                None, None, None, None, None, None, None, b, b * sq, sq, sk, hq, hk, dq,
+            )
         if plan.pad.fold > 1:
             return X.folded(
                 plan, q, k, v, out, lse, softmax_scale, return_lse, False, sk, (None, None, None)
@@ -172,6 +190,10 @@ def flash_attn_varlen_func(
     padding: bool | None = None,
     softcap: float = 0.0,
     pack_gqa: bool | None = None,
+    q_descale: torch.Tensor | None = None,
+    k_descale: torch.Tensor | None = None,
+    v_descale: torch.Tensor | None = None,
+    qv: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Varlen / paged forward with FA4's calling convention.
 
@@ -184,13 +206,18 @@ def flash_attn_varlen_func(
     split-KV decode step reads no key beyond it); page_table entries index the KV pool and
     cover ceil(seqused_k / page_size) pages per sequence; seqused_k <= pages * page_size.
     Returns (out, lse): out like q with head_dim_v; lse (hq, total_q) float32 or None.
-    out / lse: caller-owned buffers, as in flash_attn_func.
+    out / lse: caller-owned buffers, as in flash_attn_func; descales and qv as there (on
+    Blackwell max_seqlen_q is the kernel's `max_seqlen_q` argument: it must bound every
+    sequence's query length, or rows go uncomputed).
     """
     (dev, batch, total_q, sq_dense, seqlen_k, hq, hk, d, dv, page_size, wl, wr, sink_dt, cap,
      return_lse, aligned) = V.check_varlen(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_q, seqused_k, page_table,
         window_size, learnable_sink, return_lse, out, lse, softcap, pack_gqa,
     )
+    ds = None
+    if q_descale is not None or k_descale is not None or v_descale is not None or qv is not None:
+        ds = B.extras(q.dtype, qv, q_descale, k_descale, v_descale)
     varlen_q = cu_seqlens_q is not None
     rt = _DEFAULT or default_runtime()
     pad_ok = rt.padding if padding is None else bool(padding)
@@ -230,7 +257,7 @@ def flash_attn_varlen_func(
         cu_seqlens_k is not None, seqused_q is not None, seqused_k is not None, page_size,
         batch > _BIN_BATCH, max_seqlen_q is None, eff_q if eff_q < _Q_KEY_CAP else _Q_KEY_CAP,
         total_q == batch,  # with max_seqlen_q == 1: one row per sequence, the decode fold applies
-        dev, pad_ok, cap, pack_gqa,
+        dev, pad_ok, cap, pack_gqa, ds,
     )
     plan = rt._plans.get(key)
     if plan is None:
@@ -239,7 +266,7 @@ def flash_attn_varlen_func(
             "varlen", dev, q.dtype, d, dv, hq, hk, batch, sq_dense, total_q, max_seqlen_q,
             seqlen_k, bool(causal), wl, wr, return_lse, sink_dt, cap, pack_gqa, pad_ok,
             varlen_q, cu_seqlens_k is not None, seqused_q is not None, seqused_k is not None,
-            page_size,
+            page_size, descales=ds,
         )
         plan = P.resolve(rt, key, call)
         if plan is None:
@@ -252,7 +279,14 @@ def flash_attn_varlen_func(
                      return_lse=return_lse, softcap=softcap, pack_gqa=pack_gqa),
                 out, lse,
             )
-    if plan.pad is not None:
+    if plan.special:  # a fold or padding plan, or a Blackwell one
+        if plan.pad is None:
+            return B.run(
+                rt, plan, q, k, v, out, lse, softmax_scale, causal, wl, wr, return_lse,
+                learnable_sink, None if ds is None else (q_descale, k_descale, v_descale),
+                cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table, max_seqlen_q,
+                max_seqlen_k, batch, total_q, sq_dense, seqlen_k, hq, hk, dev,
+            )
         if plan.pad.fold > 1:  # q (batch, hq, d), one row per sequence (see the key)
             return X.folded(
                 plan, q, k, v, out, lse, softmax_scale, return_lse, varlen_q, seqlen_k,

@@ -9,9 +9,12 @@ every call site uses the bound launcher's keyword-free, arch-neutral form:
     tile_cumsum(out, cu_seqlens_q, seqused_q)
     combine(out_partial, lse_partial, out, lse)
 
-Another arch's ABI (sm100's forward takes other trailing arguments) is a separate module that
-calls `register(arch, Abi(...))`; nothing else changes. A launcher is one Python frame, as the
-hand-written call it replaces was (a closure over the kernel, built once per load).
+sm100/sm103 (`SM100`): the same arch-neutral form, plus the trailing keywords FA4's Blackwell
+forward has slots for (`max_seqlen_q`, `descales`, `blocks_to_batch_idx`), passed on to
+`fa4aot.abi.launch_sm100`, the one spelling of that list (tests/test_abi.py proves it FA4's);
+`blocks_to_batch(cu_total, out)` is the second batch > 256 helper, whose output only the
+Blackwell forward takes. A launcher is one Python frame, as the hand-written call it replaces
+was (a closure over the kernel, built once per load).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from .. import abi as A
 from ..errors import UnsupportedVariant
 
 _NO_AUX = (None, None)  # FA4's AuxData(tensors=None, scalars=None): a compile-time value
@@ -87,6 +91,45 @@ def _sm90_combine(kernel: Any) -> Callable:
     return combine
 
 
+def _sm100_fwd(kernel: Any) -> Callable:
+    """FA4 4.0.0b36's sm100/sm103 forward (`abi.launch_sm100`: 25 slots). max_seqlen_q, when
+    not given, is what FA4 passes for a call without a hint (`abi.max_seqlen_q_slot`): s_q for q
+    in batch form, total_q for a packed q; the runtime's Blackwell path passes the caller's
+    host hint (runtime/blackwell.py). q/k/v are what the kernel takes (uint8 views for FP8)."""
+    launch = A.launch_sm100
+
+    def fwd(
+        q, k, v, out, lse, scale, cu_seqlens_q=None, cu_seqlens_k=None, seqused_q=None,
+        seqused_k=None, page_table=None, window_left=None, window_right=None,
+        learnable_sink=None, cu_total_m_blocks=None, max_seqlen_q=None, descales=None,
+        blocks_to_batch_idx=None,
+    ):
+        if max_seqlen_q is None:
+            max_seqlen_q = q.shape[0] if cu_seqlens_q is not None else q.shape[1]
+        launch(
+            kernel, q, k, v, out, lse, scale, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+            page_table, window_left, window_right, learnable_sink, cu_total_m_blocks,
+            max_seqlen_q, descales, blocks_to_batch_idx,
+        )
+
+    return fwd
+
+
+def _blocks_to_batch(kernel: Any) -> Callable:
+    """FA4's `_compute_blocks_to_batch` helper (varlen batch > 256, after the tile cumsum):
+    `abi.blocks_to_batch_args`."""
+
+    def blocks_to_batch(cu_total_blocks, blocks_to_batch_idx):
+        kernel(*A.blocks_to_batch_args(cu_total_blocks, blocks_to_batch_idx))
+
+    return blocks_to_batch
+
+
+def _no_blocks_to_batch(kernel: Any) -> None:
+    """sm90's forward has no slot for the blocks-to-batch index: the runtime never runs it."""
+    return None
+
+
 @dataclass(frozen=True)
 class Abi:
     """How one arch's artifacts are called: each field binds a loaded part to its launcher."""
@@ -94,10 +137,14 @@ class Abi:
     fwd: Callable[[Any], Callable]
     tile_cumsum: Callable[[Any], Callable]
     combine: Callable[[Any], Callable]
+    blocks_to_batch: Callable[[Any], Callable | None] = _no_blocks_to_batch
+    blackwell: bool = False  # FA4's sm100 family: the entry points take runtime/blackwell.py
 
 
 SM90 = Abi(_sm90_fwd, _sm90_tile_cumsum, _sm90_combine)
-_ABIS: dict[str, Abi] = {"sm90": SM90}
+# The tile cumsum and the combine take the same slots on every arch (abi.TILE_CUMSUM, COMBINE)
+SM100 = Abi(_sm100_fwd, _sm90_tile_cumsum, _sm90_combine, _blocks_to_batch, blackwell=True)
+_ABIS: dict[str, Abi] = {"sm90": SM90, "sm100": SM100, "sm103": SM100}
 
 
 def register(arch: str, abi: Abi) -> None:

@@ -77,12 +77,73 @@ class Plan:
     # its output equals cu_seqlens_q (see flash_attn_varlen_func)
     decode_blocks: bool = False
     abi: L.Abi = L.SM90
+    # Blackwell only (runtime/blackwell.py): the blocks-to-batch helper and FA4's combine (a
+    # native split kernel's part) as loaded, and the compile-time facts the call needs
+    # (`fwd_facts`: tile_m, pack_gqa)
+    blocks_to_batch: Any = None
+    combine: Any = None
+    facts: Any = None
+    feat: dict | None = None  # the features of the call that made the plan (split variants)
     launch: Callable = field(init=False)  # fwd bound to its ABI (launch.py)
     tile: Callable | None = field(init=False)  # tile_cumsum bound, or None
+    b2b: Callable | None = field(init=False)  # blocks_to_batch bound, or None
+    # the entry points' one test before the exact sm90 launch: a fold / padding plan, or a
+    # Blackwell plan (decided here, once per plan, so the sm90 exact path tests nothing new)
+    special: bool = field(init=False)
+    # Blackwell: native split decisions per (batch, rows, key blocks, setting)
+    native: dict = field(init=False)
 
     def __post_init__(self):
+        self.native = {}
         self.launch = self.abi.fwd(self.fwd)
         self.tile = None if self.tile_cumsum is None else self.abi.tile_cumsum(self.tile_cumsum)
+        self.b2b = (
+            None if self.blocks_to_batch is None else self.abi.blocks_to_batch(self.blocks_to_batch)
+        )
+        self.special = self.pad is not None or self.abi.blackwell
+
+
+# What the Blackwell path needs of a forward kernel's compile key (FA4's key positions, as
+# compiler.fwd_abi_record stores them in the artifact's record: parts.fwd.abi)
+FACTS = ("tile_m", "pack_gqa", "split_kv", "cu_total_m_blocks", "blocks_to_batch_idx",
+         "num_splits_dynamic", "virtual_batch_idx", "num_nheads_in_l2", "tile_count_semaphore",
+         "cu_total_splits_m_blocks")  # fmt: skip
+
+
+def fwd_facts(variant: Variant, art: Artifact | None) -> dict:
+    """The compile-time facts of a Blackwell forward kernel that decide its call (the M tile
+    the batch > 256 helpers size their buffer with, pack_gqa, whether it writes split partials,
+    which scheduler slots it has). From the variant (what `features` models; tests/
+    test_runtime_sm100.py checks it equal to FA4's key for every default sm100 variant), checked
+    against the artifact's record of FA4's own key when the builder recorded it. A disagreement,
+    or a kernel that takes FA4's varlen scheduler metadata (its prepare kernel is not shipped),
+    is refused: calling it would pass the wrong slots."""
+    mine = {
+        "tile_m": variant.tile.m,
+        "pack_gqa": variant.pack_gqa_effective,
+        "split_kv": variant.split_kv,
+        "cu_total_m_blocks": variant.cu_hint,
+        "blocks_to_batch_idx": variant.cu_hint,
+        # FA4's varlen scheduler metadata (split with a packed q) is not modelled: none of its
+        # slots (the launcher passes None there)
+        "num_splits_dynamic": False,
+        "virtual_batch_idx": False,
+        "num_nheads_in_l2": False,
+        "tile_count_semaphore": False,
+        "cu_total_splits_m_blocks": False,
+    }
+    rec = None if art is None else art.record.get("parts", {}).get("fwd", {}).get("abi")
+    if rec is not None:
+        for k in FACTS:
+            if k in rec and rec[k] != mine[k]:
+                raise UnsupportedVariant(
+                    f"artifact {art.id} ({variant.describe()}): FA4's compile key says {k}="
+                    f"{rec[k]!r}, the runtime's model of the variant {mine[k]!r}; refusing to "
+                    "call it with slots laid out for the other"
+                    + (" (FA4's varlen scheduler metadata: its prepare kernel is not shipped)"
+                       if k == "num_splits_dynamic" else "")
+                )
+    return mine
 
 
 def _arch_of(device: torch.device) -> tuple[str, int]:
@@ -125,6 +186,9 @@ class Runtime:
         self._stores: dict[tuple[str, int], list[Store]] = {}
         self._modules: dict[str, tuple[Any, Any, Artifact]] = {}
         self._plans: dict[tuple, Plan] = {}
+        # Blackwell native split-KV: split kernels' plans by variant id, float32 partials
+        self._native_plans: dict[str, Plan | None] = {}
+        self._native_scratch: dict[tuple, Any] = {}
 
     # -- store and artifact resolution (once per variant) -------------------------------------
     def stores_for(self, arch: str, num_sms: int) -> list[Store]:
@@ -197,8 +261,12 @@ class Runtime:
             return self._split_kernels[key]
         arch, sms = self.device(dev)
         got = None
-        if not C.runtime_unsupported_reason(arch) and not C.unsupported_reason(
-            arch, DTYPES[dtype], head_dim, head_dim_v
+        # (Blackwell splits with FA4's own split kernels: runtime/blackwell.py)
+        if (
+            dtype in DTYPES
+            and not C.is_blackwell(arch)
+            and not C.runtime_unsupported_reason(arch)
+            and not C.unsupported_reason(arch, DTYPES[dtype], head_dim, head_dim_v)
         ):
             v = split_kernel_variant(arch, DTYPES[dtype], head_dim, head_dim_v, page_size)
             with self._lock:
@@ -254,10 +322,31 @@ class Runtime:
             art = self.find(variant, num_sms)
             if art is None:
                 return None
-            if art.id not in self._modules:
-                fwd, helper = self._load(art, "fwd", "tile_cumsum")
-                self._modules[art.id] = (fwd, helper, art)
-            fwd, helper, art = self._modules[art.id]
+            abi = L.abi_for(variant.arch)
+            if not abi.blackwell:
+                if art.id not in self._modules:
+                    fwd, helper = self._load(art, "fwd", "tile_cumsum")
+                    self._modules[art.id] = (fwd, helper, art)
+                fwd, helper, art = self._modules[art.id]
+                extra = {}
+            else:
+                facts = fwd_facts(variant, art)
+                key = ("blackwell", art.id)
+                if key not in self._modules:
+                    self._modules[key] = tuple(
+                        self._load(art, "fwd", "tile_cumsum", "blocks_to_batch", "combine")
+                    )
+                fwd, helper, b2b, comb = self._modules[key]
+                if variant.cu_hint and (helper is None or b2b is None):
+                    raise UnsupportedVariant(
+                        f"artifact {art.id} ({variant.describe()}) lacks FA4's batch > 256 "
+                        "helper kernels (tile_cumsum, blocks_to_batch)"
+                    )
+                if variant.split_kv and comb is None:
+                    raise UnsupportedVariant(
+                        f"artifact {art.id} ({variant.describe()}) lacks FA4's combine kernel"
+                    )
+                extra = dict(blocks_to_batch=b2b, combine=comb, facts=facts)
             hp = art.record["parts"].get("tile_cumsum", {})
             return Plan(
                 variant,
@@ -267,7 +356,8 @@ class Runtime:
                 bool(hp.get("seqused")),
                 art,
                 decode_blocks=variant.qhead_per_kvhead <= variant.tile.m,
-                abi=L.abi_for(variant.arch),
+                abi=abi,
+                **extra,
             )
 
     def miss(self, variant: Variant, num_sms: int, allow_padding: bool) -> None:
@@ -299,10 +389,19 @@ def resolve(rt: Runtime, key: tuple, call: Call) -> Plan | None:
     if why:
         raise UnsupportedVariant(why)
     feat = call.features()
+    fp8 = call.dtype not in DTYPES
+    if fp8 or C.is_blackwell(arch):
+        from .blackwell import refusal
+
+        why = refusal(arch, call, feat)
+        if why:
+            raise UnsupportedVariant(why)
     variant = features(arch=arch, **feat)
     why = C.unsupported_reason(arch, feat["dtype"], call.head_dim, call.head_dim_v)
     plan = None if why else rt.plan(variant, sms)
-    if plan is None and call.padding:
+    # FP8 is served by its exact kernel only (a padded or folded FP8 call is not modelled: its
+    # bf16 output and the descales' heads would need their own crop)
+    if plan is None and call.padding and not fp8:
         from ..select import choose
 
         choices = choose(arch, feat, rt.available(arch, sms), allow_fold=rt.fold)
@@ -320,6 +419,8 @@ def resolve(rt: Runtime, key: tuple, call: Call) -> Plan | None:
     _, _, plan.window_left, plan.window_right = C.resolve_window(
         call.causal, call.window_left, call.window_right
     )
+    if plan.abi.blackwell and plan.pad is None:
+        plan.feat = feat
     rt._plans[key] = plan
     return plan
 
@@ -331,6 +432,12 @@ def on_miss(rt: Runtime, call: Call, jit_fn: str, args, kwargs, out=None, lse=No
     variant = features(arch=arch, **call.features())
     if rt.on_miss == "error":
         rt.miss(variant, sms, call.padding)
+    if call.descales:
+        raise UnsupportedVariant(
+            f"{variant.describe()}: no artifact, and FA4AOT_ON_MISS={rt.on_miss} cannot compile "
+            "it: FA4's public entry points take no descales. Build it: fa4aot build --arch "
+            f"{arch} --spec <a spec with this FP8 layer>"
+        )
     from ..missing import record_miss
 
     record_miss(variant)

@@ -14,11 +14,12 @@ from typing import Any
 
 import torch
 
-from .. import constraints as C
-from ..errors import ContractViolation, UnsupportedVariant
+from ..errors import ContractViolation
 
 DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+# every dtype a call may have (FP8: Blackwell only, refused at planning elsewhere)
+DTYPE_NAMES = {**DTYPES, torch.float8_e4m3fn: "float8_e4m3fn", torch.float8_e5m2: "float8_e5m2"}
 _SINK_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
@@ -55,11 +56,12 @@ class Call:
     seqused_q: bool = False
     seqused_k: bool = False
     page_size: int | None = None
+    descales: str | None = None  # FP8: which of q/k/v descales the call passes ("qkv"...)
 
     def features(self) -> dict:
         """The keyword arguments of `variants.features` (less arch) for this call."""
         return dict(
-            dtype=DTYPES[self.dtype],
+            dtype=DTYPE_NAMES[self.dtype],
             head_dim=self.head_dim,
             head_dim_v=self.head_dim_v,
             num_heads=self.num_heads,
@@ -80,6 +82,7 @@ class Call:
             page_size=self.page_size,
             softcap=self.softcap,
             pack_gqa=self.pack_gqa,
+            descales=self.descales,
         )
 
 
@@ -183,15 +186,15 @@ def _check_qkv(q, k, v) -> tuple[int, Any, Any, Any]:
     if k.get_device() != dq or v.get_device() != dq:
         raise _fail(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     dt = q.dtype
-    if dt not in DTYPES or k.dtype is not dt or v.dtype is not dt:
+    if (dt not in DTYPES or k.dtype is not dt or v.dtype is not dt) and not (
+        dt in _FP8 and k.dtype is dt and v.dtype is dt  # one FP8 dtype: planning checks the arch
+    ):
         # an FP8 KV cache beside a bf16 q was refused as a plain dtype mismatch, naming no way
-        # out; upstream FA4 has no FP8 forward on sm90 (the only arch this runtime serves)
-        fp8 = [(n, t.dtype) for n, t in (("q", q), ("k", k), ("v", v)) if t.dtype in _FP8]
-        if fp8:
-            which = "/".join(n for n, _ in fp8)
-            raise UnsupportedVariant(
-                C.fp8_reason("sm90", str(fp8[0][1]).removeprefix("torch."), which)
-            )
+        # out: fp8.check_fp8_dtypes says what FA4 needs, on the device's arch
+        if any(t.dtype in _FP8 for t in (q, k, v)):
+            from ..fp8 import check_fp8_dtypes
+
+            check_fp8_dtypes(_arch_of(dq), q, k, v)
         if dt not in DTYPES:
             raise _fail(f"q dtype must be bfloat16 or float16, got {dt}")
         raise _fail(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
@@ -211,6 +214,27 @@ def _check_qkv(q, k, v) -> tuple[int, Any, Any, Any]:
     return dq, qs, ks, vs
 
 
+def _arch_of(dq: int) -> str:
+    """The arch of device `dq` for an FP8 message (sm90 for a non-CUDA tensor: the message the
+    runtime gave before it served Blackwell; the device check refuses those calls anyway)."""
+    if dq < 0:
+        return "sm90"
+    from . import default_runtime
+
+    return default_runtime().device(dq)[0]
+
+
+def descale_set(dtype, q_descale, k_descale, v_descale) -> str:
+    """Which descales a call passes ("qkv", "kv"...), the FP8 key field; refuses descales with
+    non-FP8 inputs (FA4 asserts the same). Only called when one is given."""
+    if dtype not in _FP8:
+        raise _fail(
+            f"q/k/v_descale given with {str(dtype).removeprefix('torch.')} inputs: descales "
+            "scale FP8 q/k/v only (FA4 asserts the same)"
+        )
+    return "".join(n for n, t in zip("qkv", (q_descale, k_descale, v_descale)) if t is not None)
+
+
 def _check_buffer(name: str, t, shape: tuple, dtype, dtype_name: str, dq: int) -> None:
     if (
         not isinstance(t, torch.Tensor)
@@ -227,7 +251,8 @@ def _check_buffer(name: str, t, shape: tuple, dtype, dtype_name: str, dq: int) -
 def _check_outputs(q, out, lse, out_shape: tuple, lse_shape: tuple, dq: int) -> None:
     """Caller-owned output buffers are written in place, never copied: check them fully."""
     if out is not None:
-        _check_buffer("out", out, out_shape, q.dtype, str(q.dtype), dq)
+        odt = torch.bfloat16 if q.dtype in _FP8 else q.dtype  # fp8.fp8_out_dtype: FP8 in, bf16 out
+        _check_buffer("out", out, out_shape, odt, str(odt), dq)
         if not _aligned(out):
             raise _fail(
                 "out must have a 16-byte aligned base, a contiguous last dim and 16-byte "

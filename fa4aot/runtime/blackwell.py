@@ -1,0 +1,226 @@
+"""The exact path on Blackwell (sm100/sm103): FA4's forward as `_flash_attn_fwd` runs it there.
+
+Reached from the entry points through `Plan.special` (set once per plan for a Blackwell
+artifact, so the sm90 exact path tests nothing new). Per call it does what FA4 does before and
+around its kernel (fa4aot/abi.py: `fwd_prepare` lays the call out, `cu_hint_prepare` sizes the
+batch > 256 helpers' buffers; the bound launchers in launch.py pass the argument lists), with
+host-known values only (no device sync):
+
+- FP8: the descales are checked (`fp8.check_descales`: the kernel's set, shape (batch, kv
+  heads), float32, on q's device, no stride-0 mode); q/k/v go to the kernel as uint8 views
+  and O is bfloat16 (`fp8.fp8_out_dtype`);
+- `max_seqlen_q` (the forward's last slot, which sizes the kernel's M grid): the caller's host
+  hint, else s_q for q in batch form, else total_q, as FA4 derives it; a hint below the
+  query length of a batch-form q without seqused_q is refused (it would skip rows);
+- varlen q with batch > 256: FA4's tile cumsum, then its blocks-to-batch index, both passed on;
+- split-KV: FA4's own split kernels (`Variant.split_kv`) with the combine stored beside them.
+  For q in batch form and equal head dims, the count is FA4's heuristic
+  (`constraints.native_num_splits` over the keys the mask loads, as FA4's `seqlen_k_loaded`;
+  FA4AOT_SPLIT_KV=N forces N, 0 never splits), the kernel the
+  split variant of the call (`features(..., num_splits=n, max_seqlen_k=bound)`, ping-pong or
+  not), run only when a store holds it; float32 partials are scratch per (device, stream,
+  shape), fresh while a CUDA graph is captured. A packed q runs unsplit (FA4 would compute
+  per-batch split counts with its scheduler-metadata kernel, which fa4aot does not ship).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import abi as A
+from .. import constraints as C
+from .. import fp8 as F8
+from ..errors import ContractViolation, UnsupportedVariant
+from ..variants import features
+from . import pad as X
+
+_is_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_MAX_SCRATCH = 16
+_MAX_DECISIONS = 4096
+
+
+def refusal(arch: str, call, feat: dict) -> str | None:
+    """Why the runtime cannot serve `call` on `arch` (checked when its plan is made), or None:
+    FP8 off Blackwell (FA4 has no FP8 forward there), descales beside non-FP8 inputs, and on
+    Blackwell an hd256 call whose kernel FA4 picks by the batch against the SM count."""
+    dtype = feat["dtype"]
+    why = F8.fp8_mismatch_reason(arch, dtype, dtype)
+    if why:
+        return why
+    if call.descales and not F8.is_fp8(dtype):
+        return f"descales {call.descales!r} with {dtype} inputs: descales scale FP8 q/k/v only"
+    r = call.num_heads // call.num_heads_kv
+    if (
+        C.is_blackwell(arch)
+        and (call.head_dim, call.head_dim_v) == (256, 256)
+        and call.pack_gqa is None
+        and 128 % r
+        and not call.seqused_q
+    ):
+        # interface.py 1002-1010: pack_gqa turns off for hd256 when max_seqlen_q > 128 or
+        # 2 * batch * heads <= SMs, a choice per call that a Variant does not record
+        return (
+            f"hd256 at head ratio {r} on {arch}: FA4 chooses pack_gqa per call (by the query "
+            "length and batch x heads against the SM count), which the stored variants do not "
+            "record; pass pack_gqa=True or pack_gqa=False explicitly"
+        )
+    return None
+
+
+def extras(dtype, qv, q_descale, k_descale, v_descale) -> str:
+    """The entry points' check of their Blackwell-only arguments (only when one is given):
+    refuses qv (absorbed MLA) and descales with non-FP8 inputs; -> the descale set ("qkv")."""
+    if qv is not None:
+        raise UnsupportedVariant(
+            "qv (absorbed MLA, head_dim_v 512): the fa4aot runtime does not serve MLA yet "
+            "(fa4aot.abi describes its argument list, docs/blackwell.md; no MLA kernel is stored)"
+        )
+    from .validate import descale_set
+
+    return descale_set(dtype, q_descale, k_descale, v_descale)
+
+
+def run(
+    rt, plan, q, k, v, out, lse, softmax_scale, causal, window_left, window_right,
+    return_lse, sink, descales, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table,
+    max_seqlen_q, max_seqlen_k, batch, total_q, seqlen_q, seqlen_k, hq, hk, dev,
+):  # fmt: skip
+    """An exact Blackwell call (see the module docstring). seqlen_q: s_q of a batch-form q
+    (None when packed); seqlen_k: the host bound on KV lengths the entry point computed;
+    descales: (q, k, v) descale tensors or None. -> (out, lse)."""
+    variant = plan.variant
+    qd = kd = vd = None
+    if descales is not None:
+        qd, kd, vd = descales
+    if descales is not None or variant.descales is not None:
+        F8.check_descales(
+            variant.descales, dtype=q.dtype, batch=batch, num_heads_kv=hk, device=q.device,
+            q_descale=qd, k_descale=kd, v_descale=vd,
+        )  # fmt: skip
+    varlen_q = cu_seqlens_q is not None
+    if (
+        max_seqlen_q is not None
+        and seqlen_q is not None
+        and seqused_q is None
+        and max_seqlen_q < seqlen_q
+    ):
+        raise ContractViolation(
+            f"max_seqlen_q={max_seqlen_q} is below the query length {seqlen_q} of q in batch "
+            "form: FA4's Blackwell kernel sizes its M grid from it and would skip rows"
+        )
+    if total_q == 0 or seqlen_k == 0 or batch == 0:
+        if out is None:
+            dt = getattr(torch, F8.fp8_out_dtype(q.dtype))
+            out = q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=dt)
+        if lse is None and return_lse:
+            lse = q.new_empty(
+                (hq, total_q) if varlen_q else (batch, hq, seqlen_q), dtype=torch.float32
+            )
+        return X.empty(out, lse, sink, varlen=varlen_q)
+    if sink is not None and sink.stride(0) != 1:
+        sink = sink.contiguous()
+    target, n = plan, 1
+    if rt.split and not varlen_q and seqused_q is None and variant.head_dim == variant.head_dim_v:
+        bound = A.max_seqlen_k_bound(v, page_table, max_seqlen_k)
+        rows = seqlen_q if max_seqlen_q is None else max_seqlen_q
+        key = (batch, rows, -(-bound // 128), rt.split)
+        got = plan.native.get(key)
+        if got is None:
+            got = _native_split(rt, plan, dev, batch, rows, bound, hq, hk)
+            if len(plan.native) > _MAX_DECISIONS:
+                plan.native.clear()
+            plan.native[key] = got
+        n, split_plan = got
+        if n > 1:
+            target = split_plan
+    op = lp = None
+    if n > 1:
+        op, lp = _partials(rt, dev, q, n, batch, seqlen_q, hq, v.shape[-1])
+    p = A.fwd_prepare(
+        variant.arch, q, k, v, varlen_q=varlen_q, max_seqlen_q=max_seqlen_q,
+        softmax_scale=softmax_scale, causal=causal, window_left=window_left,
+        window_right=window_right, return_lse=return_lse, out=out, lse=lse, num_splits=n,
+        q_descale=qd, k_descale=kd, v_descale=vd, out_partial=op, lse_partial=lp,
+    )  # fmt: skip
+    cu_total = b2b = None
+    if variant.cu_hint:
+        facts = plan.facts
+        h = A.cu_hint_prepare(
+            batch, total_q, facts["tile_m"], hq // hk, facts["pack_gqa"], q.device
+        )
+        plan.tile(
+            h.cu_total_m_blocks,
+            cu_seqlens_q if plan.helper_cu else None,
+            seqused_q if plan.helper_seqused else None,
+        )
+        plan.b2b(h.cu_total_m_blocks, h.blocks_to_batch_idx)
+        cu_total, b2b = h.cu_total_m_blocks, h.blocks_to_batch_idx
+    target.launch(
+        p.q, p.k, p.v, p.kernel_out, p.kernel_lse, p.softmax_scale, cu_seqlens_q,
+        cu_seqlens_k, seqused_q, seqused_k, page_table, p.window_left, p.window_right, sink,
+        cu_total, p.max_seqlen_q, p.descales, b2b,
+    )  # fmt: skip
+    if n > 1:
+        target.combine(*p.combine(cu_seqlens_q, seqused_q))
+        p.finish()
+    return p.out, p.lse
+
+
+def _native_split(rt, plan, dev, batch, rows, bound, hq, hk):
+    """-> (num_splits, the split kernel's plan) for a call of these host-known sizes, or
+    (1, None): the heuristic (or FA4AOT_SPLIT_KV) says one split, or no store holds the split
+    kernel (the call then runs unsplit on its own kernel)."""
+    variant = plan.variant
+    arch, sms = rt.device(dev)
+    if rt.split < 0:
+        loaded = bound
+        if variant.local:  # FA4's seqlen_k_loaded (interface.py 392-407): the window's keys
+            wl, wr = plan.window_left, plan.window_right
+            loaded = max(0, min(bound, (bound if wr is None else wr)
+                                + (bound if wl is None else wl) + 1 + plan.facts["tile_m"]))
+        n = C.native_num_splits(
+            arch, batch=batch, num_heads_kv=hk, qhead_per_kvhead=hq // hk, seqlen_q=rows,
+            max_seqlen_k=loaded, head_dim=variant.head_dim, num_sms=sms,
+            pack_gqa=plan.facts["pack_gqa"],
+        )  # fmt: skip
+    else:
+        n = min(int(rt.split), C.MAX_NATIVE_SPLITS)
+    if n <= 1 or plan.feat is None:
+        return 1, None
+    feat = dict(plan.feat, batch=batch, seqlen_q=rows, total_q=batch * rows, max_seqlen_q=None)
+    try:
+        sv = features(arch=arch, **feat, num_splits=n, max_seqlen_k=bound)
+    except ValueError:
+        return 1, None
+    cache = rt._native_plans
+    if sv.id not in cache:
+        cache[sv.id] = rt.plan(sv, sms)
+    split_plan = cache[sv.id]
+    if split_plan is None or split_plan.combine is None:
+        return 1, None
+    return n, split_plan
+
+
+def _partials(rt, dev, q, n, batch, seqlen_q, hq, dv):
+    """float32 out_partial (n, b, s, h, dv) and lse_partial (n, b, h, s), as FA4 allocates
+    them (abi.fwd_prepare), kept per (device, stream, shape): calls on one stream are ordered,
+    so a call never overwrites partials an earlier one's combine still reads; while a CUDA graph
+    is captured nothing is reused or kept (the graph gets its own, from its pool)."""
+    if q.is_cuda:
+        capturing = _is_capturing()
+        stream = _raw_stream(dev)
+    else:  # (CPU tensors: the tests' stand-in kernels)
+        capturing, stream = False, 0
+    key = (dev, stream, n, batch, seqlen_q, hq, dv)
+    got = None if capturing else rt._native_scratch.get(key)
+    if got is None:
+        got = (
+            torch.empty((n, batch, seqlen_q, hq, dv), dtype=torch.float32, device=q.device),
+            torch.empty((n, batch, hq, seqlen_q), dtype=torch.float32, device=q.device),
+        )
+        if not capturing:
+            if len(rt._native_scratch) >= _MAX_SCRATCH:
+                rt._native_scratch.clear()
+            rt._native_scratch[key] = got
+    return got

@@ -1,0 +1,291 @@
+"""The runtime's Blackwell plans on a CPU, through the public entry points: a stand-in store serves
+chosen sm100 variants with reference kernels in FA4's sm100 argument order (25 forward slots,
+the 9-slot combine; CPU tensors report device 0, the device reports sm100 with 148 SMs), so
+validate -> plan -> launch runs end to end and the outputs are checked against the fp32
+reference of the unpadded call: the exact plan (max_seqlen_q slot, descales), padding (hd 72 on
+the hd-128 kernel), the decode fold (4 query heads as rows of the 1:1 kernel), FA4's native
+split-KV (the heuristic's count, float32 partials kept as scratch, the combine), padding then
+split, and the typed refusals (FP8 on sm90, descales, qv, a too-small max_seqlen_q)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from reference import attention_ref, rel_err
+
+import fa4aot.runtime as R
+from fa4aot import constraints as C
+from fa4aot.errors import ArtifactMissing, ContractViolation, UnsupportedVariant
+from fa4aot.runtime import plan as P
+from fa4aot.runtime import validate as V
+from fa4aot.select import _fold_features
+from fa4aot.variants import features
+
+BF16 = torch.bfloat16
+SMS = 148
+
+
+class _Art:
+    def __init__(self, variant):
+        self.id, self.variant = variant.id, variant
+        parts = {"fwd": {}}
+        if variant.split_kv:
+            parts["combine"] = {"partial_dtype": "float32", "tile_m": 8, "max_splits": 128}
+        self.record = {"parts": parts}
+        self.dir = Path("/nonexistent") / variant.id
+
+
+def _scores(q, k, scale, causal):
+    """q (b, sq, hq, d), k (b, sk, hk, d) -> masked fp32 scores (b, hq, sq, sk) (bottom-right
+    causal, as FA4)."""
+    b, sq, hq, _ = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    kf = k.float().repeat_interleave(hq // hk, 2)
+    s = torch.einsum("bqhd,bkhd->bhqk", q.float(), kf) * scale
+    if causal:
+        i = torch.arange(sq)[:, None] + (sk - sq)
+        s = s.masked_fill(torch.arange(sk)[None, :] > i, float("-inf"))
+    return s
+
+
+def _fwd(causal, log):
+    """A dense forward in FA4's sm100 order; with float32 partials (out 5-D) it computes split
+    i over key blocks [i * per, (i + 1) * per) of 128 keys, as FA4's split kernel does."""
+
+    def fwd(*a):
+        assert len(a) == 25, len(a)
+        q, k, v, out, lse, scale = a[:6]
+        assert all(x is None for x in a[6:11]) and a[15] is None and a[16] == (None, None)
+        sink, msq = a[13], a[24]
+        assert type(msq) is int and msq == q.shape[1]  # the dense q's s_q, as FA4 passes it
+        log.append(("fwd", tuple(out.shape), msq))
+        if out.dim() == 4:
+            b, sq = q.shape[:2]
+            o, l_ = attention_ref(q, k, v, torch.full((b,), sq), torch.full((b,), k.shape[1]),
+                                  causal=causal, sink=sink, scale=scale)  # fmt: skip
+            out.copy_(o)
+            if lse is not None:
+                lse.copy_(l_)
+            return
+        assert out.dtype == lse.dtype == torch.float32 and sink is None
+        n, sk = out.shape[0], k.shape[1]
+        per = -(-(-(-sk // 128)) // n) * 128
+        s = _scores(q, k, scale, causal)
+        vf = v.float().repeat_interleave(q.shape[2] // v.shape[2], 2)
+        for i in range(n):
+            m = torch.full_like(s, float("-inf"))
+            m[..., i * per : (i + 1) * per] = 0
+            si = s + m
+            li = torch.logsumexp(si, -1)
+            p = torch.exp(si - li[..., None]).nan_to_num(0.0)
+            out[i] = torch.einsum("bhqk,bkhd->bqhd", p, vf)
+            lse[i] = li
+
+    return fwd
+
+
+def _combine(log):
+    def combine(op, lp, out, lse, *rest):
+        """FA4's combine (9 slots): op (n, b, s, h, dv), lp (n, b, s, h) -> out, lse."""
+        assert len(rest) == 5 and all(x is None for x in rest)
+        log.append(("combine", tuple(op.shape), tuple(lp.shape)))
+        m = lp.max(0).values
+        m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+        w = torch.exp(lp - m)
+        tot = w.sum(0)
+        if lse is not None:
+            lse.copy_(torch.log(tot) + m)
+        out.copy_(((w[..., None] * op).sum(0) / tot[..., None]).to(out.dtype))
+
+    return combine
+
+
+@pytest.fixture
+def store(monkeypatch, tmp_path, knobs):
+    """serve(variants, arch) -> the default runtime, its stores holding exactly `variants`."""
+    knobs(cache_dir=str(tmp_path / "cache"), padding=None)
+    monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0)
+    log: list = []
+
+    def load(self, art, *names):
+        got = {"fwd": _fwd(art.variant.causal, log), "combine": _combine(log)}
+        return [got[n] if n in art.record["parts"] else None for n in names]
+
+    def serve(variants, arch="sm100"):
+        have = {v.id: v for v in variants}
+        monkeypatch.setattr(P.Runtime, "find", lambda s, v, sms: _Art(v) if v.id in have else None)
+        monkeypatch.setattr(P.Runtime, "_load", load)
+        monkeypatch.setattr(P.Runtime, "available", lambda s, a, sms: list(have.values()))
+        rt = R.reset(roots=[tmp_path / "cache"], on_miss="error")
+        rt._devices[0] = (arch, SMS)
+        rt.log = log
+        return rt
+
+    yield serve
+    R.reset(roots=[tmp_path / "cache"])
+
+
+def _feat(b, sq, hq, hk, d, causal=True, lse=False, dtype="bfloat16", **kw):
+    return dict(dtype=dtype, head_dim=d, head_dim_v=d, num_heads=hq, num_heads_kv=hk,
+                causal=causal, window_left=None, window_right=None, return_lse=lse,
+                sink_dtype=None, batch=b, seqlen_q=sq, total_q=b * sq, max_seqlen_q=None, **kw)  # fmt: skip
+
+
+def _v(*a, arch="sm100", **kw):
+    return features(arch=arch, **_feat(*a, **kw))
+
+
+def _qkv(b, sq, sk, hq, hk, d, seed=0, dtype=BF16):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(*s, generator=g).to(dtype)
+                 for s in ((b, sq, hq, d), (b, sk, hk, d), (b, sk, hk, d)))  # fmt: skip
+
+
+def _ref(q, k, v, causal=True, scale=None):
+    b, sq, sk = q.shape[0], q.shape[1], k.shape[1]
+    return attention_ref(q, k, v, torch.full((b,), sq), torch.full((b,), sk), causal=causal,
+                         scale=scale)  # fmt: skip
+
+
+def test_exact_plan_calls_the_sm100_abi(store):
+    rt = store([_v(2, 200, 8, 2, 64, lse=True)])
+    q, k, v = _qkv(2, 200, 300, 8, 2, 64)
+    for _ in range(2):
+        o, lse = R.flash_attn_func(q, k, v, causal=True, return_lse=True)
+    (plan,) = rt._plans.values()
+    assert plan.special and plan.pad is None and plan.abi.blackwell
+    assert rt.log == [("fwd", (2, 200, 8, 64), 200)] * 2
+    ro, rl = _ref(q, k, v)
+    assert rel_err(o, ro) < 1e-2 and torch.allclose(lse, rl, atol=1e-3)
+
+
+def test_padding_serves_hd72_on_the_hd128_kernel(store):
+    rt = store([_v(1, 200, 8, 2, 128, lse=True)])
+    q, k, v = _qkv(1, 200, 300, 8, 2, 72, seed=1)
+    o, lse = R.flash_attn_func(q, k, v, causal=True, return_lse=True)
+    assert o.shape == (1, 200, 8, 72) and lse.shape == (1, 8, 200)
+    ro, rl = _ref(q, k, v)  # the caller's scale, 1/sqrt(72)
+    assert rel_err(o, ro) < 1e-2 and torch.allclose(lse, rl, atol=1e-3)
+    padded = [p for p in rt._plans.values() if p.pad is not None]
+    assert len(padded) == 1 and (padded[0].pad.head_dim, padded[0].pad.fold) == (128, 1)
+    assert rt.log == [("fwd", (1, 200, 8, 128), 200)]
+
+
+def test_decode_fold_runs_query_heads_as_rows_of_the_one_to_one_kernel(store):
+    call = V.Call("dense", 0, BF16, 64, 64, 8, 2, 3, 1, 3, None, 500, True, None, None, True,
+                  None, None, None, True)  # fmt: skip
+    fv = features(arch="sm100", **_fold_features(call.features(), 1))
+    assert fv.qhead_per_kvhead == 1 and not fv.causal
+    rt = store([fv])
+    q, k, v = _qkv(3, 1, 500, 8, 2, 64, seed=2)
+    o, lse = R.flash_attn_func(q, k, v, causal=True, return_lse=True)
+    (plan,) = rt._plans.values()
+    assert plan.pad.fold == 4
+    # the kernel saw q as (b, 4 rows, 2 heads, d): FA4's max_seqlen_q for that call is 4
+    assert rt.log == [("fwd", (3, 4, 2, 64), 4)]
+    ro, rl = _ref(q, k, v)
+    assert rel_err(o, ro) < 1e-2 and torch.allclose(lse, rl, atol=1e-3)
+
+
+@pytest.mark.parametrize("lse_wanted", [False, True])
+def test_native_split_uses_fa4s_heuristic_and_the_stored_combine(store, lse_wanted):
+    b, hq, hk, d, sk = 1, 8, 2, 64, 5000
+    n = C.native_num_splits("sm100", batch=b, num_heads_kv=hk, qhead_per_kvhead=4, seqlen_q=1,
+                            max_seqlen_k=sk, head_dim=d, num_sms=SMS)  # fmt: skip
+    assert n == 40  # min(148 // 2 tiles, 128, 40 key blocks)
+    split = _v(b, 1, hq, hk, d, lse=lse_wanted, num_splits=n, max_seqlen_k=sk)
+    assert split.split_kv
+    rt = store([_v(b, 1, hq, hk, d, lse=lse_wanted), split])
+    q, k, v = _qkv(b, 1, sk, hq, hk, d, seed=3)
+    for _ in range(2):
+        o, lse = R.flash_attn_func(q, k, v, causal=True, return_lse=lse_wanted)
+    assert rt.log == [("fwd", (n, b, 1, hq, d), 1), ("combine", (n, b, 1, hq, d), (n, b, 1, hq))] * 2
+    assert len(rt._native_scratch) == 1  # the partials are kept per (device, stream, shape)
+    ro, rl = _ref(q, k, v)
+    assert rel_err(o, ro) < 1e-2
+    if lse_wanted:
+        assert torch.allclose(lse, rl, atol=1e-3)
+    # FA4AOT_SPLIT_KV=0: never split (the unsplit kernel runs)
+    rt.log.clear()
+    rt.split = 0
+    R.flash_attn_func(q, k, v, causal=True, return_lse=lse_wanted)
+    assert rt.log == [("fwd", (b, 1, hq, d), 1)]
+
+
+def test_split_is_skipped_when_the_store_lacks_the_split_kernel(store):
+    rt = store([_v(1, 1, 8, 2, 64)])
+    q, k, v = _qkv(1, 1, 5000, 8, 2, 64, seed=4)
+    o, _ = R.flash_attn_func(q, k, v, causal=True)
+    assert rt.log == [("fwd", (1, 1, 8, 64), 1)]
+    assert rel_err(o, _ref(q, k, v)[0]) < 1e-2
+
+
+def test_pad_then_native_split(store):
+    n = C.native_num_splits("sm100", batch=1, num_heads_kv=2, qhead_per_kvhead=4, seqlen_q=1,
+                            max_seqlen_k=5000, head_dim=128, num_sms=SMS)  # fmt: skip
+    rt = store([_v(1, 1, 8, 2, 128, lse=True),
+                _v(1, 1, 8, 2, 128, lse=True, num_splits=n, max_seqlen_k=5000)])  # fmt: skip
+    q, k, v = _qkv(1, 1, 5000, 8, 2, 72, seed=5)
+    o, lse = R.flash_attn_func(q, k, v, causal=True, return_lse=True)
+    assert [e[0] for e in rt.log] == ["fwd", "combine"] and rt.log[0][1] == (n, 1, 1, 8, 128)
+    ro, rl = _ref(q, k, v)
+    assert o.shape == (1, 1, 8, 72) and rel_err(o, ro) < 1e-2
+    assert torch.allclose(lse, rl, atol=1e-3)
+
+
+# -- refusals ---------------------------------------------------------------------------------
+
+
+def test_fp8_on_sm90_is_refused_with_fa4s_reason(store):
+    store([], arch="sm90")
+    q, k, v = (t.to(torch.float8_e4m3fn) for t in _qkv(1, 4, 64, 4, 2, 64))
+    with pytest.raises(UnsupportedVariant, match="sm100-only in upstream FA4"):
+        R.flash_attn_func(q, k, v)
+    with pytest.raises(UnsupportedVariant, match="k/v dtype float8_e4m3fn on sm90: fp8 is"):
+        R.flash_attn_func(q.to(BF16), k, v)
+    # on Blackwell the same mismatch names what FA4 needs there (an FP8 q with q_descale)
+    store([], arch="sm100")
+    with pytest.raises(UnsupportedVariant, match="Quantize q to float8_e4m3fn and pass"):
+        R.flash_attn_func(q.to(BF16), k, v)
+
+
+def test_fp8_exact_with_descales_and_its_refusals(store):
+    fv = _v(2, 4, 4, 2, 64, dtype="float8_e4m3fn", descales="qkv")
+    seen = []
+    rt = store([fv])
+    q, k, v = (t.to(torch.float8_e4m3fn) for t in _qkv(2, 4, 64, 4, 2, 64))
+    d = {n: torch.ones(2, 2) for n in ("q_descale", "k_descale", "v_descale")}
+
+    def fwd(*a):
+        seen.append(a)
+        a[3].zero_()
+
+    P.Runtime._load = lambda self, art, *names: [fwd if n == "fwd" else None for n in names]
+    o, _ = R.flash_attn_func(q, k, v, causal=True, **d)
+    (a,) = seen
+    assert o.dtype == BF16 and a[3] is o  # FA4: FP8 in, bfloat16 out
+    assert a[0].dtype == a[1].dtype == a[2].dtype == torch.uint8  # FA4's uint8 views
+    assert a[14] == (d["q_descale"], d["k_descale"], d["v_descale"]) and a[24] == 4
+    with pytest.raises(ContractViolation, match=r"expected \(batch, num_kv_heads\)"):
+        R.flash_attn_func(q, k, v, causal=True, **dict(d, k_descale=torch.ones(2, 3)))
+    with pytest.raises(ContractViolation, match="stride-0"):
+        R.flash_attn_func(q, k, v, causal=True,
+                          **dict(d, v_descale=torch.ones(1, 2).expand(2, 2)))  # fmt: skip
+    # another descale set is another kernel (FA4's key): a miss here, never padded
+    with pytest.raises(ArtifactMissing):
+        R.flash_attn_func(q, k, v, causal=True, k_descale=d["k_descale"])
+    with pytest.raises(ContractViolation, match="descales scale FP8"):
+        R.flash_attn_func(*_qkv(2, 4, 64, 4, 2, 64), **d)
+    assert len(rt._plans) == 1
+
+
+def test_qv_and_a_short_max_seqlen_q_are_refused(store):
+    store([_v(2, 4, 4, 2, 64, seqused_k=True, cu_seqlens_k=False)])
+    q, k, v = _qkv(2, 4, 64, 4, 2, 64)
+    with pytest.raises(UnsupportedVariant, match="does not serve MLA"):
+        R.flash_attn_func(q, k, v, qv=torch.zeros(2, 4, 4, 512, dtype=BF16))
+    used = torch.tensor([64, 30], dtype=torch.int32)
+    with pytest.raises(ContractViolation, match="would skip rows"):
+        R.flash_attn_varlen_func(q, k, v, max_seqlen_q=3, seqused_k=used, causal=True)
