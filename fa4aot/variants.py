@@ -741,7 +741,7 @@ def _fold_calls(spec: Spec, att: Attention, arch: str, lses: list[bool]) -> list
     return calls
 
 
-def enumerate_variants(spec: Spec, arch: str) -> Plan:
+def enumerate_variants(spec: Spec, arch: str, num_sms: int | None = None) -> Plan:
     """spec x arch -> the distinct variants it needs (pure; no FA4 import, milliseconds).
     A spec whose `[serving] archs` leaves `arch` out needs nothing there."""
     plan = Plan()
@@ -755,7 +755,7 @@ def enumerate_variants(spec: Spec, arch: str) -> Plan:
                 continue
             from .mla import mla_layer_plan
 
-            needs, unsupported = mla_layer_plan(spec, att, arch)
+            needs, unsupported = mla_layer_plan(spec, att, arch, num_sms)
             plan.needs += needs
             plan.unsupported += unsupported
             continue

@@ -281,3 +281,18 @@ def test_one_mla_kernel_cross_compiled_and_served_by_install(tmp_path):
     assert got["refused"] and "nothing was compiled" in got["refused"]
     # the miss names the MLA variant FA4 wanted: --from-misses can build it
     assert got["missed_mla"] == "2cta" and "prefill" in got["missed"]
+
+
+def test_the_1cta_routes_follow_the_sm_count():
+    """FA4 routes decode shapes to its 1CTA kernels past one wave of 2CTA clusters (2 x batch >
+    SMs): with max_batch 70, a 148-SM B200 never gets there, a 132-SM part does."""
+    spec = load_default("deepseek-v3")
+    from dataclasses import replace
+
+    spec = replace(spec, serving=replace(spec.serving, max_batch=70))
+    routes = {sms: {n.variant.mla for n in enumerate_variants(spec, "sm100", sms).needs}
+              for sms in (None, 148, 132)}
+    assert routes[None] == routes[148] == {"2cta"}
+    assert routes[132] == set(C.MLA_ROUTES)
+    # sm103 has no default SM count: the 1CTA routes are assumed reachable (built, not missed)
+    assert {n.variant.mla for n in enumerate_variants(spec, "sm103").needs} == set(C.MLA_ROUTES)
