@@ -9,9 +9,10 @@ any page size (per-row page lookup).
 tile_n differs by arch (`kernel_page_sizes` states FA4's rule): on sm90 it follows the head
 dim (128 up to hd128, 112/96 at hd192, 80 at hd256, 64 with a window at hd256); on Blackwell
 (sm100, sm103) FA4's forward tiles 128 x 128 at every head dim it runs, so the TMA page is 128
-for every layer. Absorbed-MLA (qv) kernels, Blackwell only, are not stored yet (no runtime qv
-path): for them `supported_block_sizes` reports nothing stored and `preferred_block_size`
-answers from FA4's rule (128: a TMA page on every MLA route).
+for every layer. Absorbed-MLA (qv) kernels, Blackwell only, are stored for `fa4aot.install()`
+(FA4's own entry) but the runtime has no qv path: for them `supported_block_sizes` reports
+nothing it serves and `preferred_block_size` answers from FA4's rule (128: a TMA page on every
+MLA route).
 """
 
 from __future__ import annotations
@@ -150,8 +151,9 @@ def supported_block_sizes(
     SM count does not count.
 
     qv: an absorbed-MLA layer's latent dim (head_dim is then the rope part). Raises
-    UnsupportedVariant off Blackwell; on Blackwell no store holds MLA kernels yet, so nothing is
-    served (`note` says so; `kernel_page_sizes` gives FA4's rule)."""
+    UnsupportedVariant off Blackwell; on Blackwell the runtime serves no MLA kernel (stores hold
+    them for fa4aot.install() only): nothing is served (`note` says so; `kernel_page_sizes`
+    gives FA4's rule)."""
     if qv is not None:
         if not C.is_blackwell(arch):
             raise UnsupportedVariant(C.mla_reason(arch))
@@ -178,8 +180,8 @@ def preferred_block_size(
 ) -> int | None:
     """The page size to allocate the KV cache with: the TMA kernel's tile_n when cached (in a
     store this process serves from; `num_sms` as in supported_block_sizes). For an absorbed-MLA
-    layer (`qv`, Blackwell), whose kernels no store holds yet, FA4's own rule answers: the page
-    size every MLA route loads by TMA (kernel_page_sizes)."""
+    layer (`qv`, Blackwell), whose kernels the runtime does not serve, FA4's own rule answers:
+    the page size every MLA route loads by TMA (kernel_page_sizes)."""
     if kw.get("qv") is not None:
         if not C.is_blackwell(arch):
             raise UnsupportedVariant(C.mla_reason(arch))

@@ -58,8 +58,9 @@ class BuildResult:
     found_in: str | None = None  # cached in another layer: that store's directory
 
 
-def plan_for(specs: list[Spec], arch: str) -> Plan:
-    return merge([enumerate_variants(s, arch) for s in specs])
+def plan_for(specs: list[Spec], arch: str, num_sms: int | None = None) -> Plan:
+    """num_sms: the target's SM count (absorbed MLA's route reads it; None: the arch's)."""
+    return merge([enumerate_variants(s, arch, num_sms) for s in specs])
 
 
 def _link(obj: Path, so: Path, lib_dirs: list[str]) -> None:
@@ -311,7 +312,7 @@ def build(
         for s in specs:
             _check_spec_index(store, s)
     others = [Store(r, toolchain) for r in roots if r != target]
-    plan = plan or plan_for(specs, arch)
+    plan = plan or plan_for(specs, arch, num_sms)
     todo = plan.variants()
     if shard is not None:
         keep = set(shard_ids(list(todo), *shard))

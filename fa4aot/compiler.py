@@ -154,6 +154,13 @@ def fake_call(call: Call):
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    if call.qv is not None:  # absorbed MLA: FA4's varlen entry with qv (mla.MlaCall's form)
+        from .mla import MlaCall
+
+        return fake_mla_call(MlaCall(
+            call.layout, call.batch, call.seqlen_q, call.seqlen_k, call.num_heads,
+            call.head_dim, call.qv, call.dtype, call.causal, call.return_lse, call.page_size,
+        ))
     fa, _ = _fa4()
     dt = getattr(torch, call.dtype)
     b, sq, sk = call.batch, call.seqlen_q, call.seqlen_k
@@ -263,6 +270,13 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
     if len(fwd) != 1:
         raise RuntimeError(
             f"expected one forward kernel for {variant.describe()}, FA4 compiled {len(fwd)}"
+        )
+    if variant.mla is not None and variant_from_fa4_key(fwd[0][0], variant.arch) != variant:
+        # an MLA variant comes from a model of FA4's route (variants.mla_features): a kernel
+        # that is not the one its id names must not be stored under that id
+        raise RuntimeError(
+            f"FA4 compiled another MLA kernel for {variant.describe()}: "
+            f"{variant_from_fa4_key(fwd[0][0], variant.arch)}"
         )
     helpers = {n: got[n] for n in SHIPPED_HELPERS}
     for name, entries in helpers.items():
@@ -472,10 +486,13 @@ def variant_from_fa4_key(key, arch: str) -> Variant | None:
 
     Positions follow `_flash_attn_fwd`'s compile_key tuple (one tuple for every arch);
     `tests/test_dropin.py` checks the mapping against every default sm90 variant's traced key,
-    `tests/test_sm100_build.py` against the Blackwell FP8 and native split-KV variants. None
-    for keys outside what fa4aot models (MLA, score/mask mods other than a softcap FA4 made in
-    this process, block sparsity, broadcast (stride-0) descales, split-KV on sm90)."""
+    `tests/test_sm100_build.py` against the Blackwell FP8 and native split-KV variants,
+    `tests/test_mla_build.py` against the MLA ones. None for keys outside what fa4aot models
+    (MLA keys other than _mla_variant_from_key's, score/mask mods other than a softcap FA4 made
+    in this process, block sparsity, broadcast (stride-0) descales, split-KV on sm90)."""
     try:
+        if key[57]:  # qv: absorbed MLA
+            return _mla_variant_from_key(key, arch)
         if key[0] or key[1] or key[10] or key[11]:
             return None
         split = bool(key[34])
@@ -523,6 +540,30 @@ def variant_from_fa4_key(key, arch: str) -> Variant | None:
         )
     except (IndexError, KeyError, AttributeError, TypeError):
         return None
+
+
+def _mla_variant_from_key(key, arch: str) -> Variant | None:
+    """variant_from_fa4_key for FA4's MLA keys (key[57]: qv): the kernels variants.mla_features
+    models (rope + latent q, one latent KV head, no FP8, split, sparsity, window, sink or
+    score_mod; the inference rescale threshold). None for the rest."""
+    if (
+        not key[56] or key[58] or key[59] or key[61]  # q; p, row_max; sparse (key[60]: a dummy)
+        or int(key[7]) != 1 or key[2] or key[9] or key[10] or key[11]  # one kv head; s_ahead; mods
+        or key[22] or key[23] or key[24] is not None or any(key[25:28]) or key[34]
+        or key[17] or not key[19] or float(key[46]) != 8.0  # packed q, no seqused_q
+        or bool(key[35]) != (int(key[6]) > 1)  # FA4's default pack_gqa
+    ):
+        return None
+    route = "1cta-kb64" if key[1] else "1cta" if key[0] else "2cta"
+    paged = bool(key[21])
+    return Variant(
+        arch=arch, dtype=_CUTE_DTYPES[key[3].__name__], head_dim=int(key[4]),
+        head_dim_v=int(key[5]), qhead_per_kvhead=int(key[6]), causal=bool(key[8]), local=False,
+        has_window_left=False, has_window_right=False, return_lse=not key[16], sink_dtype=None,
+        cu_seqlens_q=True, cu_seqlens_k=not key[18], seqused_q=False, seqused_k=not key[20],
+        paged=paged, paged_tma=bool(key[37]) if paged else None, cu_hint=bool(key[51]),
+        static_persistent=bool(key[55]), mla=route, mla_q_stage=int(key[32]),
+    )
 
 
 class _Installed:

@@ -126,15 +126,57 @@ def feature_unsupported_reason(arch: str, feature: str) -> str | None:
 
 
 def mla_reason(arch: str) -> str:
-    """Why fa4aot builds no kernel for an absorbed-MLA (qv) layer on `arch`: FA4's MLA kernels
-    are Blackwell-only; on Blackwell the runtime does not serve qv calls yet, so its variants are
-    enumerated by tracing FA4 and cross-compiled on request (fa4aot/mla.py), not by `build`."""
+    """Why fa4aot does not serve an absorbed-MLA (qv) call itself on `arch`: FA4's MLA kernels
+    are Blackwell-only; on Blackwell `fa4aot build` stores them and `fa4aot.install()` serves
+    FA4's own entry points from the store, but the fa4aot runtime has no qv argument yet."""
     return feature_unsupported_reason(arch, "mla") or (
-        f"absorbed MLA (qv) on {arch}: FA4 compiles it (fa4aot.mla enumerates and cross-compiles "
-        "its variants, docs/blackwell.md), but the fa4aot runtime does not serve qv (MLA) calls yet "
-        "(it refuses its qv argument), so "
-        "`fa4aot build` does not store them"
+        f"absorbed MLA (qv) on {arch}: `fa4aot build` stores FA4's MLA kernels and "
+        "fa4aot.install() serves FA4's own flash_attn_varlen_func(..., qv=...) from the store, "
+        "but the fa4aot runtime has no qv argument yet (docs/blackwell.md)"
     )
+
+
+# -- absorbed MLA (qv) on Blackwell: FA4's route between its three MLA forward kernels ----------
+
+# FA4 4.0.0b36 (interface.py `_mla_1cta_route`, `_mla_fwd_plan`): a dense bf16/fp16 MLA call with
+# num_splits == 1 runs the 2CTA kernel, or the 1CTA one on decode shapes (seqlen_q x heads per
+# latent head <= 64) past one wave of 2CTA clusters (2 x batch x kv heads > SMs); 1CTA runs the
+# 64-key-block mainloop (kb64: 64 x 64 tiles, one Q stage) at 64 heads or at seqlen_q 1.
+MLA_ROUTES = ("2cta", "1cta", "1cta-kb64")
+MLA_DECODE_ROWS = 64
+# flash_fwd_mla_sm100.py 211-215 (Python reports line 214): the 2CTA kernel's 128-row cluster
+# tile packs whole KV groups
+MLA_2CTA_REFUSAL = (
+    "AssertionError at flash_fwd_mla_sm100.py:214: assert (pack_gqa is False or "
+    "self.cluster_tile_m % qhead_per_kvhead == 0 or qhead_per_kvhead % self.cluster_tile_m "
+    "== 0) (FA4's 2CTA MLA kernel: the head ratio must divide its 128-row cluster tile)"
+)
+
+
+def mla_route(ratio: int, max_seqlen_q: int | None, batch: int, num_sms: int) -> str:
+    """The MLA kernel FA4 runs a call on (one latent KV head, packed q; max_seqlen_q: the host
+    hint, None when the caller gave none: FA4 then counts it as prefill)."""
+    if max_seqlen_q is None or max_seqlen_q * ratio > MLA_DECODE_ROWS or 2 * batch <= num_sms:
+        return "2cta"
+    return "1cta-kb64" if ratio <= 64 and (ratio == 64 or max_seqlen_q == 1) else "1cta"
+
+
+def mla_refusal(route: str, ratio: int) -> str | None:
+    """FA4's own refusal of an MLA call on `route` (its kernel's assertion), or None."""
+    if ratio > 128:
+        return "AssertionError: FA4's MLA kernels take at most 128 query heads per latent head"
+    if route == "2cta" and 128 % ratio:
+        return MLA_2CTA_REFUSAL
+    return None
+
+
+def mla_tile(route: str) -> Tile:
+    return Tile(64, 64) if route == "1cta-kb64" else Tile(128, 128)
+
+
+def mla_paged_tma(route: str, page_size: int) -> bool:
+    """kb64 loads any multiple of 64 by TMA (interface.py 1414); the others page == tile_n."""
+    return page_size % 64 == 0 if route == "1cta-kb64" else page_size == 128
 
 
 def fp8_reason(arch: str, dtype: str, which: str = "q/k/v") -> str:

@@ -78,7 +78,7 @@ def foldable(feat: dict) -> bool:
     """A decode step the fold can serve: one query row per sequence (batch q with s_q == 1, or
     varlen q with max_seqlen_q == 1 and as many rows as sequences, i.e. cu_seqlens_q == arange),
     GQA, no window, no sinks."""
-    if feat["sink_dtype"] is not None or feat.get("seqused_q"):
+    if feat["sink_dtype"] is not None or feat.get("seqused_q") or feat.get("qv") is not None:
         return False
     if feat["window_left"] is not None or feat["window_right"] is not None:
         return False

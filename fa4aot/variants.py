@@ -24,7 +24,7 @@ from .specs import Attention, Spec, layout_forms
 SCHEMA = 1  # bump when the meaning of a field changes: it is part of every variant id
 # Variant fields added after SCHEMA 1, with the default that leaves them out of the id
 NEW_FIELD_DEFAULTS = {"softcap": None, "pack_gqa": None, "descales": None, "split_kv": False,
-                      "s_ping_pong": None}
+                      "s_ping_pong": None, "mla": None, "mla_q_stage": None}
 # FP8 descale tensors a kernel takes, as FA4's key records them (q_descale, k_descale, v_descale
 # present or not): a subset of "qkv", in that order. FA4 (4.0.0b36) takes them only through
 # `interface._flash_attn_fwd` (its public entry points have no descale arguments).
@@ -68,6 +68,12 @@ class Variant:
     # split kernels only: FA4's S ping-pong path (`use_s_ping_pong`, a separate kernel): taken
     # when each split holds enough key blocks (constraints.split_s_ping_pong); None otherwise
     s_ping_pong: bool | None = None
+    # absorbed MLA (FA4's `qv`, Blackwell): which of FA4's MLA kernels (constraints.MLA_ROUTES:
+    # "2cta", "1cta", "1cta-kb64"; FA4's key fields mla_1cta and mla_1cta_kb64) and its Q stages
+    # (1 or 2: the key's q_stage, which for the 2CTA kernel is not implied by static_persistent).
+    # None: not an MLA kernel. head_dim is then the rope part (64), head_dim_v the latent (512).
+    mla: str | None = None
+    mla_q_stage: int | None = None
 
     @property
     def id(self) -> str:
@@ -87,6 +93,8 @@ class Variant:
 
     @property
     def tile(self) -> C.Tile:
+        if self.mla is not None:
+            return C.mla_tile(self.mla)
         return C.fwd_tile(self.arch, self.head_dim, self.head_dim_v, self.causal, self.local)
 
     @property
@@ -172,6 +180,8 @@ class Variant:
             parts.append(f"descale:{self.descales}")
         if self.split_kv:
             parts.append("split-kv" + ("(ping-pong)" if self.s_ping_pong else ""))
+        if self.mla is not None:
+            parts.append(f"mla:{self.mla}/q_stage{self.mla_q_stage}")
         return " ".join(parts)
 
     def to_dict(self) -> dict:
@@ -228,6 +238,8 @@ def features(
     descales: str | None = None,
     num_splits: int = 1,
     max_seqlen_k: int | None = None,
+    qv: int | None = None,
+    num_sms: int | None = None,
 ) -> Variant:
     """A call's static features -> the Variant FA4 would compile for it (sm90 logic, FA4 b36).
 
@@ -241,7 +253,19 @@ def features(
 
     Raises ValueError for what fa4aot does not model: descales without FP8, a split on sm90 or
     with unequal head dims (constraints.native_split_reason), a split without max_seqlen_k.
+
+    qv: absorbed MLA's latent dim (mla_features); num_sms: the SM count FA4's MLA route reads.
     """
+    if qv is not None:
+        return mla_features(
+            arch=arch, dtype=dtype, head_dim=head_dim, head_dim_v=head_dim_v, qv=qv,
+            num_heads=num_heads, num_heads_kv=num_heads_kv, causal=causal,
+            window_left=window_left, window_right=window_right, return_lse=return_lse,
+            sink_dtype=sink_dtype, batch=batch, total_q=total_q, max_seqlen_q=max_seqlen_q,
+            cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_q=seqused_q,
+            seqused_k=seqused_k, page_size=page_size, softcap=softcap, pack_gqa=pack_gqa,
+            descales=descales, num_splits=num_splits, num_sms=num_sms,
+        )
     fp8 = dtype.startswith("float8")
     if descales is not None and (descales not in DESCALE_SETS or not fp8):
         raise ValueError(f"descales {descales!r}: a subset of 'qkv', for FP8 q/k/v only")
@@ -316,6 +340,67 @@ def features(
     )
 
 
+# The SM count an MLA call's route is computed with when none is given: the arch's default, else
+# B200's. The representative calls fa4aot builds MLA kernels from (batch 1: 2CTA; batch
+# MLA_1CTA_BATCH: 1CTA) route the same on any count from 3 to 2 * MLA_1CTA_BATCH - 1.
+MLA_FALLBACK_NUM_SMS = 148
+MLA_1CTA_BATCH = 1024
+
+
+def mla_features(
+    *, arch, dtype, head_dim, head_dim_v, qv, num_heads, num_heads_kv, causal, window_left,
+    window_right, return_lse, sink_dtype, batch, total_q, max_seqlen_q, cu_seqlens_q,
+    cu_seqlens_k, seqused_q, seqused_k, page_size, softcap, pack_gqa, descales, num_splits,
+    num_sms,
+) -> Variant:
+    """An absorbed-MLA call (FA4's `qv`) -> the Variant of the MLA kernel FA4 compiles for it
+    (4.0.0b36: constraints.mla_route; tests/test_mla_build.py checks it against FA4's keys).
+
+    Modelled: Blackwell, bf16/fp16, rope 64 + latent 512, one latent KV head, q packed
+    (cu_seqlens_q), K/V packed (cu_seqlens_k) or paged (page_table + seqused_k), causal or not,
+    LSE or not, no split. Raises ValueError for anything else, and for a call FA4 itself refuses
+    (the message is FA4's assertion: constraints.mla_refusal)."""
+    problems = []
+    if not C.is_blackwell(arch):
+        raise ValueError(C.mla_reason(arch))
+    if (head_dim, head_dim_v, qv) != (64, 512, 512):
+        problems.append(f"head dims {head_dim}/{qv} (FA4 runs MLA at 64 + 512 only)")
+    if num_heads_kv != 1:
+        problems.append(f"{num_heads_kv} latent KV heads (one)")
+    if dtype not in ("bfloat16", "float16") or descales is not None:
+        problems.append(f"dtype {dtype} (FP8 MLA runs FA4's 1CTA kernel with descales)")
+    if not cu_seqlens_q or seqused_q:
+        problems.append("q not packed with cu_seqlens_q alone")
+    if (page_size is not None) == bool(cu_seqlens_k) or seqused_k != (page_size is not None):
+        problems.append("K/V neither packed (cu_seqlens_k) nor paged (page_table + seqused_k)")
+    if window_left is not None or window_right is not None or softcap or sink_dtype:
+        problems.append("a window, softcap or sink (FA4 takes none with qv)")
+    if pack_gqa is not None or num_splits != 1:
+        problems.append("an explicit pack_gqa or num_splits")
+    if problems:
+        raise ValueError("absorbed MLA call fa4aot does not model: " + "; ".join(problems))
+    ratio = num_heads // num_heads_kv
+    sms = num_sms or C.DEFAULT_NUM_SMS.get(arch) or MLA_FALLBACK_NUM_SMS
+    route = C.mla_route(ratio, max_seqlen_q, batch, sms)
+    why = C.mla_refusal(route, ratio)
+    if why:
+        raise ValueError(why)
+    tile = C.mla_tile(route)
+    rows = (total_q if max_seqlen_q is None else max_seqlen_q) * (ratio if ratio > 1 else 1)
+    stage = 1 if route == "1cta-kb64" else C.q_stage(arch, rows, tile, head_dim_v)
+    return Variant(
+        arch=arch, dtype=dtype, head_dim=head_dim, head_dim_v=head_dim_v,
+        qhead_per_kvhead=ratio, causal=causal, local=False, has_window_left=False,
+        has_window_right=False, return_lse=return_lse, sink_dtype=None, cu_seqlens_q=True,
+        cu_seqlens_k=bool(cu_seqlens_k), seqused_q=False, seqused_k=seqused_k,
+        paged=page_size is not None,
+        paged_tma=None if page_size is None else C.mla_paged_tma(route, page_size),
+        cu_hint=False,  # FA4's MLA path runs no batch > 256 helper
+        static_persistent=max_seqlen_q is not None and rows <= stage * tile.m,
+        mla=route, mla_q_stage=stage,
+    )
+
+
 CALL_LAYOUTS = ("dense", "varlen", "padded", "paged")
 
 
@@ -351,6 +436,9 @@ class Call:
     pack_gqa: bool | None = None  # the caller's explicit pack_gqa (None: FA4's default)
     descales: str | None = None  # FP8: which descale tensors are passed (DESCALE_SETS)
     num_splits: int = 1  # > 1: FA4's native split-KV (Blackwell)
+    # absorbed MLA: the latent dim FA4 takes as `qv` (q then holds the rope part; q packed,
+    # K/V packed or paged, one latent head): compiler.fake_call passes qv of (tokens, h, qv)
+    qv: int | None = None
 
     def __post_init__(self):
         if self.layout not in CALL_LAYOUTS:
@@ -359,6 +447,8 @@ class Call:
             raise ValueError("a dense call (flash_attn_func) takes no seqused_q / seqused_k")
         if (self.layout == "paged") != (self.page_size is not None):
             raise ValueError("page_size goes with layout paged, and only with it")
+        if self.qv is not None and (self.layout not in ("varlen", "paged") or self.batch_q):
+            raise ValueError("an MLA (qv) call packs q (cu_seqlens_q) over packed or paged K/V")
 
     @property
     def packed_q(self) -> bool:
@@ -398,6 +488,7 @@ class Call:
             descales=self.descales,
             num_splits=self.num_splits,
             max_seqlen_k=self.max_seqlen_k,
+            qv=self.qv,
         )
 
     @property
@@ -406,8 +497,8 @@ class Call:
         as max_seqlen_k to the varlen entry, and a dense/padded K's length is seqlen_k."""
         return self.seqlen_k
 
-    def variant(self, arch: str) -> Variant:
-        return features(arch=arch, **self.feature_kwargs())
+    def variant(self, arch: str, num_sms: int | None = None) -> Variant:
+        return features(arch=arch, num_sms=num_sms, **self.feature_kwargs())
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -650,7 +741,7 @@ def _fold_calls(spec: Spec, att: Attention, arch: str, lses: list[bool]) -> list
     return calls
 
 
-def enumerate_variants(spec: Spec, arch: str) -> Plan:
+def enumerate_variants(spec: Spec, arch: str, num_sms: int | None = None) -> Plan:
     """spec x arch -> the distinct variants it needs (pure; no FA4 import, milliseconds).
     A spec whose `[serving] archs` leaves `arch` out needs nothing there."""
     plan = Plan()
@@ -659,7 +750,14 @@ def enumerate_variants(spec: Spec, arch: str) -> Plan:
     for att in spec.attention:
         if att.qv is not None:
             # checked first: on sm90 the hd 64/512 shape must not be "served" by head-dim padding
-            plan.unsupported.append(Unsupported(spec.name, att.name, C.mla_reason(arch)))
+            if not C.is_blackwell(arch):
+                plan.unsupported.append(Unsupported(spec.name, att.name, C.mla_reason(arch)))
+                continue
+            from .mla import mla_layer_plan
+
+            needs, unsupported = mla_layer_plan(spec, att, arch, num_sms)
+            plan.needs += needs
+            plan.unsupported += unsupported
             continue
         reason = C.unsupported_reason(
             arch,
@@ -717,6 +815,8 @@ def representative_call(v: Variant) -> Call:
     Raises ValueError only for feature combinations FA4's own logic never produces (e.g. a dense
     non-causal kernel that is not persistent).
     """
+    if v.mla is not None:
+        return _mla_representative_call(v)
     tile = v.tile
     r = v.qhead_per_kvhead
     rows = r if v.pack_gqa_effective else 1  # query rows per query position in an M tile
@@ -775,5 +875,42 @@ def representative_call(v: Variant) -> Call:
         raise ValueError(
             f"no representative call for {v.describe()}: FA4 never compiles these features "
             "together (no call to its forward produces them)"
+        )
+    return call
+
+
+def _mla_representative_call(v: Variant) -> Call:
+    """An absorbed-MLA call that compiles exactly `v` on any SM count from 3 to 2047: batch 1
+    for the 2CTA kernel (2 CTAs, one wave), MLA_1CTA_BATCH sequences for the 1CTA ones; the
+    query length picks the Q stages and whether one M tile holds the rows."""
+    r = v.qhead_per_kvhead
+    rows = r if r > 1 else 1
+    if v.mla == "2cta":
+        limit = v.mla_q_stage * v.tile.m
+        if v.static_persistent:
+            sq = 1 if v.mla_q_stage == 1 else v.tile.m // rows + 1  # one or two Q tiles
+        else:
+            sq = limit // rows + 1  # past the CTA's Q tiles
+        batch = 1
+    else:
+        sq = 1 if v.mla == "1cta-kb64" and r < 64 else 2 if v.mla == "1cta" else 1
+        batch = MLA_1CTA_BATCH
+    page = None
+    if v.paged:
+        page = (64 if v.mla == "1cta-kb64" else 128) if v.paged_tma else 32 if v.mla == "1cta-kb64" else 64
+    call = Call(
+        layout="paged" if v.paged else "varlen", batch=batch, seqlen_q=sq, seqlen_k=max(sq, 256),
+        num_heads=r, num_heads_kv=1, head_dim=v.head_dim, head_dim_v=v.head_dim_v, dtype=v.dtype,
+        causal=v.causal, window_left=None, window_right=None, return_lse=v.return_lse,
+        sink_dtype=None, page_size=page, qv=v.head_dim_v,
+    )
+    try:
+        got = call.variant(v.arch)
+    except ValueError:
+        got = None
+    if got != v:
+        raise ValueError(
+            f"no representative call for {v.describe()}: FA4 never compiles these MLA features "
+            "together"
         )
     return call

@@ -588,7 +588,9 @@ def test_every_default_sm100_sm103_variant_and_mla_kernel_matches_fa4(parity):
     from fa4aot.specs import default_spec_names, load_default
 
     specs = [load_default(n) for n in default_spec_names()]
-    n100 = len(plan_for(specs, "sm100").variants())  # 193: 109 + native split + the FP8 spec
+    planned = plan_for(specs, "sm100").variants()
+    n100 = len(planned)  # 307: 109 + native split + the FP8 spec + 114 MLA kernels
+    n_mla = sum(1 for n in planned.values() if n.variant.mla)
     assert rep["compared"]["default"] == n100 >= 109
     # the default MLA probe calls: DeepSeek-V3's all run, GLM-4.7-Flash's 20/10/5 heads are
     # mostly refused by FA4's 2CTA kernel (ratio must divide 128: docs/blackwell.md)
@@ -606,7 +608,7 @@ def test_every_default_sm100_sm103_variant_and_mla_kernel_matches_fa4(parity):
     assert rep["compared"]["sm103"] == n100 + len(_extra_cases("sm100"))
     # the comparison tells the ABIs apart: today's sm90 `_launch` matches FA4 on no sm100 or
     # sm103 call
-    non_mla = rep["compared"]["default"] + rep["compared"]["extra"] - 4  # 4 extra MLA cases
+    non_mla = rep["compared"]["default"] - n_mla + rep["compared"]["extra"] - 4  # 4 extra MLA
     assert rep["launch"] == {"False": 2 * non_mla}
 
 

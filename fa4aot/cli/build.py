@@ -225,7 +225,7 @@ def _build_arch(
     from ..build import plan_for
     from ..merge import shard as shard_ids
 
-    plan = plan_for(spec_list, arch)
+    plan = plan_for(spec_list, arch, num_sms)
     if misses:
         from ..missing import plan_misses, read_misses
         from ..variants import Need, Unsupported
@@ -349,7 +349,7 @@ def specs_cmd(arch, specs, num_sms, cache, out):
             out.note(f"{s.name}: not built for {arch} ([serving] archs = "
                      f"{', '.join(s.serving.archs)})")
             continue
-        plan = plan_for([s], arch)
+        plan = plan_for([s], arch, num_sms)
         for vid, n in plan.variants().items():
             rows.append(
                 {

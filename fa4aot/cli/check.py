@@ -91,7 +91,7 @@ def coverage(specs, arch, num_sms, python, cache, trace, allow_unsupported, out)
             trace = False
     rows, missing = [], 0
     for spec in spec_list:
-        plan = plan_for([spec], arch)
+        plan = plan_for([spec], arch, num_sms)
         needs = list(plan.variants().values())
         traced = None
         if trace and needs:
