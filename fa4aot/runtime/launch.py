@@ -59,8 +59,10 @@ def _sm90_fwd(kernel: Any) -> Callable:
         seqused_k=None, page_table=None, window_left=None, window_right=None,
         learnable_sink=None, cu_total_m_blocks=None,
     ):
-        if page_table is not None and not page_table.data_ptr() % GUARD_ALIGN:
-            page_table = guard_page_table(page_table)  # see GUARD_ALIGN
+        if page_table is not None:
+            ptr = page_table.data_ptr()  # (0: no storage, e.g. a FakeTensor while tracing)
+            if ptr and not ptr % GUARD_ALIGN:
+                page_table = guard_page_table(page_table)  # see GUARD_ALIGN
         kernel(
             q, k, v, out, lse, scale, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
             page_table, window_left, window_right, learnable_sink, None, _NO_AUX,
