@@ -51,8 +51,10 @@ def fresh_scratch():
         _tls.fresh = prev
 
 
-def _keep_nothing() -> bool:
-    return getattr(_tls, "fresh", False) or _is_capturing()
+def _keep_nothing(cuda: bool) -> bool:
+    """Whether a split step must keep nothing it allocates: inside fresh_scratch, or while a
+    CUDA graph is captured (CPU tensors: the tests' stand-in kernels, never captured)."""
+    return getattr(_tls, "fresh", False) or (cuda and _is_capturing())
 
 
 def split_step(
@@ -70,10 +72,10 @@ def split_step(
     if rows > 1 and kind != "paged":
         return None  # split.split_refusal: only pages can give unrolled rows the same keys
     if q.is_cuda:
-        capturing = _keep_nothing()
+        capturing = _keep_nothing(True)
         stream = _raw_stream(dev)
     else:  # (CPU tensors: the tests' stand-in kernels)
-        capturing, stream = getattr(_tls, "fresh", False), 0
+        capturing, stream = _keep_nothing(False), 0
     # a dense K's chunk bounds depend on its exact length; the rest on the plan's bucket
     key = (
         kind, dev, stream, q.dtype, b, rows, hq, hk, d, dv,
@@ -251,7 +253,7 @@ def _const(rt, key: tuple, device, make):
     t = rt._split_consts.get(key)
     if t is None:
         t = make()
-        if not getattr(_tls, "fresh", False) and (device.type != "cuda" or not _is_capturing()):
+        if not _keep_nothing(device.type == "cuda"):
             if len(rt._split_consts) > 256:
                 rt._split_consts.clear()
             rt._split_consts[key] = t
