@@ -127,6 +127,12 @@ def cases(dev):
     return out
 
 
+def _show(row: dict) -> None:
+    """One case's row as a JSON line (floats rounded, the per-repeat lists left out)."""
+    print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v)
+                      for k, v in row.items() if not k.endswith("_all")}), flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
@@ -176,8 +182,7 @@ def main():
             # the split path's kernels are not plans: no floor / Python-path split for it (its
             # host time is the interleaved figure below)
             rows.append(row)
-            print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v)
-                              for k, v in row.items() if not k.endswith("_all")}), flush=True)
+            _show(row)
             continue
         # The floor: each loaded kernel called directly with the arguments this call passed it
         # (captured once), so host time = bare tvm-ffi calls + the runtime's Python path.
@@ -225,16 +230,7 @@ def main():
             )
             row["new_empty_us"], _ = host_us(lambda: q.new_empty((1, 128, 32, 128)))
         rows.append(row)
-        print(
-            json.dumps(
-                {
-                    k: (round(v, 2) if isinstance(v, float) else v)
-                    for k, v in row.items()
-                    if not k.endswith("_all")
-                }
-            ),
-            flush=True,
-        )
+        _show(row)
     # the headline figure: every case's fa4aot call timed round-robin, 31 repeats
     # (and FA4's, when present, in the same rounds)
     base = None
