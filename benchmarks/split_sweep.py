@@ -1,12 +1,13 @@
 """Does the cost model pick the right split count? Every forced count against the automatic
 choice, side by side in one process on the same inputs (H200).
 
-    FA4AOT_CACHE_DIR=<store> python benchmarks/split_sweep.py --out sweep.json
+    FA4AOT_CACHE_DIR=<store> python benchmarks/split_sweep.py [--small] --out sweep.json
 
 bf16 hd128 decode, one query row, dense K/V. Per shape and split count n (FA4AOT_SPLIT_KV=n,
 through `Runtime.split`): CUDA-graph replay time (5 calls per graph; host excluded) and eager
-do_bench median. "auto" is the cost model's n. Prints, per shape, the best n in a graph and how
-far auto's graph time is from it.
+do_bench median, and torch SDPA's cuDNN backend on the same inputs. "auto" is the cost model's
+n. Prints, per shape, the best n in a graph and how far auto's graph time is from it.
+--small: short contexts (1K-4K), where the split's fixed costs decide.
 """
 
 from __future__ import annotations
@@ -30,11 +31,14 @@ SHAPES = [  # (batch, s_k, hq, hk)
     (8, 16384, 32, 8),
 ]
 COUNTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128)
+# --small: short contexts, where the split's fixed costs decide (chunks down to 128 keys)
+SMALL = [(b, sk, 32, 8) for sk in (1024, 2048, 4096) for b in (1, 2, 4, 8, 16)]
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
+    ap.add_argument("--small", action="store_true", help="the SMALL shapes instead")
     a = ap.parse_args()
     import torch
 
@@ -47,7 +51,10 @@ def main():
     rt = R.default_runtime()
     dt, d = torch.bfloat16, 128
     rows = []
-    for b, sk, hq, hk in SHAPES:
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    for b, sk, hq, hk in SMALL if a.small else SHAPES:
         torch.cuda.empty_cache()
         q = torch.randn(b, 1, hq, d, device="cuda", dtype=dt)
         k = torch.randn(b, sk, hk, d, device="cuda", dtype=dt)
@@ -70,6 +77,12 @@ def main():
             row["graph"][str(n)] = graph_us(call, calls=5, replays=15)
             row["eager"][str(n)] = eager_us(call)
         rt.split = -1
+        qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            cudnn = lambda: sdpa(qt, kt, vt, enable_gqa=True)  # noqa: E731
+            cudnn()
+            row["cudnn_graph"] = graph_us(cudnn, calls=5, replays=15)
+            row["cudnn_eager"] = eager_us(cudnn)
         g = {n: t for n, t in row["graph"].items() if n != "auto"}
         best = min(g, key=g.get)
         row["best_graph"] = best
@@ -82,7 +95,8 @@ def main():
             f"(best n={best} {g[best]:.1f}, x{row['auto_vs_best_graph']:.2f}); eager "
             f"{row['eager']['auto']:.1f} (best n={row['best_eager']} "
             f"{e[row['best_eager']]:.1f}) | "
-            + " ".join(f"{n}:{t:.1f}" for n, t in g.items()),
+            + " ".join(f"{n}:{t:.1f}/{e[n]:.1f}" for n, t in g.items())
+            + f" | cudnn {row['cudnn_graph']:.1f}/{row['cudnn_eager']:.1f} (graph/eager)",
             flush=True,
         )
         rows.append(row)

@@ -288,6 +288,65 @@ def test_cuda_graph_replay_is_bit_identical(monkeypatch, page):
         assert torch.equal(replayed, out)
 
 
+@pytest.mark.parametrize("kind", ["dense", "varlen", "paged"])
+def test_split_step_runs_on_the_current_stream(monkeypatch, kind):
+    """A split step on a side stream whose q is written there behind a 0.1 s sleep: both
+    kernels must run on that stream (the step passes its scratch as pre-converted tvm-ffi
+    tensors, splitkv.SplitRun._bind; tvm-ffi takes the stream from the torch tensors beside
+    them). On any other stream they would read the poisoned q. Twice: the first call makes
+    the step's SplitRun, the second reuses it."""
+    import fa4aot
+
+    spy = _Spy(monkeypatch)
+    b, hq, hk, d, lk = 2, 32, 8, 128, [6000, 3000]
+    qs = torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16)
+    if kind == "dense":
+        k = torch.randn(b, 6000, hk, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        kp, vp, used = k, v, torch.full((b,), 6000, device="cuda")
+        q = _poison((b, 1, hq, d))
+
+        def step():
+            return fa4aot.flash_attn_func(q, k, v, causal=True)[0]
+    else:
+        used = torch.tensor(lk, device="cuda", dtype=torch.int32)
+        q = _poison((b, hq, d))
+        cu_q = torch.arange(b + 1, device="cuda", dtype=torch.int32)
+        if kind == "paged":
+            k, v, table, kp, vp = _paged(lk, 128, hk, d)
+            kw = dict(page_table=table, seqused_k=used)
+        else:
+            kp = torch.randn(b, 6000, hk, d, device="cuda", dtype=torch.bfloat16)
+            vp = torch.randn_like(kp)
+            k = torch.cat([kp[0, :6000], kp[1, :3000]])
+            v = torch.cat([vp[0, :6000], vp[1, :3000]])
+            kw = dict(cu_seqlens_k=torch.tensor([0, 6000, 9000], device="cuda",
+                                                dtype=torch.int32))
+
+        def step():
+            return fa4aot.flash_attn_varlen_func(
+                q, k, v, cu_seqlens_q=cu_q, max_seqlen_q=1, max_seqlen_k=6000, causal=True, **kw
+            )[0]
+    ro, _ = attention_ref(qs, kp, vp, torch.ones(b, device="cuda", dtype=torch.long),
+                          used.long(), causal=True)
+    _rt(4)
+    try:
+        for _ in range(2):
+            q.fill_(float("nan"))
+            torch.cuda.synchronize()
+            s = torch.cuda.Stream()
+            with torch.cuda.stream(s):
+                torch.cuda._sleep(100_000_000)
+                q.copy_(qs.view(q.shape))
+                got = step().clone()
+            torch.cuda.synchronize()
+            assert not got.isnan().any()
+            assert rel_err(got.view(b, 1, hq, d), ro) < 4e-3
+    finally:
+        _rt(-1)
+    assert spy.split == 2
+
+
 def test_packed_kv_with_seqused_k_is_not_split(monkeypatch):
     """cu_seqlens_k + seqused_k (FA4 takes both: offsets from one, lengths from the other):
     the split's chunk bounds come from cu_seqlens_k alone, so such a call must run unsplit.

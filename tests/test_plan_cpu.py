@@ -168,7 +168,7 @@ def test_split_scratch_is_bounded(store, monkeypatch):
     rt.split = 2
     made = []
     real = SK.SplitRun
-    monkeypatch.setattr(SK, "SplitRun", lambda *a: made.append(1) or real(*a))
+    monkeypatch.setattr(SK, "SplitRun", lambda *a, **kw: made.append(1) or real(*a, **kw))
     for b in range(1, 20):
         R.flash_attn_func(*_qkv(b, 1, 1100, 2, 1, 64), causal=True)
     assert len(made) == 19

@@ -34,7 +34,13 @@ _MAX_KEYS = 4096
 # (absent from CPU-only torch builds; called for CUDA tensors only)
 _is_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-_tls = threading.local()
+
+
+class _Tls(threading.local):
+    fresh = False  # (a class default: a thread that never entered fresh_scratch reads it fast)
+
+
+_tls = _Tls()
 
 
 @contextmanager
@@ -43,7 +49,7 @@ def fresh_scratch():
     callers whose allocations may come from a CUDA-graph pool without a capture running:
     torch.compile's cudagraph trees run warm-up calls in the graph's pool and refuse any
     tensor there that outlives the call untracked (fa4aot.ops enters this)."""
-    prev = getattr(_tls, "fresh", False)
+    prev = _tls.fresh
     _tls.fresh = True
     try:
         yield
@@ -54,7 +60,7 @@ def fresh_scratch():
 def _keep_nothing(cuda: bool) -> bool:
     """Whether a split step must keep nothing it allocates: inside fresh_scratch, or while a
     CUDA graph is captured (CPU tensors: the tests' stand-in kernels, never captured)."""
-    return getattr(_tls, "fresh", False) or (cuda and _is_capturing())
+    return _tls.fresh or (cuda and _is_capturing())
 
 
 def split_step(
@@ -87,7 +93,8 @@ def split_step(
         sp = rt.split_for(dev, q.dtype, b * rows * hk, seqlen_k, d, dv, page_size,
                           sink is not None)
         run = False if sp is None else SplitRun(
-            rt, dev, q, b, rows, hq, hk, d, dv, kind, sp, page_size, causal, seqlen_k, varlen_q
+            rt, dev, q, b, rows, hq, hk, d, dv, kind, sp, page_size, causal, seqlen_k, varlen_q,
+            ffi=q.is_cuda,
         )
         if not capturing:
             if len(rt._split_runs) > _MAX_KEYS or (run and rt._split_scratch >= _MAX_RUNS):
@@ -119,24 +126,24 @@ def split_step(
         run.q_dst.copy_(q)  # q broadcast over the chunk slots
         kq = run.kq
     if kind == "dense":
-        cu_seqlens_k = run.cu_k
+        cu_seqlens_k = run.cu_k_f
     elif kind == "varlen":
         # chunk j of sequence i starts at min(cu[i] + j*c, cu[i+1]); the last bound, cu[b],
         # is row b's first entry (cu[b] + 0): two kernels into scratch, no allocation
         torch.add(run.offs_col, cu_seqlens_k, out=run.cu_t)
         torch.minimum(run.cu_t_lo, cu_seqlens_k[1:], out=run.cu_t_lo)
-        cu_seqlens_k = run.cu_flat
+        cu_seqlens_k = run.cu_flat_f
     else:
         # per-chunk lengths clamp(len - offset, 0, c), written transposed into scratch
         torch.sub(seqused_k, run.offs_col, out=run.len_t)
         run.len_buf.clamp_(0, run.chunk)
-        seqused_k = run.len_flat
+        seqused_k = run.len_flat_f
         if run.pt_rows and page_table.size(1) == run.pt_cols and page_table.is_contiguous():
             page_table = page_table.view(run.pt_shape)  # the chunks' pages: a view
         else:
             page_table = S.chunk_page_table(torch, page_table, run.sp, page_size, rows)
     run.launch(
-        kq, k, v, run.ko, run.kl, run.scale if softmax_scale is None else float(softmax_scale),
+        kq, k, v, run.ko_f, run.kl_f, run.scale if softmax_scale is None else float(softmax_scale),
         None, cu_seqlens_k, None, seqused_k, page_table,
     )
     if sink is not None:  # the empty last slot carries the sink: counted once, as FA4 does
@@ -149,8 +156,8 @@ def split_step(
     if lse is not None and rows == 1:
         lse_c = torch.as_strided(lse, run.lse_c_size, run.lse_c_stride)
     else:
-        lse_c = run.lse_scratch
-    run.merge(run.op_c, run.lp_c, out_c, lse_c)
+        lse_c = run.lse_scratch_f
+    run.merge(run.op_c_f, run.lp_c_f, out_c, lse_c)
     if lse is not None and rows > 1:
         lse.copy_(run.lse_rows)
     return out, lse
@@ -166,11 +173,12 @@ class SplitRun:
         "ko", "kl", "lp_sink", "op_c", "lp_c", "lse_scratch", "lse_rows", "k_shape",
         "v_shape", "cu_k", "offs_col", "cu_t", "cu_t_lo", "cu_flat", "len_buf", "len_t",
         "len_flat", "pt_rows", "pt_cols", "pt_shape", "out_as_is", "out_shape", "out_c_shape",
-        "lse_shape", "lse_c_size", "lse_c_stride",
+        "lse_shape", "lse_c_size", "lse_c_stride", "ko_f", "kl_f", "op_c_f", "lp_c_f",
+        "lse_scratch_f", "cu_k_f", "cu_flat_f", "len_flat_f",
     )
 
     def __init__(self, rt, dev, q, b, rows, hq, hk, d, dv, kind, sp, page_size, causal,
-                 seqlen_k, varlen_q):
+                 seqlen_k, varlen_q, ffi=False):
         r, slots = hq // hk, sp.slots
         bb, nv = b * rows, b * rows * slots  # decode rows; virtual sequences (chunk fastest)
         dvc = q.device
@@ -208,6 +216,30 @@ class SplitRun:
         self.k_shape, self.v_shape = (b * seqlen_k, hk, d), (b * seqlen_k, hk, dv)
         self.pt_rows = self.pt_cols = 0
         self.pt_shape = None
+        self.cu_k = self.cu_flat = self.len_flat = None
+        self._metadata(rt, dev, q, b, rows, kind, sp, page_size, causal, seqlen_k)
+        self._bind(ffi)
+
+    def _bind(self, ffi: bool) -> None:
+        """The kernel-facing forms (`*_f`) of the scratch the two kernels take every step:
+        with `ffi`, tvm_ffi.Tensors made once, which a call passes on as they are (the H200,
+        2026-12-01: a torch tensor argument costs ~0.9 us of conversion per call, e.g. the
+        chunk kernel's call 7.8 -> 5.1 us with its three scratch tensors pre-converted; results
+        bit-identical). Each call still passes at least one torch tensor (k and v; the
+        combine's out), from which tvm-ffi takes torch's current stream: a call of
+        tvm_ffi.Tensors alone would run on the default stream. Without `ffi` (CPU tensors: the
+        tests' stand-in kernels) the tensors themselves."""
+        conv = _to_ffi if ffi else (lambda t: t)
+        self.ko_f, self.kl_f = conv(self.ko), conv(self.kl)
+        self.op_c_f, self.lp_c_f = conv(self.op_c), conv(self.lp_c)
+        self.lse_scratch_f = conv(self.lse_scratch)
+        self.cu_k_f = self.cu_k if self.cu_k is None else conv(self.cu_k)
+        self.cu_flat_f = self.cu_flat if self.cu_flat is None else conv(self.cu_flat)
+        self.len_flat_f = self.len_flat if self.len_flat is None else conv(self.len_flat)
+
+    def _metadata(self, rt, dev, q, b, rows, kind, sp, page_size, causal, seqlen_k):
+        """The chunk metadata's buffers and constants, per KV kind."""
+        slots, dvc = sp.slots, q.device
 
         def const(key, make):  # (while capturing: the eager warm-up's, or made in the graph)
             return _const(rt, key, dvc, make)
@@ -244,6 +276,12 @@ class SplitRun:
         self.pt_rows = int(rows == 1)
         self.pt_cols = slots * pp
         self.pt_shape = (b * slots, pp)
+
+
+def _to_ffi(t):
+    import tvm_ffi
+
+    return tvm_ffi.from_dlpack(t)
 
 
 def _const(rt, key: tuple, device, make):
