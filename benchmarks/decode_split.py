@@ -60,7 +60,7 @@ def _bench(table_only=False):
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
             ref = sdpa(qt, kt, vt, enable_gqa=True).transpose(1, 2)
         rt.split = -1
-        sp = rt.split_for(0, dt, b * hk, sk, d, d, None, False)
+        sp = rt.split_for(0, dt, b * hk, sk, d, d, None, False, b)
         row["splits"] = sp.n if sp else 1
         out.fill_(float("nan"))
         fa4aot.flash_attn_func(q, k, v, causal=True, out=out)

@@ -62,14 +62,14 @@ def main():
         out = torch.empty_like(q)
         call = lambda: fa4aot.flash_attn_func(q, k, v, causal=True, out=out)  # noqa: E731
         rt.split = -1
-        sp = rt.split_for(0, dt, b * hk, sk, d, d, None, False)
+        sp = rt.split_for(0, dt, b * hk, sk, d, d, None, False, b)
         auto = sp.n if sp else 1
         ref = call()[0].clone()
         row = {"b": b, "sk": sk, "hq": hq, "hk": hk, "auto": auto, "graph": {}, "eager": {}}
         for n in ("auto",) + COUNTS:
             rt.split = -1 if n == "auto" else n
             if n != "auto":
-                sp = rt.split_for(0, dt, b * hk, sk, d, d, None, False)
+                sp = rt.split_for(0, dt, b * hk, sk, d, d, None, False, b)
                 if n > 1 and (sp is None or sp.n != n):
                     continue  # not a count the plan allows here (chunks under the minimum)
             o = call()[0]

@@ -42,23 +42,30 @@ class CostModel:
 
     cta_bytes_per_s: how fast one CTA streams K/V (the issue's table: 67 MB in 1334 us on one
     CTA; 268 MB in 677 us on 8); hbm_bytes_per_s: what the whole chip streams (537 MB in 137 us
-    on 256 CTAs); overhead_s: the split's extra launches (q replication, metadata, combine),
-    paid only when the step splits. `benchmarks/decode_split.py` measures all three."""
+    on 256 CTAs); overhead_s: the split's extra launches (metadata, combine), paid only when the
+    step splits; q_copy_s: the q broadcast a step of more than one decode row adds (one more
+    kernel; a single row reads q through a stride-0 mode). `benchmarks/decode_split.py` and
+    `benchmarks/split_sweep.py --small` measure them."""
 
     cta_bytes_per_s: float = 50e9
     hbm_bytes_per_s: float = 4.0e12
     overhead_s: float = 7e-6
-    # keys: below this a chunk's fixed cost dominates its streaming (H200, eager: b1/1K 32:8
-    # ran 17 us unsplit, 50 us in 4 chunks of 256)
-    min_chunk: int = 512
+    q_copy_s: float = 4e-6
+    # keys: one KV block of the chunk kernel. Chunks this short pay (H200, 2026-12-01,
+    # split_sweep --small): b1/1K 32:8 in 8 chunks of 128 ran 8.5 us in a CUDA graph and 13.1
+    # eager against 15.6 and 18.0 unsplit; b2/1K in 8 chunks 11.0 graph but 18.6 eager against
+    # 18.3, the q copy's launch, which q_copy_s keeps such steps unsplit.
+    min_chunk: int = 128
 
 
 DEFAULT_MODEL = CostModel()
 # Most query rows per sequence a split takes: decode and speculative steps (a prefill chunk
 # fills the SMs by itself).
 MAX_ROWS = 16
-# KV lengths at or below this never split (every chunk holds at least min_chunk keys).
-NEVER_SPLIT_KEYS = 2 * DEFAULT_MODEL.min_chunk - 1
+# KV lengths at or below this never split (the entry points' first test, on the hot path of
+# every short decode step): under the model a split first wins at about 830 keys for head dim
+# 128 (one CTA streaming them ~ one 128-key chunk plus overhead_s).
+NEVER_SPLIT_KEYS = 1023
 # Plans are made for the KV bound rounded up to this many keys, so a decode loop whose KV
 # grows a key a step replans once per PLAN_KEYS steps (the runtime and explain alike).
 PLAN_KEYS = 256
@@ -83,15 +90,19 @@ def step_time(
     bytes_per_key: int,
     num_sms: int,
     align: int,
+    copies_q: bool = False,
     model: CostModel = DEFAULT_MODEL,
 ) -> float:
-    """Modelled seconds of a decode step on n chunks; ctas: (sequence, KV head) pairs."""
+    """Modelled seconds of a decode step on n chunks; ctas: (sequence, KV head) pairs;
+    copies_q: the step has more than one decode row (its split copies q)."""
     c = chunk_keys(seqlen_k, n, align)
     n_eff = -(-seqlen_k // c)
     waves = -(-ctas * n_eff // num_sms)
     stream = max(waves * c * bytes_per_key / model.cta_bytes_per_s,
                  ctas * seqlen_k * bytes_per_key / model.hbm_bytes_per_s)
-    return stream + (model.overhead_s if n_eff > 1 else 0.0)
+    if n_eff == 1:
+        return stream
+    return stream + model.overhead_s + (model.q_copy_s if copies_q else 0.0)
 
 
 def choose_splits(
@@ -114,6 +125,7 @@ def choose_splits(
     term is a ceiling that more concurrent streams approach (H200, b1/64K 32:8: 11 chunks,
     88 CTAs, ran at 3.6 TB/s)."""
     ctas = batch * rows * kv_heads
+    copies_q = batch * rows > 1
     if seqlen_k <= model.min_chunk or ctas >= num_sms:
         return 1
     best_n, best_t = 1, None
@@ -124,7 +136,7 @@ def choose_splits(
             continue  # rounding left fewer chunks: the same as a smaller n
         t = step_time(
             n, ctas=ctas, seqlen_k=seqlen_k, bytes_per_key=bytes_per_key, num_sms=num_sms,
-            align=align, model=model,
+            align=align, copies_q=copies_q, model=model,
         )
         if best_t is None or t < best_t * (1 - 1e-9):
             best_n, best_t = n, t
@@ -227,18 +239,20 @@ def plan_split(
     num_sms: int,
     setting: int,
     max_slots: int = MAX_SLOTS,
+    decode_rows: int = 1,
 ) -> Split | None:
     """The runtime's split of a decode step (None: unsplit): `setting` is FA4AOT_SPLIT_KV
     (-1 auto: the cost model; 0 never; N forced), ctas the (sequence, row, KV head) triples,
-    seqlen_k a bound on every KV length. Shared by the runtime and `fa4aot explain`."""
+    of which decode_rows (sequence, row) pairs; seqlen_k a bound on every KV length. Shared by
+    the runtime and `fa4aot explain`."""
     if setting == 0:
         return None
     align = 128 if page_size is None else math.lcm(128, page_size)
     n = setting
     if n < 0:
         n = choose_splits(
-            batch=ctas, kv_heads=1, rows=1, seqlen_k=seqlen_k, bytes_per_key=bytes_per_key,
-            num_sms=num_sms, align=align,
+            batch=decode_rows, kv_heads=ctas // decode_rows, rows=1, seqlen_k=seqlen_k,
+            bytes_per_key=bytes_per_key, num_sms=num_sms, align=align,
         )
     n = min(n, max_slots - sink)
     if n <= 1:

@@ -52,6 +52,24 @@ def test_splits_only_where_the_model_says_it_wins():
                 assert S.step_time(n, **kw) < t1
 
 
+def test_short_contexts_split_one_row_steps_into_single_block_chunks():
+    """H200 (split_sweep --small, 2026-12-01): b1/1K 32:8 ran 15.6 us unsplit and 8.5 in 8
+    chunks of 128 keys in a graph (18.0 -> 13.1 eager); b2 and b4 at 1K gained in graphs but
+    lost eager, where the split's q copy (more than one decode row) costs a launch."""
+    assert _n(1, 8, 1024) == 8
+    assert S.make_split(8, 1024, page_size=None, sink=False).chunk == 128
+    assert _n(1, 8, 2048) == 16
+    assert _n(2, 8, 1024) == 1 and _n(4, 8, 1024) == 1
+    assert _n(1, 2, 1024, rows=2) == 1  # two unrolled rows copy q as two sequences do
+    kw = dict(ctas=16, seqlen_k=1024, bytes_per_key=512, num_sms=132, align=128)
+    assert S.step_time(8, **kw, copies_q=True) - S.step_time(8, **kw) == pytest.approx(4e-6)
+    # plan_split (the runtime's and explain's) takes the decode rows apart from the CTAs
+    one = dict(seqlen_k=1024, bytes_per_key=512, page_size=None, sink=False, num_sms=132,
+               setting=-1)
+    assert S.plan_split(ctas=8, decode_rows=1, **one).n == 8
+    assert S.plan_split(ctas=16, decode_rows=2, **one) is None
+
+
 def test_chunks_cover_the_kv_and_align():
     for sk in (257, 1000, 4096, 65537):
         for n in (2, 3, 16, 127):
@@ -131,7 +149,7 @@ class _FakeRuntime:
     def plan(self, seqlen_k, page_size, sink):
         return S.make_split(self.n, seqlen_k, page_size=page_size, sink=sink)
 
-    def split_for(self, dev, dtype, ctas, seqlen_k, d, dv, page_size, sink):
+    def split_for(self, dev, dtype, ctas, seqlen_k, d, dv, page_size, sink, decode_rows=1):
         return self.plan(seqlen_k, page_size, sink)
 
 

@@ -256,7 +256,7 @@ def _split_plan(
         sp = S.plan_split(
             ctas=batch * seqlen_q * hk, seqlen_k=bucket, bytes_per_key=(d + dv) * 2,
             page_size=page_size, sink=sink, num_sms=num_sms, setting=setting,
-            max_slots=max_slots,
+            max_slots=max_slots, decode_rows=batch * seqlen_q,
         )
         if sp is None:
             why = ("FA4AOT_SPLIT_KV=0" if setting == 0 else

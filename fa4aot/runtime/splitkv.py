@@ -91,7 +91,7 @@ def split_step(
     run = None if capturing else rt._split_runs.get(key)
     if run is None:
         sp = rt.split_for(dev, q.dtype, b * rows * hk, seqlen_k, d, dv, page_size,
-                          sink is not None)
+                          sink is not None, b * rows)
         run = False if sp is None else SplitRun(
             rt, dev, q, b, rows, hq, hk, d, dv, kind, sp, page_size, causal, seqlen_k, varlen_q,
             ffi=q.is_cuda,
