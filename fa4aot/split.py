@@ -42,20 +42,21 @@ class CostModel:
 
     cta_bytes_per_s: how fast one CTA streams K/V (the issue's table: 67 MB in 1334 us on one
     CTA; 268 MB in 677 us on 8); hbm_bytes_per_s: what the whole chip streams (537 MB in 137 us
-    on 256 CTAs); overhead_s: the split's extra launches (metadata, combine), paid only when the
-    step splits; q_copy_s: the q broadcast a step of more than one decode row adds (one more
-    kernel; a single row reads q through a stride-0 mode). `benchmarks/decode_split.py` and
+    on 256 CTAs); overhead_s: the split's extra launches (q replication, metadata, combine),
+    paid only when the step splits. `benchmarks/decode_split.py` and
     `benchmarks/split_sweep.py --small` measure them."""
 
     cta_bytes_per_s: float = 50e9
     hbm_bytes_per_s: float = 4.0e12
     overhead_s: float = 7e-6
-    q_copy_s: float = 4e-6
-    # keys: one KV block of the chunk kernel. Chunks this short pay (H200, 2026-12-01,
-    # split_sweep --small): b1/1K 32:8 in 8 chunks of 128 ran 8.5 us in a CUDA graph and 13.1
-    # eager against 15.6 and 18.0 unsplit; b2/1K in 8 chunks 11.0 graph but 18.6 eager against
-    # 18.3, the q copy's launch, which q_copy_s keeps such steps unsplit.
-    min_chunk: int = 128
+    # keys: below this a chunk's fixed cost dominates its streaming, for a step of several
+    # decode rows, whose split copies q over the chunks (one more launch): H200, eager, b4/1K
+    # 32:8 ran 18.2 us unsplit and 23.2 in 4 chunks of 256 (split_sweep --small, 2026-12-01)
+    min_chunk: int = 512
+    # keys: one KV block, for a step of one decode row (its q is read in place, through a
+    # stride-0 mode): b1/1K 32:8 in 8 chunks of 128 ran 8.5 us in a CUDA graph and 13.1 eager
+    # against 15.6 and 18.0 unsplit
+    min_chunk_one_row: int = 128
 
 
 DEFAULT_MODEL = CostModel()
@@ -90,19 +91,15 @@ def step_time(
     bytes_per_key: int,
     num_sms: int,
     align: int,
-    copies_q: bool = False,
     model: CostModel = DEFAULT_MODEL,
 ) -> float:
-    """Modelled seconds of a decode step on n chunks; ctas: (sequence, KV head) pairs;
-    copies_q: the step has more than one decode row (its split copies q)."""
+    """Modelled seconds of a decode step on n chunks; ctas: (sequence, KV head) pairs."""
     c = chunk_keys(seqlen_k, n, align)
     n_eff = -(-seqlen_k // c)
     waves = -(-ctas * n_eff // num_sms)
     stream = max(waves * c * bytes_per_key / model.cta_bytes_per_s,
                  ctas * seqlen_k * bytes_per_key / model.hbm_bytes_per_s)
-    if n_eff == 1:
-        return stream
-    return stream + model.overhead_s + (model.q_copy_s if copies_q else 0.0)
+    return stream + (model.overhead_s if n_eff > 1 else 0.0)
 
 
 def choose_splits(
@@ -125,18 +122,18 @@ def choose_splits(
     term is a ceiling that more concurrent streams approach (H200, b1/64K 32:8: 11 chunks,
     88 CTAs, ran at 3.6 TB/s)."""
     ctas = batch * rows * kv_heads
-    copies_q = batch * rows > 1
-    if seqlen_k <= model.min_chunk or ctas >= num_sms:
+    min_chunk = model.min_chunk_one_row if batch * rows == 1 else model.min_chunk
+    if seqlen_k <= min_chunk or ctas >= num_sms:
         return 1
     best_n, best_t = 1, None
-    hi = min(max_splits, seqlen_k // model.min_chunk)  # every chunk >= min_chunk keys
+    hi = min(max_splits, seqlen_k // min_chunk)  # every chunk >= min_chunk keys
     for n in range(1, hi + 1):
         c = chunk_keys(seqlen_k, n, align)
         if n > 1 and -(-seqlen_k // c) < n:
             continue  # rounding left fewer chunks: the same as a smaller n
         t = step_time(
             n, ctas=ctas, seqlen_k=seqlen_k, bytes_per_key=bytes_per_key, num_sms=num_sms,
-            align=align, copies_q=copies_q, model=model,
+            align=align, model=model,
         )
         if best_t is None or t < best_t * (1 - 1e-9):
             best_n, best_t = n, t
