@@ -186,16 +186,21 @@ def fake_call(call: Call):
             kw["pack_gqa"] = call.pack_gqa
         if call.num_splits != 1:
             kw["num_splits"] = call.num_splits
-        descales = {
+        extra = {  # arguments only _flash_attn_fwd takes
             f"{t}_descale": torch.empty(b, hk, dtype=torch.float32, device=dev)
             for t in (call.descales or "")
         }
+        if call.tile_m is not None:  # (FA4's entry points do not take tile_mn)
+            # (modelled on sm90 only: variants.features refuses it elsewhere)
+            tile = C.fwd_tile("sm90", d, dv, call.causal,
+                              call.window_left is not None or call.window_right is not None)
+            extra["tile_mn"] = (call.tile_m, tile.n)
         if call.layout == "dense":
             q = torch.empty(b, sq, hq, d, dtype=dt, device=dev)
             k = torch.empty(b, sk, hk, d, dtype=dt, device=dev)
             v = torch.empty(b, sk, hk, dv, dtype=dt, device=dev)
-            if descales:
-                _fwd_with_descales(q, k, v, kw, descales)
+            if extra:
+                _fwd_direct(q, k, v, kw, extra)
             else:
                 fa.flash_attn_func(q, k, v, **kw)
             return
@@ -222,20 +227,20 @@ def fake_call(call: Call):
             v = torch.empty(b * npages, p, hk, dv, dtype=dt, device=dev)
             kw.update(page_table=torch.empty(b, npages, dtype=torch.int32, device=dev))
             kw["max_seqlen_k"] = sk
-        if descales:
-            _fwd_with_descales(q, k, v, kw, descales)
+        if extra:
+            _fwd_direct(q, k, v, kw, extra)
         else:
             fa.flash_attn_varlen_func(q, k, v, **kw)
 
 
-def _fwd_with_descales(q, k, v, kw: dict, descales: dict) -> None:
-    """FA4 4.0.0b36 takes FP8 descales only through `interface._flash_attn_fwd` (its public
-    flash_attn_func / flash_attn_varlen_func have no such arguments): the same call, spelled
-    with that function's keyword names."""
+def _fwd_direct(q, k, v, kw: dict, extra: dict) -> None:
+    """FA4 4.0.0b36 takes FP8 descales and `tile_mn` only through `interface._flash_attn_fwd`
+    (its public flash_attn_func / flash_attn_varlen_func have no such arguments): the same
+    call, spelled with that function's keyword names."""
     _, I = _fa4()
     kw = dict(kw)
     wl, wr = kw.pop("window_size", (None, None))
-    I._flash_attn_fwd(q, k, v, window_size_left=wl, window_size_right=wr, **kw, **descales)
+    I._flash_attn_fwd(q, k, v, window_size_left=wl, window_size_right=wr, **kw, **extra)
 
 
 def trace(call: Call) -> dict[str, list[tuple[Any, Any]]]:
@@ -509,6 +514,11 @@ def variant_from_fa4_key(key, arch: str) -> Variant | None:
         ratio = int(key[6])
         causal = bool(key[8])
         has_wl, has_wr = bool(key[22]), bool(key[23])
+        local = not causal and (has_wl or has_wr)
+        tile_m = None
+        if arch == "sm90":  # an M tile other than FA4's default: asked for (`tile_mn`)
+            dflt = C.fwd_tile(arch, int(key[4]), int(key[5]), causal, local)
+            tile_m = None if int(key[30]) == dflt.m else int(key[30])
         sink = key[24]
         paged = bool(key[21])
         return Variant(
@@ -518,7 +528,7 @@ def variant_from_fa4_key(key, arch: str) -> Variant | None:
             head_dim_v=int(key[5]),
             qhead_per_kvhead=int(key[6]),
             causal=causal,
-            local=not causal and (has_wl or has_wr),
+            local=local,
             has_window_left=has_wl,
             has_window_right=has_wr,
             return_lse=not key[16],
@@ -537,6 +547,7 @@ def variant_from_fa4_key(key, arch: str) -> Variant | None:
             descales=descales,
             split_kv=split,
             s_ping_pong=bool(key[44]) if split else None,
+            tile_m=tile_m,
         )
     except (IndexError, KeyError, AttributeError, TypeError):
         return None

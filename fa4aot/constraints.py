@@ -227,6 +227,19 @@ def fwd_tile(arch: str, head_dim: int, head_dim_v: int, causal: bool, local: boo
     return Tile(128, 64 if local else 80)
 
 
+def split_tile_m(arch: str, head_dim: int, head_dim_v: int) -> int | None:
+    """The M tile of the sm90 split-KV chunk kernel (split.py), where it is not FA4's default:
+    64 for head dims up to 128 (FA4's `tile_mn`, which its public entry points do not expose).
+    A chunk's rows are one decode row's query heads of a KV head (4 at 32:8): a 128-row tile
+    spends half its MMA work on rows that are not there. H200, 2026-12-01 (hd128, bf16): the
+    64-row kernel wrote the same bits and ran b1/8K 32:8 in 11.7 us against 14.0 in a CUDA
+    graph, b1/1K 7.3 against 8.6, b2/4K 13.1 against 15.9. None: FA4's tile (Blackwell splits
+    with FA4's own kernels; head dims over 128 are not measured)."""
+    if arch == "sm90" and max(head_dim, head_dim_v) <= 128:
+        return 64
+    return None
+
+
 def paged_tma(arch: str, page_size: int, tile: Tile) -> bool:
     """FA4 takes the TMA paged-KV path iff the page size equals the kernel's tile_n.
 

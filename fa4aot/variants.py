@@ -24,7 +24,7 @@ from .specs import Attention, Spec, layout_forms
 SCHEMA = 1  # bump when the meaning of a field changes: it is part of every variant id
 # Variant fields added after SCHEMA 1, with the default that leaves them out of the id
 NEW_FIELD_DEFAULTS = {"softcap": None, "pack_gqa": None, "descales": None, "split_kv": False,
-                      "s_ping_pong": None, "mla": None, "mla_q_stage": None}
+                      "s_ping_pong": None, "mla": None, "mla_q_stage": None, "tile_m": None}
 # FP8 descale tensors a kernel takes, as FA4's key records them (q_descale, k_descale, v_descale
 # present or not): a subset of "qkv", in that order. FA4 (4.0.0b36) takes them only through
 # `interface._flash_attn_fwd` (its public entry points have no descale arguments).
@@ -74,6 +74,9 @@ class Variant:
     # None: not an MLA kernel. head_dim is then the rope part (64), head_dim_v the latent (512).
     mla: str | None = None
     mla_q_stage: int | None = None
+    # the M tile, where it is not FA4's default for the head dims (FA4's `tile_mn`, its key's
+    # tile_m): the sm90 split-KV chunk kernel's (constraints.split_tile_m). None: the default.
+    tile_m: int | None = None
 
     @property
     def id(self) -> str:
@@ -95,7 +98,8 @@ class Variant:
     def tile(self) -> C.Tile:
         if self.mla is not None:
             return C.mla_tile(self.mla)
-        return C.fwd_tile(self.arch, self.head_dim, self.head_dim_v, self.causal, self.local)
+        tile = C.fwd_tile(self.arch, self.head_dim, self.head_dim_v, self.causal, self.local)
+        return tile if self.tile_m is None else C.Tile(self.tile_m, tile.n)
 
     @property
     def layout(self) -> str:
@@ -182,6 +186,8 @@ class Variant:
             parts.append("split-kv" + ("(ping-pong)" if self.s_ping_pong else ""))
         if self.mla is not None:
             parts.append(f"mla:{self.mla}/q_stage{self.mla_q_stage}")
+        if self.tile_m is not None:
+            parts.append(f"tile_m={self.tile_m}")
         return " ".join(parts)
 
     def to_dict(self) -> dict:
@@ -208,6 +214,7 @@ def split_kernel_variant(
         num_heads_kv=1, causal=False, window_left=None, window_right=None, return_lse=True,
         sink_dtype=None, batch=1, seqlen_q=1, total_q=1, max_seqlen_q=None,
         cu_seqlens_k=page_size is None, seqused_k=page_size is not None, page_size=page_size,
+        tile_m=C.split_tile_m(arch, head_dim, head_dim_v),
     )
 
 
@@ -240,6 +247,7 @@ def features(
     max_seqlen_k: int | None = None,
     qv: int | None = None,
     num_sms: int | None = None,
+    tile_m: int | None = None,
 ) -> Variant:
     """A call's static features -> the Variant FA4 would compile for it (sm90 logic, FA4 b36).
 
@@ -255,6 +263,8 @@ def features(
     with unequal head dims (constraints.native_split_reason), a split without max_seqlen_k.
 
     qv: absorbed MLA's latent dim (mla_features); num_sms: the SM count FA4's MLA route reads.
+    tile_m: an M tile the call asks FA4 for (its `tile_mn`; the split chunk kernel's), None:
+    FA4's default.
     """
     if qv is not None:
         return mla_features(
@@ -286,6 +296,12 @@ def features(
     causal, local, wl, wr = C.resolve_window(causal, window_left, window_right)
     ratio = num_heads // num_heads_kv
     tile = C.fwd_tile(arch, head_dim, head_dim_v, causal, local)
+    if tile_m == tile.m:
+        tile_m = None
+    elif tile_m is not None:
+        if C.is_blackwell(arch) or num_splits > 1:
+            raise ValueError(f"an M tile of {tile_m} is modelled for sm90's forward only")
+        tile = C.Tile(tile_m, tile.n)
     default_pack = ratio > 1
     pack = default_pack if pack_gqa is None else bool(pack_gqa)
     varlen_q = cu_seqlens_q or seqused_q
@@ -337,6 +353,7 @@ def features(
         descales=descales,
         split_kv=split,
         s_ping_pong=ping_pong,
+        tile_m=tile_m,
     )
 
 
@@ -439,6 +456,7 @@ class Call:
     # absorbed MLA: the latent dim FA4 takes as `qv` (q then holds the rope part; q packed,
     # K/V packed or paged, one latent head): compiler.fake_call passes qv of (tokens, h, qv)
     qv: int | None = None
+    tile_m: int | None = None  # an M tile asked of FA4 (`tile_mn`): the split chunk kernel's
 
     def __post_init__(self):
         if self.layout not in CALL_LAYOUTS:
@@ -489,6 +507,7 @@ class Call:
             num_splits=self.num_splits,
             max_seqlen_k=self.max_seqlen_k,
             qv=self.qv,
+            tile_m=self.tile_m,
         )
 
     @property
@@ -694,8 +713,12 @@ def _split_calls(spec: Spec, att: Attention, arch: str) -> list[Call]:
     mask and sink of the layer (the split runs chunks unmasked and merges sinks itself)."""
     paged = any(layout_forms(n)[1] == "paged+seqused" for n in spec.serving.layouts)
     pages = page_sizes_for(spec, att, arch) if paged else []
+    tile_m = C.split_tile_m(arch, att.head_dim, att.head_dim_v)
     return [
-        _one_to_one_call(att, p, True, **call_layout("batch", "paged+seqused" if p else "packed"))
+        replace(
+            _one_to_one_call(att, p, True, **call_layout("batch", "paged+seqused" if p else "packed")),
+            tile_m=tile_m,
+        )
         for p in [None, *pages]
     ]
 
@@ -866,6 +889,7 @@ def representative_call(v: Variant) -> Call:
         pack_gqa=v.pack_gqa,
         descales=v.descales,
         num_splits=num_splits,
+        tile_m=v.tile_m,
     )
     try:
         got = call.variant(v.arch)
