@@ -34,25 +34,6 @@ from dataclasses import dataclass
 
 # The combine kernel is compiled for at most 2**7 partials per row (FA4 asserts <= 256).
 MAX_SLOTS = 128
-# FA4's combine runs one CTA per 16 rows of a decode step (rows: sequences x query heads) and
-# walks its partials serially: one decode row of 8 query heads over 128 chunks (b1/128K 8:1)
-# is one CTA, 10.9 us (H200, 2026-12-01), against 2.9 us for 16 chunks. From this many slots on,
-# a one-row step merges in two passes (split.two_level_group).
-TWO_LEVEL_MIN_SLOTS = 64
-
-
-def two_level_group(slots: int, decode_rows: int) -> int | None:
-    """Slots per first-pass group when a step's chunks are merged in two passes of the combine
-    (groups of this many slots as the first pass's batch, then the groups' results), or None
-    (one pass). Only for one decode row, whose slots are contiguous per group (a strided view
-    of the partials; several rows would need a second batch mode), and a group size dividing
-    the slots (a sink slot can leave a prime count: one pass)."""
-    if decode_rows != 1 or slots < TWO_LEVEL_MIN_SLOTS:
-        return None
-    for g in (16, 8, 32):
-        if slots % g == 0:
-            return g
-    return None
 
 
 @dataclass(frozen=True)

@@ -145,53 +145,6 @@ def test_dense_decode(monkeypatch, hq, hk, d, sinks, n, lse):
             _lse_err(l1, rl) if lse else None)
 
 
-@pytest.mark.parametrize("hq,hk,d,sinks", LAYERS)
-@pytest.mark.parametrize("n", [64, 128])
-@pytest.mark.parametrize("paged", [False, True])
-def test_one_row_two_pass_merge(monkeypatch, hq, hk, d, sinks, n, paged):
-    """One decode row over 64 or 128 chunks: the combine merges in two passes
-    (split.two_level_group; with a sink slot, 65 and 129 slots: one pass). bf16 first-pass
-    results: still within the split's bound against the unsplit kernel."""
-    import fa4aot
-    from fa4aot import split as S
-
-    spy = _Spy(monkeypatch)
-    sk = 32768
-    q = torch.randn(1, 1, hq, d, device="cuda", dtype=torch.bfloat16)
-    sink = torch.randn(hq, device="cuda", dtype=torch.bfloat16) if sinks else None
-    if paged:
-        k, v, table, kd, vd = _paged([sk], 128, hk, d)
-        used = torch.tensor([sk], device="cuda", dtype=torch.int32)
-        cu_q = torch.arange(2, device="cuda", dtype=torch.int32)
-
-        def call():
-            o, lse_ = fa4aot.flash_attn_varlen_func(
-                q[:, 0], k, v, cu_seqlens_q=cu_q, max_seqlen_q=1, page_table=table,
-                seqused_k=used, causal=True, learnable_sink=sink, return_lse=True,
-                out=_poison((1, hq, d)),
-            )
-            return o[:, None], lse_
-    else:
-        kd = torch.randn(1, sk, hk, d, device="cuda", dtype=torch.bfloat16)
-        vd = torch.randn_like(kd)
-
-        def call():
-            return fa4aot.flash_attn_func(q, kd, vd, causal=True, learnable_sink=sink,
-                                          out=_poison((1, 1, hq, d)),
-                                          lse=_poison((1, hq, 1), torch.float32))
-
-    (o1, l1), (o0, l0) = _both(call, n, spy, True)
-    ro, rl = attention_ref(q, kd, vd, torch.ones(1, device="cuda", dtype=torch.long),
-                           torch.full((1,), sk, device="cuda"), causal=True, sink=sink)
-    assert not o1.isnan().any()
-    sp = S.make_split(n, sk, page_size=128 if paged else None, sink=sinks)
-    two = S.two_level_group(sp.slots, 1) is not None
-    assert sp.n == n and two == (not sinks)
-    _record(f"one row {'paged' if paged else 'dense'} {hq}:{hk} hd{d} n{n} two-pass {two}",
-            rel_err(o1, ro), None if o0 is None else rel_err(o0, ro.view(o0.shape)),
-            _lse_err(l1.view(rl.shape), rl))
-
-
 def _paged(lk, page, hk, d):
     npg = [max(1, -(-n // page)) for n in lk]
     pool = sum(npg) + 2

@@ -197,37 +197,6 @@ def test_dense_decode_split_matches_reference(n, hq, hk, sink):
     assert torch.allclose(lse, rl, atol=1e-3)
 
 
-@pytest.mark.parametrize("n,sink", [(64, False), (128, False), (127, True), (96, True)])
-def test_one_row_over_many_chunks_merges_in_two_passes(n, sink):
-    """One decode row over >= 64 slots (b1, one KV head: 128 chunks at 128K): the combine runs
-    first over groups of slots, then over the groups (split.two_level_group); 96 chunks and a
-    sink make 97 slots, which no group size divides: one pass."""
-    calls = []
-
-    def spy(op, lp, out, lse, *rest):
-        calls.append(op.shape[0])
-        fake_combine(op, lp, out, lse, *rest)
-
-    rt = _FakeRuntime(n)
-    rt.split_kernel = lambda *a: R.plan.SplitKernel(fake_fwd, spy, S.MAX_SLOTS, None)
-    b, hq, hk, d, sk = 1, 8, 1, 16, 128 * n
-    q, k, v = _inputs(b, 1, hq, hk, d, [sk], seed=n)
-    s = torch.randn(hq) if sink else None
-    out = torch.full((b, 1, hq, d), float("nan")).bfloat16()
-    lse = torch.full((b, hq, 1), float("nan"))
-    got = _split(rt, q, k, v, "dense", (None, None, None), sk, None, True, s, out, lse, True,
-                 False)
-    assert got is not None
-    slots = n + sink
-    gs = S.two_level_group(slots, 1)
-    assert (gs is None) == (slots == 97)
-    assert calls == ([gs, slots // gs] if gs else [slots])
-    ro, rl = _ref(q, k, v, [sk], True, s)
-    assert rel_err(out, ro) < 1e-2
-    assert torch.allclose(lse, rl, atol=1e-3)
-    assert S.two_level_group(128, 2) is None  # several decode rows: one pass
-
-
 @pytest.mark.parametrize("n", [2, 7])
 @pytest.mark.parametrize("lse_wanted", [False, True])
 def test_varlen_decode_split_with_empty_and_one_token_sequences(n, lse_wanted):

@@ -157,8 +157,6 @@ def split_step(
         lse_c = torch.as_strided(lse, run.lse_c_size, run.lse_c_stride)
     else:
         lse_c = run.lse_scratch_f
-    for args in run.first_pass:  # (two passes: split.two_level_group)
-        run.merge(*args)
     run.merge(run.op_c_f, run.lp_c_f, out_c, lse_c)
     if lse is not None and rows > 1:
         lse.copy_(run.lse_rows)
@@ -176,7 +174,7 @@ class SplitRun:
         "v_shape", "cu_k", "offs_col", "cu_t", "cu_t_lo", "cu_flat", "len_buf", "len_t",
         "len_flat", "pt_rows", "pt_cols", "pt_shape", "out_as_is", "out_shape", "out_c_shape",
         "lse_shape", "lse_c_size", "lse_c_stride", "ko_f", "kl_f", "op_c_f", "lp_c_f",
-        "lse_scratch_f", "cu_k_f", "cu_flat_f", "len_flat_f", "first_pass",
+        "lse_scratch_f", "cu_k_f", "cu_flat_f", "len_flat_f",
     )
 
     def __init__(self, rt, dev, q, b, rows, hq, hk, d, dv, kind, sp, page_size, causal,
@@ -205,22 +203,6 @@ class SplitRun:
         # 1, hq) for partial LSE with the seqlen mode contiguous: views of the kernel's
         self.op_c = op.permute(1, 0, 2, 3).unsqueeze(2)
         self.lp_c = torch.as_strided(lp, (slots, bb, 1, hq), (hq, slots * hq, 1, 1))
-        self.first_pass = ()
-        gs = S.two_level_group(slots, bb)
-        if gs:
-            # first pass: the slots' groups as the combine's batch, into (groups, 1, hq, dv)
-            # partials of the step's dtype and their LSE; the second merges those groups
-            ng = slots // gs
-            o1 = q.new_empty((ng, 1, hq, dv))
-            l1 = torch.empty((ng * hq,), dtype=torch.float32, device=dvc)
-            self.first_pass = (
-                op.view(ng, gs, hq, dv).transpose(0, 1).unsqueeze(2),
-                torch.as_strided(lp, (gs, ng, 1, hq), (hq, gs * hq, 1, 1)),
-                o1,
-                torch.as_strided(l1, (ng, 1, hq), (hq, 1, 1)),
-            )
-            self.op_c = o1.unsqueeze(1)
-            self.lp_c = torch.as_strided(l1, (ng, 1, 1, hq), (hq, ng * hq, 1, 1))
         self.lse_scratch = torch.empty((bb, 1, hq), dtype=torch.float32, device=dvc)
         self.lse_rows = (self.lse_scratch.view(bb, hq).t() if varlen_q
                          else self.lse_scratch.view(b, rows, hq).transpose(1, 2))
@@ -250,9 +232,6 @@ class SplitRun:
         conv = _to_ffi if ffi else (lambda t: t)
         self.ko_f, self.kl_f = conv(self.ko), conv(self.kl)
         self.op_c_f, self.lp_c_f = conv(self.op_c), conv(self.lp_c)
-        if self.first_pass:  # its outputs stay torch tensors: the pass's stream comes from them
-            op1, lp1, o1, l1 = self.first_pass
-            self.first_pass = ((conv(op1), conv(lp1), o1, l1),)
         self.lse_scratch_f = conv(self.lse_scratch)
         self.cu_k_f = self.cu_k if self.cu_k is None else conv(self.cu_k)
         self.cu_flat_f = self.cu_flat if self.cu_flat is None else conv(self.cu_flat)
