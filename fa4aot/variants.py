@@ -708,9 +708,11 @@ def _native_split_calls(
 
 
 def _split_calls(spec: Spec, att: Attention, arch: str) -> list[Call]:
-    """The split-KV kernels (split.py): the decode fold's 1:1 kernel returning LSE, on a packed
-    K (which also serves dense K, viewed packed) and on every page size, for any head ratio,
-    mask and sink of the layer (the split runs chunks unmasked and merges sinks itself)."""
+    """The split-KV kernels (split.py): the non-causal 1:1 kernel returning LSE, with q in batch
+    form and the chunk kernel's M tile (constraints.split_tile_m: 64 on sm90 up to hd128, where
+    the decode fold's kernel has FA4's default), on a packed K (which also serves dense K,
+    viewed packed) and on every page size, for any head ratio, mask and sink of the layer (the
+    split runs chunks unmasked and merges sinks itself)."""
     paged = any(layout_forms(n)[1] == "paged+seqused" for n in spec.serving.layouts)
     pages = page_sizes_for(spec, att, arch) if paged else []
     tile_m = C.split_tile_m(arch, att.head_dim, att.head_dim_v)

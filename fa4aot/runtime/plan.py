@@ -273,7 +273,7 @@ class Runtime:
                 art = self.find(v, sms)
                 comb = art.record["parts"].get("combine", {}) if art is not None else {}
                 if comb.get("partial_dtype") == DTYPES[dtype] and comb.get("tile_m"):
-                    if art.id in self._modules:  # the decode fold loaded it
+                    if art.id in self._modules:  # the decode fold loaded it (same tile)
                         (combine,) = self._load(art, "combine")
                     else:
                         fwd, helper, combine = self._load(art, "fwd", "tile_cumsum", "combine")
