@@ -254,6 +254,93 @@ def test_paged_split_with_speculative_rows(page, sq, causal, varlen_q):
     assert torch.allclose(lse3[fin], rl[fin], atol=1e-3)
 
 
+class _NoSplitRuntime(_FakeRuntime):
+    """The cost model says no split: a one-row step then runs on the chunk kernel as one chunk
+    per sequence (splitkv.FoldRun), which records what it was given."""
+
+    def __init__(self, arch="sm90"):
+        super().__init__(1)
+        self.arch, self.seen = arch, []
+
+    def device(self, dev):
+        return self.arch, 132
+
+    def split_kernel(self, dev, dtype, d, dv, page_size):
+        def fwd(q, *a):
+            self.seen.append(q)
+            fake_fwd(q, *a)
+
+        return R.plan.SplitKernel(fwd, fake_combine, S.MAX_SLOTS, None)
+
+    def split_for(self, *a):
+        return None
+
+
+@pytest.mark.parametrize("kind", ["dense", "varlen", "paged"])
+@pytest.mark.parametrize("lse_mode", ["none", "new", "given"])
+def test_unsplit_one_row_step_runs_as_one_chunk_per_sequence(kind, lse_mode):
+    """q and out reach the kernel as views (no copy); LSE too for q in batch form, through
+    scratch and one copy for a packed q's (hq, b) layout; empty sequences give 0 and -inf."""
+    lens = [0, 1, 300, 1000, 129] if kind != "dense" else [700] * 3
+    b, hq, hk, d = len(lens), 8, 2, 16
+    q, k, v = _inputs(b, 1, hq, hk, d, lens, seed=len(kind))
+    varlen_q = kind != "dense"
+    qq = q.reshape(b, hq, d) if varlen_q else q
+    if kind == "dense":
+        kv, kk, vv, bound, page = (None, None, None), k, v, 700, None
+    elif kind == "varlen":
+        cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32)
+        kk = torch.cat([k[i, :n_] for i, n_ in enumerate(lens)])
+        vv = torch.cat([v[i, :n_] for i, n_ in enumerate(lens)])
+        kv, bound, page = (cu, None, None), max(lens), None
+    else:
+        page = 64
+        maxp = -(-max(lens) // page)
+        table = torch.arange(b * maxp, dtype=torch.int32).view(b, maxp)
+        kk = torch.zeros(b * maxp, page, hk, d).bfloat16()
+        vv = torch.zeros_like(kk)
+        for i, n_ in enumerate(lens):
+            kk.view(b, maxp * page, hk, d)[i, :n_] = k[i, :n_]
+            vv.view(b, maxp * page, hk, d)[i, :n_] = v[i, :n_]
+        kv, bound = (None, torch.tensor(lens, dtype=torch.int32), table), maxp * page
+    out = torch.full((*qq.shape[:-1], d), float("nan")).bfloat16()
+    lse = None
+    if lse_mode == "given":
+        lse = torch.full((hq, b) if varlen_q else (b, hq, 1), float("nan"))
+    rt = _NoSplitRuntime()
+    got = R.splitkv.split_step(rt, 0, qq, kk, vv, kind, *kv, b, 1, hq, hk, d, d, bound, page,
+                               True, None, None, out, lse, lse_mode == "new", varlen_q)
+    assert got is not None and got[0] is out
+    assert len(rt.seen) == 1 and rt.seen[0].data_ptr() == qq.data_ptr()
+    assert rt.seen[0].shape == (b, hq // hk, hk, d)  # r query heads as rows of a 1:1 kernel
+    ro, rl = _ref(q, k, v, lens, True, None)
+    assert not out.isnan().any()
+    assert rel_err(out.view(b, 1, hq, d), ro) < 1e-2
+    got_lse = got[1]
+    assert (got_lse is None) == (lse_mode == "none")
+    if got_lse is not None:
+        if lse_mode == "given":
+            assert got_lse is lse
+        l3 = got_lse.t()[..., None] if varlen_q else got_lse
+        fin = torch.isfinite(rl)
+        assert torch.equal(fin, torch.isfinite(l3))
+        assert torch.allclose(l3[fin], rl[fin], atol=1e-3)
+
+
+def test_unsplit_steps_the_chunk_kernel_does_not_take():
+    q, k, v = _inputs(2, 1, 8, 2, 16, [700, 700], seed=3)
+
+    def step(rt, q=q, hq=8, hk=2, sink=None):
+        return R.splitkv.split_step(rt, 0, q, k, v, "dense", None, None, None, 2, 1, hq, hk, 16,
+                                    16, 700, None, True, sink, None, None, None, False, False)
+
+    assert step(_NoSplitRuntime()) is not None
+    assert step(_NoSplitRuntime(), sink=torch.zeros(8)) is None  # no sink in the chunk kernel
+    assert step(_NoSplitRuntime("sm100")) is None  # Blackwell: FA4's own tiles
+    q128 = torch.randn(2, 1, 256, 16).bfloat16()  # 128 query heads per KV head: over 64 rows
+    assert step(_NoSplitRuntime(), q=q128, hq=256, hk=2) is None
+
+
 def test_speculative_rows_need_pages():
     q, k, v = _inputs(2, 2, 4, 2, 16, [600, 600], seed=0)
     cu = torch.tensor([0, 600, 1200], dtype=torch.int32)

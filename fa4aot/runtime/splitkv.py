@@ -24,6 +24,7 @@ from contextlib import contextmanager
 
 import torch
 
+from .. import constraints as C
 from .. import split as S
 
 _PLAN_KEYS = S.PLAN_KEYS
@@ -92,10 +93,12 @@ def split_step(
     if run is None:
         sp = rt.split_for(dev, q.dtype, b * rows * hk, seqlen_k, d, dv, page_size,
                           sink is not None, b * rows)
-        run = False if sp is None else SplitRun(
-            rt, dev, q, b, rows, hq, hk, d, dv, kind, sp, page_size, causal, seqlen_k, varlen_q,
-            ffi=q.is_cuda,
-        )
+        if sp is not None:
+            run = SplitRun(rt, dev, q, b, rows, hq, hk, d, dv, kind, sp, page_size, causal,
+                           seqlen_k, varlen_q, ffi=q.is_cuda)
+        else:
+            run = FoldRun.make(rt, dev, q, b, rows, hq, hk, d, dv, kind, page_size, seqlen_k,
+                               sink, varlen_q)
         if not capturing:
             if len(rt._split_runs) > _MAX_KEYS or (run and rt._split_scratch >= _MAX_RUNS):
                 rt._split_runs.clear()
@@ -109,6 +112,9 @@ def split_step(
             k, v = k.view(run.k_shape), v.view(run.v_shape)
         except RuntimeError:
             return None  # K/V strided across batch and sequence: no packed view
+    if run.fold:
+        return _fold_step(run, q, k, v, kind, cu_seqlens_k, seqused_k, page_table,
+                          softmax_scale, out, lse, return_lse)
     if out is not None:
         if run.out_as_is:
             out_c = out  # (b, 1, hq, dv), any strides: the combine's own shape
@@ -163,10 +169,94 @@ def split_step(
     return out, lse
 
 
+def _fold_step(run, q, k, v, kind, cu_seqlens_k, seqused_k, page_table, softmax_scale, out,
+               lse, return_lse):
+    """A one-row decode step the plan does not split, on the chunk kernel as one chunk per
+    sequence (FoldRun): q, out and LSE through views of the caller's tensors (the LSE of a
+    packed q, laid out (hq, b), through scratch and one copy)."""
+    if out is None:
+        out = q.new_empty(run.out_shape)
+    if lse is None and return_lse:
+        lse = q.new_empty(run.lse_shape, dtype=torch.float32)
+    kl = None
+    if lse is not None and run.lse_as_is:
+        try:
+            kl = lse.view(run.kl_shape)
+        except RuntimeError:
+            pass
+        if kl is not None and kl.stride(2) != 1:
+            kl = None  # the kernel writes a head's rows contiguous
+    run.launch(
+        q.view(run.q4).transpose(1, 2), k, v, out.view(run.o4).transpose(1, 2),
+        run.lse_scratch_f if kl is None else kl,
+        run.scale if softmax_scale is None else float(softmax_scale),
+        None, run.cu_k_f if kind == "dense" else cu_seqlens_k, None, seqused_k, page_table,
+    )
+    if lse is not None and kl is None:
+        lse.copy_(run.lse_rows)
+    return out, lse
+
+
+class FoldRun:
+    """A one-row decode step that the plan does not split, run on the split's chunk kernel
+    with one chunk per sequence: the GQA fold (a KV head's r query heads as r rows of the 1:1
+    kernel, q and out viewed, no copy) on the chunk kernel's 64-row M tile
+    (constraints.split_tile_m), where FA4's decode kernel packs them into a 128-row tile. The
+    same bits as FA4's kernel, and faster where the step does not fill the chip (H200,
+    2026-12-01, 32:8 hd128, CUDA graph: b2/1K 15.8 -> 11.9 us, b8/4K 49.4 -> 37.6; b16 and
+    up: equal). Not for a learnable sink (the chunk kernel has none), a head ratio over the
+    tile's rows, or a chunk kernel with FA4's own tile (head dims over 128, Blackwell)."""
+
+    fold = True
+    __slots__ = ("launch", "scale", "q4", "o4", "k_shape", "v_shape", "cu_k", "cu_k_f",
+                 "kl_shape", "lse_as_is", "lse_scratch", "lse_scratch_f", "lse_rows",
+                 "out_shape", "lse_shape")
+
+    @classmethod
+    def make(cls, rt, dev, q, b, rows, hq, hk, d, dv, kind, page_size, seqlen_k, sink,
+             varlen_q):
+        """The fold of this step, or False (run it on FA4's exact kernel)."""
+        if rows != 1 or sink is not None:
+            return False
+        arch = rt.device(dev)[0]
+        tile_m = C.split_tile_m(arch, d, dv)
+        kern = rt.split_kernel(dev, q.dtype, d, dv, page_size) if tile_m else None
+        if kern is None or hq // hk > tile_m:
+            return False
+        return cls(rt, dev, q, b, hq, hk, d, dv, kind, kern, seqlen_k, varlen_q)
+
+    def __init__(self, rt, dev, q, b, hq, hk, d, dv, kind, kern, seqlen_k, varlen_q):
+        r, dvc = hq // hk, q.device
+        self.launch = kern.launch
+        self.scale = float(1.0 / math.sqrt(d))
+        self.q4, self.o4 = (b, hk, r, d), (b, hk, r, dv)
+        self.k_shape, self.v_shape = (b * seqlen_k, hk, d), (b * seqlen_k, hk, dv)
+        self.kl_shape = (b, hk, r)
+        # the entry points' LSE: (b, hq, 1) for q in batch form, a view of the kernel's; (hq, b)
+        # for a packed q, which is not (its rows' stride is b): scratch, then one copy
+        self.lse_as_is = not varlen_q or b == 1
+        self.out_shape = (b, hq, dv) if varlen_q else (b, 1, hq, dv)
+        self.lse_shape = (hq, b) if varlen_q else (b, hq, 1)
+        self.lse_scratch = torch.empty(self.kl_shape, dtype=torch.float32, device=dvc)
+        self.lse_rows = self.lse_scratch.view(b, hq).t() if varlen_q else None
+        self.cu_k = None
+        if kind == "dense":
+            self.cu_k = _const(
+                rt, ("fold_cu", dev, b, seqlen_k), dvc,
+                lambda: torch.arange(0, (b + 1) * seqlen_k, seqlen_k, dtype=torch.int32,
+                                     device=dvc),
+            )
+        conv = _to_ffi if q.is_cuda else (lambda t: t)
+        self.lse_scratch_f = conv(self.lse_scratch)
+        self.cu_k_f = None if self.cu_k is None else conv(self.cu_k)
+
+
 class SplitRun:
     """What a split decode step of one shape needs besides its inputs: the bound kernels,
     scratch buffers, the kernel-facing views of them and every shape the step uses, made once
     per (device, stream, shape) and reused by later steps (see the module docstring)."""
+
+    fold = False
 
     __slots__ = (
         "sp", "chunk", "launch", "merge", "scale", "r", "one_row", "kq_size", "q_dst", "kq",
