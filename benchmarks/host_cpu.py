@@ -102,6 +102,10 @@ def _calls(pkg):
                   dict(causal=True)))
     have.append(feats(**base, num_heads=32, num_heads_kv=1, causal=True, return_lse=False,
                       batch=1, seqlen_q=128, total_q=128, max_seqlen_q=None))
+    # an unsplit one-row decode over more than 1023 keys: the fold on the chunk kernel
+    cases.append(("fold dense b8 sk2048", "flash_attn_func",
+                  (r(8, 1, 32, 128), r(8, 2048, 8, 128), r(8, 2048, 8, 128)),
+                  dict(causal=True)))
     # split decode: dense K, b1 sk8192 32:8; paged, b2 sk8192 page 128 with LSE; varlen b1
     cases.append(("split dense b1 sk8192", "flash_attn_func",
                   (r(1, 1, 32, 128), r(1, 8192, 8, 128), r(1, 8192, 8, 128)),

@@ -91,6 +91,10 @@ def cases(dev):
             ),
         )
     )
+    # an unsplit one-row decode over more than 1023 keys, below half the SMs' (sequence, KV
+    # head) pairs: the fold on the 64-row chunk kernel (splitkv.FoldRun)
+    out.append(("fold dense decode b8 sk2048 32:8", "flash_attn_func",
+                (r(8, 1, 32, 128), r(8, 2048, 8, 128), r(8, 2048, 8, 128)), dict(causal=True)))
     # split-KV decode steps (long context, small batch: the plan splits them on an H200;
     # FA4 runs these unsplit)
     q1, k1 = r(1, 1, 32, 128), r(1, 8192, 8, 128)
@@ -178,7 +182,7 @@ def main():
             except Exception as e:  # noqa: BLE001 - FA4's host path may not be capturable
                 row["fa4_device_us"] = f"not capturable: {type(e).__name__}"
             row["host_speedup"] = row["fa4_host_us"] / row["fa4aot_host_us"]
-        if name.startswith("split"):
+        if name.startswith(("split", "fold")):
             # the split path's kernels are not plans: no floor / Python-path split for it (its
             # host time is the interleaved figure below)
             rows.append(row)

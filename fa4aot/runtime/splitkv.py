@@ -172,27 +172,24 @@ def split_step(
 def _fold_step(run, q, k, v, kind, cu_seqlens_k, seqused_k, page_table, softmax_scale, out,
                lse, return_lse):
     """A one-row decode step the plan does not split, on the chunk kernel as one chunk per
-    sequence (FoldRun): q, out and LSE through views of the caller's tensors (the LSE of a
-    packed q, laid out (hq, b), through scratch and one copy)."""
+    sequence (FoldRun): q, out and LSE as strided views of the caller's tensors, (b, r, hk, .)
+    (one as_strided each: the entry points checked their last dims contiguous, a given LSE
+    contiguous); the LSE of a packed q, laid out (hq, b), through scratch and one copy."""
     if out is None:
         out = q.new_empty(run.out_shape)
     if lse is None and return_lse:
         lse = q.new_empty(run.lse_shape, dtype=torch.float32)
-    kl = None
+    sh, oh, r = q.stride(-2), out.stride(-2), run.r
+    kl = run.lse_scratch_f
     if lse is not None and run.lse_as_is:
-        try:
-            kl = lse.view(run.kl_shape)
-        except RuntimeError:
-            pass
-        if kl is not None and kl.stride(2) != 1:
-            kl = None  # the kernel writes a head's rows contiguous
+        kl = torch.as_strided(lse, run.kl_shape, run.kl_stride)
     run.launch(
-        q.view(run.q4).transpose(1, 2), k, v, out.view(run.o4).transpose(1, 2),
-        run.lse_scratch_f if kl is None else kl,
+        torch.as_strided(q, run.q4, (q.stride(0), sh, r * sh, 1)), k, v,
+        torch.as_strided(out, run.o4, (out.stride(0), oh, r * oh, 1)), kl,
         run.scale if softmax_scale is None else float(softmax_scale),
         None, run.cu_k_f if kind == "dense" else cu_seqlens_k, None, seqused_k, page_table,
     )
-    if lse is not None and kl is None:
+    if lse is not None and not run.lse_as_is:
         lse.copy_(run.lse_rows)
     return out, lse
 
@@ -204,13 +201,15 @@ class FoldRun:
     (constraints.split_tile_m), where FA4's decode kernel packs them into a 128-row tile. The
     same bits as FA4's kernel, and faster where the step does not fill the chip (H200,
     2026-12-01, 32:8 hd128, CUDA graph: b2/1K 15.8 -> 11.9 us, b8/4K 49.4 -> 37.6; b16 and
-    up: equal). Not for a learnable sink (the chunk kernel has none), a head ratio over the
-    tile's rows, or a chunk kernel with FA4's own tile (head dims over 128, Blackwell)."""
+    up: equal, so from (sequence, KV head) pairs filling half the SMs on, FA4's kernel, whose
+    call costs less host time). Not for a learnable sink (the chunk kernel has none), a head
+    ratio over the tile's rows, or a chunk kernel with FA4's own tile (head dims over 128,
+    Blackwell)."""
 
     fold = True
-    __slots__ = ("launch", "scale", "q4", "o4", "k_shape", "v_shape", "cu_k", "cu_k_f",
-                 "kl_shape", "lse_as_is", "lse_scratch", "lse_scratch_f", "lse_rows",
-                 "out_shape", "lse_shape")
+    __slots__ = ("launch", "scale", "r", "q4", "o4", "k_shape", "v_shape", "cu_k", "cu_k_f",
+                 "kl_shape", "kl_stride", "lse_as_is", "lse_scratch", "lse_scratch_f",
+                 "lse_rows", "out_shape", "lse_shape")
 
     @classmethod
     def make(cls, rt, dev, q, b, rows, hq, hk, d, dv, kind, page_size, seqlen_k, sink,
@@ -221,7 +220,7 @@ class FoldRun:
         arch = rt.device(dev)[0]
         tile_m = C.split_tile_m(arch, d, dv)
         kern = rt.split_kernel(dev, q.dtype, d, dv, page_size) if tile_m else None
-        if kern is None or hq // hk > tile_m:
+        if kern is None or hq // hk > tile_m or 2 * b * hk > rt.device(dev)[1]:
             return False
         return cls(rt, dev, q, b, hq, hk, d, dv, kind, kern, seqlen_k, varlen_q)
 
@@ -229,9 +228,10 @@ class FoldRun:
         r, dvc = hq // hk, q.device
         self.launch = kern.launch
         self.scale = float(1.0 / math.sqrt(d))
-        self.q4, self.o4 = (b, hk, r, d), (b, hk, r, dv)
+        self.r = r
+        self.q4, self.o4 = (b, r, hk, d), (b, r, hk, dv)  # r query heads as rows of a 1:1 kernel
         self.k_shape, self.v_shape = (b * seqlen_k, hk, d), (b * seqlen_k, hk, dv)
-        self.kl_shape = (b, hk, r)
+        self.kl_shape, self.kl_stride = (b, hk, r), (hq, r, 1)
         # the entry points' LSE: (b, hq, 1) for q in batch form, a view of the kernel's; (hq, b)
         # for a packed q, which is not (its rows' stride is b): scratch, then one copy
         self.lse_as_is = not varlen_q or b == 1
