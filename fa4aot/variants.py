@@ -347,6 +347,12 @@ MLA_FALLBACK_NUM_SMS = 148
 MLA_1CTA_BATCH = 1024
 
 
+class MlaRefused(ValueError):
+    """An absorbed-MLA call FA4 itself refuses (its kernel's assertion, constraints.mla_refusal),
+    as opposed to one fa4aot does not model: the refused ones are what head-ratio padding serves
+    (select.choose), the unmodelled ones are refused outright."""
+
+
 def mla_features(
     *, arch, dtype, head_dim, head_dim_v, qv, num_heads, num_heads_kv, causal, window_left,
     window_right, return_lse, sink_dtype, batch, total_q, max_seqlen_q, cu_seqlens_q,
@@ -358,8 +364,8 @@ def mla_features(
 
     Modelled: Blackwell, bf16/fp16, rope 64 + latent 512, one latent KV head, q packed
     (cu_seqlens_q), K/V packed (cu_seqlens_k) or paged (page_table + seqused_k), causal or not,
-    LSE or not, no split. Raises ValueError for anything else, and for a call FA4 itself refuses
-    (the message is FA4's assertion: constraints.mla_refusal)."""
+    LSE or not, no split. Raises ValueError for anything else, and MlaRefused (a ValueError) for
+    a call FA4 itself refuses (the message is FA4's assertion: constraints.mla_refusal)."""
     problems = []
     if not C.is_blackwell(arch):
         raise ValueError(C.mla_reason(arch))
@@ -384,7 +390,7 @@ def mla_features(
     route = C.mla_route(ratio, max_seqlen_q, batch, sms)
     why = C.mla_refusal(route, ratio)
     if why:
-        raise ValueError(why)
+        raise MlaRefused(why)
     tile = C.mla_tile(route)
     rows = (total_q if max_seqlen_q is None else max_seqlen_q) * (ratio if ratio > 1 else 1)
     stage = 1 if route == "1cta-kb64" else C.q_stage(arch, rows, tile, head_dim_v)

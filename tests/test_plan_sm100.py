@@ -5,7 +5,7 @@ validate -> plan -> launch runs end to end and the outputs are checked against t
 reference of the unpadded call: the exact plan (max_seqlen_q slot, descales), padding (hd 72 on
 the hd-128 kernel), the decode fold (4 query heads as rows of the 1:1 kernel), FA4's native
 split-KV (the heuristic's count, float32 partials kept as scratch, the combine), padding then
-split, and the typed refusals (FP8 on sm90, descales, qv, a too-small max_seqlen_q)."""
+split, and the typed refusals (FP8 on sm90, descales, qv in batch form, a too-small max_seqlen_q)."""
 
 from __future__ import annotations
 
@@ -281,11 +281,13 @@ def test_fp8_exact_with_descales_and_its_refusals(store):
     assert len(rt._plans) == 1
 
 
-def test_qv_and_a_short_max_seqlen_q_are_refused(store):
+def test_batch_form_qv_and_a_short_max_seqlen_q_are_refused(store):
     store([_v(2, 4, 4, 2, 64, seqused_k=True, cu_seqlens_k=False)])
     q, k, v = _qkv(2, 4, 64, 4, 2, 64)
-    with pytest.raises(UnsupportedVariant, match="does not serve MLA"):
-        R.flash_attn_func(q, k, v, qv=torch.zeros(2, 4, 4, 512, dtype=BF16))
+    # the stored MLA kernels take q packed: the refusal names the varlen form and the reshape
+    for f in (R.flash_attn_func, R.flash_attn_varlen_func):
+        with pytest.raises(UnsupportedVariant, match="through flash_attn_varlen_func with cu_seq"):
+            f(q, k, v, qv=torch.zeros(2, 4, 4, 512, dtype=BF16))
     used = torch.tensor([64, 30], dtype=torch.int32)
     with pytest.raises(ContractViolation, match="would skip rows"):
         R.flash_attn_varlen_func(q, k, v, max_seqlen_q=3, seqused_k=used, causal=True)

@@ -1,7 +1,9 @@
 """The fa4aot runtime calls sm100/sm103 kernels exactly as FA4's interface does.
 
-For every default sm100 variant but the MLA ones (`build.plan_for(default specs, "sm100")`, each variant's
-`representative_call`), and again as sm103: FA4's real `_flash_attn_fwd` runs on the CPU under
+For every default sm100 variant, the absorbed-MLA (qv) kernels included (`build.plan_for(default
+specs, "sm100")`, each variant's `representative_call`: for MLA the packed q with qv over packed or
+paged K/V, on each of FA4's three MLA kernels), and again as sm103: FA4's real `_flash_attn_fwd`
+runs on the CPU under
 FakeTensorMode with `cute.compile` replaced by a recorder (tests/test_abi.py's machinery: FA4 then
 calls every forward, combine, tile-cumsum and blocks-to-batch kernel it "compiled", and each call
 is recorded with its positional arguments). Then fa4aot's runtime serves the same call through its
@@ -73,7 +75,8 @@ def _runtime_call(R, c: dict, inp: dict, kw: dict):
         inp["q"], inp["k"], inp["v"], cu_seqlens_q=inp.get("cu_seqlens_q"),
         cu_seqlens_k=inp.get("cu_seqlens_k"), max_seqlen_q=kw.get("max_seqlen_q"),
         max_seqlen_k=kw.get("max_seqlen_k"), seqused_q=inp.get("seqused_q"),
-        seqused_k=inp.get("seqused_k"), page_table=inp.get("page_table"), **common,
+        seqused_k=inp.get("seqused_k"), page_table=inp.get("page_table"), qv=inp.get("qv"),
+        **common,
     )  # fmt: skip
 
 
@@ -132,9 +135,7 @@ def _worker(arch: str) -> dict:
     P.Runtime.available = lambda self, a, sms: []
 
     specs = [load_default(n) for n in default_spec_names()]
-    # (the MLA kernels are stored for install(); the runtime refuses qv calls: test_plan_sm100)
-    cases = [("default", n.call, n.variant) for n in plan_for(specs, "sm100").variants().values()
-             if not n.variant.mla]
+    cases = [("default", n.call, n.variant) for n in plan_for(specs, "sm100").variants().values()]
     cases += [("extra", c, None) for c in _extra_cases()]
     report = {"arch": arch, "compared": {}, "mismatches": [], "kinds": {}, "slots": 0,
               "features": {}, "splits": {}, "model": 0, "label_gap": []}  # fmt: skip
@@ -258,8 +259,12 @@ def test_runtime_calls_every_default_blackwell_variant_as_fa4_does(parity, arch)
     rep = parity[arch]
     assert rep["mismatches"] == [], json.dumps(rep["mismatches"][:2])[:6000]
     specs = [load_default(n) for n in default_spec_names()]
-    n = sum(not v.variant.mla for v in plan_for(specs, "sm100").variants().values())
-    assert rep["compared"]["default"] == n == 193  # every default variant but the MLA ones
+    planned = plan_for(specs, "sm100").variants().values()
+    n = len(planned)
+    n_mla = sum(1 for v in planned if v.variant.mla)
+    # every default variant: 193, and the 114 absorbed-MLA kernels (those FA4 takes at their
+    # own head ratio: the padded ratios 32/16/8, 16, and the 1CTA ones at 20/10/5)
+    assert rep["compared"]["default"] == n == 307 and n_mla == 114
     assert rep["compared"]["extra"] == len(_extra_cases())
     assert rep["model"] == n + len(_extra_cases())  # every FA4 key agrees with fwd_facts
     for kind in ("fwd", "combine", "tile_cumsum", "blocks_to_batch"):
@@ -270,6 +275,7 @@ def test_runtime_calls_every_default_blackwell_variant_as_fa4_does(parity, arch)
               "seqused_q", "seqused_k", "learnable_sink", "lse", "window", "split",
               "cu_total_m_blocks", "fp8", "q_descale", "k_descale"):
         assert feats.get(f, 0) > 0, (f, feats)  # fmt: skip
+    assert feats["qv"] == n_mla  # each MLA kernel through flash_attn_varlen_func(..., qv=)
     # every split case split (FA4's heuristic, or both forced for windowed split kernels), and
     # the runtime matched its count and kernel: 128 for the representative calls, 37 for the
     # extra dense one

@@ -30,7 +30,7 @@ import torch
 from .. import abi as A
 from .. import constraints as C
 from .. import fp8 as F8
-from ..errors import ContractViolation, UnsupportedVariant
+from ..errors import ContractViolation
 from ..variants import features
 from . import pad as X
 
@@ -68,14 +68,9 @@ def refusal(arch: str, call, feat: dict) -> str | None:
     return None
 
 
-def extras(dtype, qv, q_descale, k_descale, v_descale) -> str:
-    """The entry points' check of their Blackwell-only arguments (only when one is given):
-    refuses qv (absorbed MLA) and descales with non-FP8 inputs; -> the descale set ("qkv")."""
-    if qv is not None:
-        raise UnsupportedVariant(
-            "qv (absorbed MLA, head_dim_v 512): the fa4aot runtime does not serve MLA yet "
-            "(fa4aot.abi describes its argument list, docs/blackwell.md; no MLA kernel is stored)"
-        )
+def extras(dtype, q_descale, k_descale, v_descale) -> str:
+    """The entry points' check of their FP8 descales (only when one is given): refuses them
+    with non-FP8 inputs; -> the descale set ("qkv"). (qv takes runtime/mla.py.)"""
     from .validate import descale_set
 
     return descale_set(dtype, q_descale, k_descale, v_descale)

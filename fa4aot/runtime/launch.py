@@ -117,6 +117,26 @@ def _sm100_fwd(kernel: Any) -> Callable:
     return fwd
 
 
+def _sm100_mla_fwd(kernel: Any) -> Callable:
+    """FA4 4.0.0b36's absorbed-MLA forward (sm100/sm103, `abi.launch_mla`: 20 slots, another
+    order than the dense forward's: q, qv, k, v, out, lse, scale, then the varlen tensors, the
+    page table, the descales, the window, the sink; training and sparse slots None). Bound for a
+    plan whose variant is an MLA kernel (runtime/mla.py calls it)."""
+    launch = A.launch_mla
+
+    def fwd(
+        q, qv, k, v, out, lse, scale, cu_seqlens_q=None, cu_seqlens_k=None, seqused_q=None,
+        seqused_k=None, page_table=None, window_left=None, window_right=None,
+        learnable_sink=None, descales=None,
+    ):
+        launch(
+            kernel, q, qv, k, v, out, lse, scale, cu_seqlens_q, cu_seqlens_k, seqused_q,
+            seqused_k, page_table, window_left, window_right, learnable_sink, descales,
+        )
+
+    return fwd
+
+
 def _blocks_to_batch(kernel: Any) -> Callable:
     """FA4's `_compute_blocks_to_batch` helper (varlen batch > 256, after the tile cumsum):
     `abi.blocks_to_batch_args`."""
@@ -141,11 +161,13 @@ class Abi:
     combine: Callable[[Any], Callable]
     blocks_to_batch: Callable[[Any], Callable | None] = _no_blocks_to_batch
     blackwell: bool = False  # FA4's sm100 family: the entry points take runtime/blackwell.py
+    mla_fwd: Callable[[Any], Callable] | None = None  # absorbed-MLA forwards (Blackwell only)
 
 
 SM90 = Abi(_sm90_fwd, _sm90_tile_cumsum, _sm90_combine)
 # The tile cumsum and the combine take the same slots on every arch (abi.TILE_CUMSUM, COMBINE)
-SM100 = Abi(_sm100_fwd, _sm90_tile_cumsum, _sm90_combine, _blocks_to_batch, blackwell=True)
+SM100 = Abi(_sm100_fwd, _sm90_tile_cumsum, _sm90_combine, _blocks_to_batch, blackwell=True,
+            mla_fwd=_sm100_mla_fwd)
 _ABIS: dict[str, Abi] = {"sm90": SM90, "sm100": SM100, "sm103": SM100}
 
 
