@@ -33,7 +33,9 @@ def _cached_artifacts(layers, arch: str, num_sms: int, python: str | None):
 @click.option("--head-dim", type=click.IntRange(1, 1024), required=True)
 @click.option("--head-dim-v", type=click.IntRange(1, 1024))
 @click.option(
-    "--layout", default="dense", show_default=True, type=click.Choice(["dense", "varlen", "paged"])
+    "--layout", type=click.Choice(["dense", "varlen", "paged"]),
+    help="K/V layout (q packed but for dense). Default: dense; varlen with --qv (the MLA "
+    "kernels take q packed).",
 )
 @click.option("--batch", default=1, show_default=True, type=click.IntRange(1))
 @click.option("--seqlen-q", default=1, show_default=True, type=click.IntRange(1))
@@ -53,7 +55,7 @@ def _cached_artifacts(layers, arch: str, num_sms: int, python: str | None):
     "--qv",
     type=click.IntRange(1, 1024),
     help="Absorbed MLA: the latent head dim FA4 takes as qv (512; --head-dim is then the rope "
-    "part, 64). Shows the head-ratio padding FA4's MLA kernels need; not served by the runtime.",
+    "part, 64). Shows FA4's MLA route and the head-ratio padding the runtime serves it with.",
 )
 @cache_option("read")
 @with_output
@@ -98,7 +100,11 @@ def explain(
         )
     num_sms = num_sms or C.default_num_sms(arch)
     if qv is not None:
-        return _explain_mla(out, arch, hq, hk, head_dim, qv, no_padding)
+        return _explain_mla(
+            out, arch, num_sms, dtype, hq, hk, head_dim, qv, layout or "varlen", batch,
+            seqlen_q, page_size, causal, lse, no_padding, cache,
+        )
+    layout = layout or "dense"
     call = Call(
         layout=layout,
         batch=batch,
@@ -186,11 +192,17 @@ def explain(
         sys.exit(1)
 
 
-def _explain_mla(out, arch, hq, hk, head_dim, qv, no_padding) -> None:
-    """An absorbed-MLA (qv) call: where FA4 runs it and the head ratio it runs at (select.
-    mla_padded_ratio). The runtime does not serve qv calls yet (constraints.mla_reason): this is the
-    plan the runtime hook will follow (docs/blackwell.md)."""
-    from ..select import mla_padded_ratio
+def _explain_mla(
+    out, arch, num_sms, dtype, hq, hk, head_dim, qv, layout, batch, seqlen_q, page_size, causal,
+    lse, no_padding, cache,
+) -> None:  # fmt: skip
+    """An absorbed-MLA (qv) call, as the runtime serves it (runtime/mla.py): the call's own
+    variant (FA4's route: 2CTA, 1CTA or 1CTA-kb64, from batch x heads against the SM count), or
+    FA4's refusal at its head ratio; then what select.choose finds among the cached kernels
+    (exact, or the head ratio padded: 20 -> 32...), as the runtime's plan step calls it. Exit 1
+    when nothing serves it."""
+    from ..select import choose, mla_padded_ratio
+    from ..variants import Call, MlaRefused, Variant, features
 
     ratio = hq // hk
     doc: dict = {"arch": arch, "mla": True, "ratio": ratio, "head_dim": head_dim, "qv": qv}
@@ -201,25 +213,67 @@ def _explain_mla(out, arch, hq, hk, head_dim, qv, no_padding) -> None:
         problems.append(f"FA4 runs MLA at head_dim 64 with qv 512 only, got {head_dim}/{qv}")
     if not C.is_blackwell(arch):
         problems.append(C.mla_reason(arch))
+    if layout == "dense":
+        problems.append("the MLA kernels take q packed (the runtime's flash_attn_func refuses "
+                        "qv): --layout varlen or paged")
     r2, cost = mla_padded_ratio(ratio)
-    if r2 != ratio and no_padding:
+    want = refused = None
+    choices = []
+    stores: list = []
+    if not problems:
+        call = Call(
+            layout=layout, batch=batch, seqlen_q=seqlen_q, seqlen_k=max(seqlen_q, 1024),
+            num_heads=hq, num_heads_kv=hk, head_dim=head_dim, head_dim_v=qv, dtype=dtype,
+            causal=causal, window_left=None, window_right=None, return_lse=lse,
+            sink_dtype=None, page_size=page_size, qv=qv,
+        )  # fmt: skip
+        feat = dict(call.feature_kwargs(), num_sms=num_sms)  # the route reads the SM count
+        try:
+            want = features(arch=arch, **feat)
+        except MlaRefused as e:
+            refused = str(e)
+        except ValueError as e:
+            problems.append(str(e))
+    if refused and no_padding:
         problems.append(f"ratio {ratio} needs padding to {r2} (FA4's 2CTA MLA kernel takes "
                         "ratios dividing 128) and --no-padding refuses it")
-    doc.update(padded_ratio=r2, cost=cost, problems=problems)
+    if not problems:
+        layers = layers_for(cache, out, strict=False)
+        arts, _, match = _cached_artifacts(layers, arch, num_sms, None)
+        stores = [str(s.dir) for s in match.stores]
+        avail = [Variant.from_dict(a.record["variant"]) for a in arts]
+        choices = choose(arch, feat, avail, allow_padding=not no_padding, allow_fold=False)
+    if choices and not choices[0].exact:
+        r2, cost = choices[0].ratio, choices[0].cost
+    doc.update(
+        padded_ratio=r2, cost=cost, problems=problems,
+        variant=None if want is None else want.to_dict(), id=None if want is None else want.id,
+        description=None if want is None else want.describe(), fa4_refuses=refused,
+        choices=[{"id": c.variant.id, "exact": c.exact, "ratio": c.ratio,
+                  "cost": round(c.cost, 3), "plan": c.describe(want, ratio)} for c in choices],
+        stores=stores,
+    )  # fmt: skip
     if out.as_json:
         out.document(doc)
     else:
         out.text(f"MLA call    : {arch} {hq}:{hk} heads, rope {head_dim} + latent {qv}")
-        if r2 == ratio:
-            out.text(f"head ratio  : {ratio} (FA4's MLA kernels take it as is)")
-        else:
+        if want is not None:
+            out.text(f"call variant: {want.describe()} (id {want.id})")
+        if refused:
+            out.text(f"FA4 refuses : {refused}")
             out.text(
-                f"padded      : q heads per latent head {ratio} -> {r2} ({cost:.2f}x the work; "
+                f"padding     : q heads per latent head {ratio} -> {r2} ({cost:.2f}x the work; "
                 "zero heads per group, O and LSE cropped)"
             )
+        for c in choices[:1]:
+            out.text(f"served by   : {c.describe(want, ratio)}")
+        for c in choices[1:4]:
+            out.text(f"alternative : {c.describe(want, ratio)}")
+        if not problems and not choices:
+            out.text("served by   : nothing cached (the runtime raises ArtifactMissing)")
         for p in problems:
             out.text(f"refused     : {p}")
-    if problems:
+    if problems or not choices:
         sys.exit(1)
 
 
