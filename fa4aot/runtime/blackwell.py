@@ -122,7 +122,7 @@ def run(
         key = (batch, rows, -(-bound // 128), rt.split)
         got = plan.native.get(key)
         if got is None:
-            got = _native_split(rt, plan, dev, batch, rows, bound, hq, hk)
+            got = _native_split(rt, plan, dev, batch, rows, bound)
             if len(plan.native) > _MAX_DECISIONS:
                 plan.native.clear()
             plan.native[key] = got
@@ -162,31 +162,52 @@ def run(
     return p.out, p.lse
 
 
-def _native_split(rt, plan, dev, batch, rows, bound, hq, hk):
-    """-> (num_splits, the split kernel's plan) for a call of these host-known sizes, or
-    (1, None): the heuristic (or FA4AOT_SPLIT_KV) says one split, or no store holds the split
-    kernel (the call then runs unsplit on its own kernel)."""
-    variant = plan.variant
-    arch, sms = rt.device(dev)
-    if rt.split < 0:
+def native_split(
+    arch: str, num_sms: int, variant, feat: dict, batch: int, rows: int, bound: int,
+    window_left: int | None, window_right: int | None, setting: int,
+):  # fmt: skip
+    """The native split decision for an exact Blackwell call with q in batch form (pure: the
+    runtime and `fa4aot explain` both take it): -> (num_splits, the split kernel's variant), or
+    (1, None) when it runs unsplit. setting: FA4AOT_SPLIT_KV as the runtime holds it (-1: FA4's
+    heuristic over the keys the mask loads, as FA4's seqlen_k_loaded; N > 0: N splits, capped
+    at FA4's 128). feat: the call's `features` arguments; rows: its query length; bound: the
+    host bound on its KV lengths."""
+    if setting < 0:
         loaded = bound
         if variant.local:  # FA4's seqlen_k_loaded (interface.py 392-407): the window's keys
-            wl, wr = plan.window_left, plan.window_right
+            wl, wr = window_left, window_right
             loaded = max(0, min(bound, (bound if wr is None else wr)
-                                + (bound if wl is None else wl) + 1 + plan.facts["tile_m"]))
+                                + (bound if wl is None else wl) + 1 + variant.tile.m))
         n = C.native_num_splits(
-            arch, batch=batch, num_heads_kv=hk, qhead_per_kvhead=hq // hk, seqlen_q=rows,
-            max_seqlen_k=loaded, head_dim=variant.head_dim, num_sms=sms,
-            pack_gqa=plan.facts["pack_gqa"],
+            arch, batch=batch, num_heads_kv=feat["num_heads_kv"],
+            qhead_per_kvhead=variant.qhead_per_kvhead, seqlen_q=rows, max_seqlen_k=loaded,
+            head_dim=variant.head_dim, num_sms=num_sms, pack_gqa=variant.pack_gqa_effective,
         )  # fmt: skip
     else:
-        n = min(int(rt.split), C.MAX_NATIVE_SPLITS)
-    if n <= 1 or plan.feat is None:
+        n = min(int(setting), C.MAX_NATIVE_SPLITS)
+    if n <= 1:
         return 1, None
-    feat = dict(plan.feat, batch=batch, seqlen_q=rows, total_q=batch * rows, max_seqlen_q=None)
+    feat = {k: x for k, x in feat.items() if k not in ("num_splits", "max_seqlen_k")}
+    feat.update(batch=batch, seqlen_q=rows, total_q=batch * rows, max_seqlen_q=None)
     try:
-        sv = features(arch=arch, **feat, num_splits=n, max_seqlen_k=bound)
+        return n, features(arch=arch, **feat, num_splits=n, max_seqlen_k=bound)
     except ValueError:
+        return 1, None
+
+
+def _native_split(rt, plan, dev, batch, rows, bound):
+    """-> (num_splits, the split kernel's plan) for a call of these host-known sizes, or
+    (1, None): `native_split` says one split, or no store holds the split kernel (the call
+    then runs unsplit on its own kernel). The kernel's tile_m and pack_gqa are its record's
+    (plan.fwd_facts checked the variant's equal to them)."""
+    if plan.feat is None:
+        return 1, None
+    arch, sms = rt.device(dev)
+    n, sv = native_split(
+        arch, sms, plan.variant, plan.feat, batch, rows, bound, plan.window_left,
+        plan.window_right, rt.split,
+    )  # fmt: skip
+    if sv is None:
         return 1, None
     cache = rt._native_plans
     if sv.id not in cache:
