@@ -211,6 +211,39 @@ def split_kernel_variant(
     )
 
 
+def native_split_variant(
+    arch: str, num_sms: int, variant: "Variant", feat: dict, batch: int, rows: int, bound: int,
+    window_left: int | None, window_right: int | None, setting: int,
+):  # fmt: skip
+    """The native split decision for an exact Blackwell call with q in batch form (pure: the
+    runtime's Blackwell path, runtime/blackwell.py, and `fa4aot explain` both take it):
+    -> (num_splits, the split kernel's variant), or (1, None) when it runs unsplit. setting: FA4AOT_SPLIT_KV as the runtime holds it (-1: FA4's
+    heuristic over the keys the mask loads, as FA4's seqlen_k_loaded; N > 0: N splits, capped
+    at FA4's 128). feat: the call's `features` arguments; rows: its query length; bound: the
+    host bound on its KV lengths."""
+    if setting < 0:
+        loaded = bound
+        if variant.local:  # FA4's seqlen_k_loaded (interface.py 392-407): the window's keys
+            wl, wr = window_left, window_right
+            loaded = max(0, min(bound, (bound if wr is None else wr)
+                                + (bound if wl is None else wl) + 1 + variant.tile.m))
+        n = C.native_num_splits(
+            arch, batch=batch, num_heads_kv=feat["num_heads_kv"],
+            qhead_per_kvhead=variant.qhead_per_kvhead, seqlen_q=rows, max_seqlen_k=loaded,
+            head_dim=variant.head_dim, num_sms=num_sms, pack_gqa=variant.pack_gqa_effective,
+        )  # fmt: skip
+    else:
+        n = min(int(setting), C.MAX_NATIVE_SPLITS)
+    if n <= 1:
+        return 1, None
+    feat = {k: x for k, x in feat.items() if k not in ("num_splits", "max_seqlen_k")}
+    feat.update(batch=batch, seqlen_q=rows, total_q=batch * rows, max_seqlen_q=None)
+    try:
+        return n, features(arch=arch, **feat, num_splits=n, max_seqlen_k=bound)
+    except ValueError:
+        return 1, None
+
+
 def features(
     *,
     arch: str,

@@ -31,7 +31,7 @@ from .. import abi as A
 from .. import constraints as C
 from .. import fp8 as F8
 from ..errors import ContractViolation
-from ..variants import features
+from ..variants import native_split_variant
 from . import pad as X
 
 _is_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
@@ -162,48 +162,15 @@ def run(
     return p.out, p.lse
 
 
-def native_split(
-    arch: str, num_sms: int, variant, feat: dict, batch: int, rows: int, bound: int,
-    window_left: int | None, window_right: int | None, setting: int,
-):  # fmt: skip
-    """The native split decision for an exact Blackwell call with q in batch form (pure: the
-    runtime and `fa4aot explain` both take it): -> (num_splits, the split kernel's variant), or
-    (1, None) when it runs unsplit. setting: FA4AOT_SPLIT_KV as the runtime holds it (-1: FA4's
-    heuristic over the keys the mask loads, as FA4's seqlen_k_loaded; N > 0: N splits, capped
-    at FA4's 128). feat: the call's `features` arguments; rows: its query length; bound: the
-    host bound on its KV lengths."""
-    if setting < 0:
-        loaded = bound
-        if variant.local:  # FA4's seqlen_k_loaded (interface.py 392-407): the window's keys
-            wl, wr = window_left, window_right
-            loaded = max(0, min(bound, (bound if wr is None else wr)
-                                + (bound if wl is None else wl) + 1 + variant.tile.m))
-        n = C.native_num_splits(
-            arch, batch=batch, num_heads_kv=feat["num_heads_kv"],
-            qhead_per_kvhead=variant.qhead_per_kvhead, seqlen_q=rows, max_seqlen_k=loaded,
-            head_dim=variant.head_dim, num_sms=num_sms, pack_gqa=variant.pack_gqa_effective,
-        )  # fmt: skip
-    else:
-        n = min(int(setting), C.MAX_NATIVE_SPLITS)
-    if n <= 1:
-        return 1, None
-    feat = {k: x for k, x in feat.items() if k not in ("num_splits", "max_seqlen_k")}
-    feat.update(batch=batch, seqlen_q=rows, total_q=batch * rows, max_seqlen_q=None)
-    try:
-        return n, features(arch=arch, **feat, num_splits=n, max_seqlen_k=bound)
-    except ValueError:
-        return 1, None
-
-
 def _native_split(rt, plan, dev, batch, rows, bound):
     """-> (num_splits, the split kernel's plan) for a call of these host-known sizes, or
-    (1, None): `native_split` says one split, or no store holds the split kernel (the call
+    (1, None): `variants.native_split_variant` says one split, or no store holds the split kernel (the call
     then runs unsplit on its own kernel). The kernel's tile_m and pack_gqa are its record's
     (plan.fwd_facts checked the variant's equal to them)."""
     if plan.feat is None:
         return 1, None
     arch, sms = rt.device(dev)
-    n, sv = native_split(
+    n, sv = native_split_variant(
         arch, sms, plan.variant, plan.feat, batch, rows, bound, plan.window_left,
         plan.window_right, rt.split,
     )  # fmt: skip
