@@ -217,7 +217,8 @@ def native_split_variant(
 ):  # fmt: skip
     """The native split decision for an exact Blackwell call with q in batch form (pure: the
     runtime's Blackwell path, runtime/blackwell.py, and `fa4aot explain` both take it):
-    -> (num_splits, the split kernel's variant), or (1, None) when it runs unsplit. setting: FA4AOT_SPLIT_KV as the runtime holds it (-1: FA4's
+    -> (num_splits, the split kernel's variant); (1, None) when one split it is, (n, None)
+    when fa4aot models no split kernel for the call (it then runs unsplit too). setting: FA4AOT_SPLIT_KV as the runtime holds it (-1: FA4's
     heuristic over the keys the mask loads, as FA4's seqlen_k_loaded; N > 0: N splits, capped
     at FA4's 128). feat: the call's `features` arguments; rows: its query length; bound: the
     host bound on its KV lengths."""
@@ -241,7 +242,7 @@ def native_split_variant(
     try:
         return n, features(arch=arch, **feat, num_splits=n, max_seqlen_k=bound)
     except ValueError:
-        return 1, None
+        return n, None
 
 
 def features(

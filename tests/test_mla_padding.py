@@ -119,6 +119,7 @@ def test_explain_shows_the_runtimes_mla_plan_from_the_store(tmp_path, monkeypatc
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["variant"] is None and "2CTA MLA kernel" in doc["fa4_refuses"]
+    assert doc["split"]["splits"] == 0 and "runs unsplit" in doc["split"]["why"]
     (best, *_) = doc["choices"]
     assert (best["ratio"], best["cost"], best["exact"]) == (32, 1.6, False)
     served = {v.id: v for v in stored}[best["id"]]

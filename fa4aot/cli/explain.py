@@ -27,7 +27,14 @@ def _cached_artifacts(layers, arch: str, num_sms: int, python: str | None):
     "--num-sms", type=click.IntRange(1, 1024), help="SM count of the GPU (default: the arch's)."
 )
 @click.option(
-    "--dtype", default="bfloat16", show_default=True, type=click.Choice(["bfloat16", "float16"])
+    "--dtype", default="bfloat16", show_default=True,
+    type=click.Choice(["bfloat16", "float16", "float8_e4m3fn", "float8_e5m2"]),
+    help="q/k/v dtype; FP8 (Blackwell) calls pass descales (--descales).",
+)
+@click.option(
+    "--descales", type=click.Choice(["q", "k", "v", "qk", "qv", "kv", "qkv"]),
+    help="FP8: which of q/k/v_descale the call passes (a kernel per set; default qkv, what "
+    "`fa4aot build` makes for an FP8 layer).",
 )
 @click.option("--heads", required=True, help="Query heads : KV heads, e.g. 20:1 or 32:8.")
 @click.option("--head-dim", type=click.IntRange(1, 1024), required=True)
@@ -63,6 +70,7 @@ def explain(
     arch,
     num_sms,
     dtype,
+    descales,
     heads,
     head_dim,
     head_dim_v,
@@ -82,7 +90,8 @@ def explain(
 ):
     """How the runtime would serve a call: its variant, then an exact hit, a decode fold, a
     padding plan (with its cost) or the refusal; with --seqlen-k, whether a decode step splits
-    its KV (split-KV) and how. Exit 1 when nothing can serve it."""
+    its KV (split-KV on sm90; FA4's native split on sm100/sm103) and how. FP8 calls (Blackwell)
+    are served by their exact kernel only. Exit 1 when nothing can serve it."""
     from .. import settings
     from ..select import choose, fold_from_env, nearest
     from ..variants import Call, Variant, features
@@ -98,6 +107,13 @@ def explain(
         raise click.BadParameter(
             "--page-size goes with --layout paged (and only with it)", param_hint="--page-size"
         )
+    fp8 = dtype.startswith("float8")
+    if descales is not None and not fp8:
+        raise click.BadParameter(
+            "descales scale FP8 q/k/v only (FA4 asserts the same)", param_hint="--descales"
+        )
+    if fp8 and descales is None:
+        descales = "qkv"
     num_sms = num_sms or C.default_num_sms(arch)
     if qv is not None:
         return _explain_mla(
@@ -121,6 +137,7 @@ def explain(
         return_lse=lse,
         sink_dtype="float32" if sink else None,
         page_size=page_size,
+        descales=descales,
     )
     feat = call.feature_kwargs()
     want = features(arch=arch, **feat)
@@ -132,13 +149,30 @@ def explain(
         arch, dtype, head_dim, head_dim_v or head_dim, qhead_per_kvhead=hq // hk
     )
     allow_fold = fold_from_env()  # as the runtime reads it (SettingError: exit 1)
-    choices = choose(arch, feat, avail, allow_padding=not no_padding, allow_fold=allow_fold)
+    # FP8 runs on its exact kernel only (runtime/plan.py resolve: a padded or folded FP8 call
+    # would need its own crop of the bf16 output and of the descales' heads)
+    choices = choose(
+        arch, feat, avail, allow_padding=not (no_padding or fp8), allow_fold=allow_fold and not fp8
+    )
     split_doc = None
-    if seqlen_k is not None:
+    if seqlen_k is not None and C.is_blackwell(arch):
+        split_doc = _native_split_plan(
+            arch, num_sms, feat, choices, arts, layout, batch, seqlen_q, seqlen_k
+        )
+    elif seqlen_k is not None:
         split_doc = _split_plan(
             arch, num_sms, dtype, hq, hk, head_dim, head_dim_v or head_dim, layout, batch,
             seqlen_q, seqlen_k, page_size, causal, window, sink, arts,
         )
+    fp8_doc = None
+    if fp8:
+        fp8_doc = {
+            "descales": descales,
+            "out_dtype": "bfloat16",
+            "plan": f"FP8 {dtype} with {', '.join(f'{n}_descale' for n in descales)} (float32 "
+            "(batch, num_kv_heads) each; another set is another kernel): served by its exact "
+            "kernel only, no padding or decode fold; O is bfloat16",
+        }
     doc = {
         "variant": want.to_dict(),
         "id": want.id,
@@ -163,6 +197,7 @@ def explain(
         "corrupt": corrupt.get(want.id),
         "stores": [str(s.dir) for s in match.stores],
         "split": split_doc,
+        "fp8": fp8_doc,
     }
     split_serves = bool(split_doc and split_doc["splits"])
     if out.as_json:
@@ -171,6 +206,8 @@ def explain(
         out.text(f"call variant: {want.describe()} (id {want.id})")
         if why:
             out.text(f"FA4 cannot run it exactly: {why}")
+        if fp8_doc and not why:
+            out.text(f"fp8         : {fp8_doc['plan']}")
         if split_serves:
             out.text(f"served by   : {split_doc['plan']}")
         if split_doc and not split_serves:
@@ -190,6 +227,10 @@ def explain(
             out.text(f"stores      : none for this target; {match.describe_others()}")
     if not choices and not split_serves:
         sys.exit(1)
+
+
+_MLA_NO_SPLIT = ("absorbed MLA runs unsplit whatever FA4AOT_SPLIT_KV says: FA4 splits it only "
+                 "on its 1CTA kernel with its own plan, which fa4aot does not build")
 
 
 def _explain_mla(
@@ -252,6 +293,7 @@ def _explain_mla(
         choices=[{"id": c.variant.id, "exact": c.exact, "ratio": c.ratio,
                   "cost": round(c.cost, 3), "plan": c.describe(want, ratio)} for c in choices],
         stores=stores,
+        split={"splits": 0, "why": _MLA_NO_SPLIT},
     )  # fmt: skip
     if out.as_json:
         out.document(doc)
@@ -271,10 +313,64 @@ def _explain_mla(
             out.text(f"alternative : {c.describe(want, ratio)}")
         if not problems and not choices:
             out.text("served by   : nothing cached (the runtime raises ArtifactMissing)")
+        if not problems:
+            out.text(f"split-KV    : no ({_MLA_NO_SPLIT})")
         for p in problems:
             out.text(f"refused     : {p}")
     if problems or not choices:
         sys.exit(1)
+
+
+def _native_split_plan(
+    arch, num_sms, feat, choices, arts, layout, batch, seqlen_q, seqlen_k
+) -> dict:
+    """The runtime's native split-KV decision on Blackwell (runtime/blackwell.py: FA4's own
+    split kernels, `variants.native_split_variant`) for the kernel that serves the call
+    (`choices[0]`; a padded call splits on its padded re-entry): {"splits": n or 0,
+    "plan"/"why": text}."""
+    from .. import settings
+    from ..select import _call_features
+    from ..variants import native_split_variant
+
+    setting = settings.split_kv()
+    setting = -1 if setting == "auto" else setting
+    how = "FA4's heuristic" if setting < 0 else f"FA4AOT_SPLIT_KV={setting}"
+    c = choices[0] if choices else None
+    why = None
+    if setting == 0:
+        why = "FA4AOT_SPLIT_KV=0"
+    elif c is None:
+        why = "no kernel serves the call (a split runs on the kernel the call is served by)"
+    elif c.fold > 1:
+        why = "a decode fold runs unsplit"
+    elif layout != "dense":
+        why = ("q packed (cu_seqlens_q): FA4 would compute per-batch split counts with its "
+               "scheduler-metadata kernel, which fa4aot does not ship")
+    elif c.variant.head_dim != c.variant.head_dim_v:
+        why = "unequal head dims: FA4 re-tiles that split, which fa4aot does not build"
+    if why is None:
+        f = feat if c.exact else _call_features(feat, c.ratio, c.head_dim, c.head_dim_v)
+        _, _, wl, wr = C.resolve_window(feat["causal"], feat["window_left"], feat["window_right"])
+        n, sv = native_split_variant(
+            arch, num_sms, c.variant, f, batch, seqlen_q, seqlen_k, wl, wr, setting
+        )
+        rec = None if sv is None else next((a.record for a in arts if a.id == sv.id), None)
+        if n <= 1:
+            why = (f"{how}: one split ({batch} x {feat['num_heads_kv']} KV heads over "
+                   f"{seqlen_k} keys on {num_sms} SMs)")
+        elif sv is None:
+            why = f"{how} says {n} splits, but fa4aot models no split kernel for this call"
+        elif rec is None or "combine" not in rec["parts"]:
+            why = (f"{how} says {n} splits, but the split kernel {sv.describe()} (id {sv.id}) "
+                   "is not cached with its combine")
+    if why is not None:
+        return {"splits": 0, "why": why}
+    return {
+        "splits": n,
+        "kernel": sv.id,
+        "plan": f"FA4's native split-KV, {n} splits ({how}): {sv.describe()} (id {sv.id}), "
+        "float32 partials merged by its combine kernel",
+    }
 
 
 def _split_plan(
