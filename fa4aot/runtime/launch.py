@@ -13,7 +13,8 @@ sm100/sm103 (`SM100`): the same arch-neutral form, plus the trailing keywords FA
 forward has slots for (`max_seqlen_q`, `descales`, `blocks_to_batch_idx`), passed on to
 `fa4aot.abi.launch_sm100`, the one spelling of that list (tests/test_abi.py proves it FA4's);
 `blocks_to_batch(cu_total, out)` is the second batch > 256 helper, whose output only the
-Blackwell forward takes. A launcher is one Python frame, as the hand-written call it replaces
+Blackwell forward takes; `mla_fwd` binds an absorbed-MLA forward (`abi.launch_mla`: q, qv, k, v,
+out, lse, scale, the varlen tensors, page table, window, sink, descales; runtime/mla.py). A launcher is one Python frame, as the hand-written call it replaces
 was (a closure over the kernel, built once per load).
 """
 
