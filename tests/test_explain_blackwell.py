@@ -44,7 +44,7 @@ def stored(monkeypatch, tmp_path):
     return {v.id: v for v in variants}, run
 
 
-def test_fp8_call_resolves_to_its_descale_kernel_and_is_never_padded(stored):
+def test_fp8_call_resolves_to_its_descale_kernel_padded_or_folded(stored):
     by_id, run = stored
     r, doc = run(*FP8, "--seqlen-q", "1", "--lse", "--json")
     assert r.exit_code == 0, r.output
@@ -54,13 +54,22 @@ def test_fp8_call_resolves_to_its_descale_kernel_and_is_never_padded(stored):
     assert doc["fp8"]["descales"] == "qkv" and doc["fp8"]["out_dtype"] == "bfloat16"
     text = run(*FP8, "--seqlen-q", "1", "--lse")[0].output
     assert "fp8         : FP8 float8_e4m3fn with q_descale, k_descale, v_descale" in text
-    assert "exact kernel only" in text
-    # another descale set is another kernel: a miss, and no padding or fold stands in for it
+    assert "the descales pass on unchanged" in text
+    # another descale set is another kernel: a miss, and no kernel of another set stands in
     r, doc = run(*FP8, "--seqlen-q", "1", "--lse", "--descales", "kv", "--json")
     assert r.exit_code == 1 and doc["choices"] == [] and doc["variant"]["descales"] == "kv"
-    # hd 72 would pad to the cached hd128 in bf16; FP8 is not padded
+    # hd 72 is no FP8 head dim (multiples of 16): the hd128 kernel of the same descale set
     r, doc = run(*FP8[:-1], "72", "--seqlen-q", "1", "--lse", "--json")
-    assert r.exit_code == 1 and doc["choices"] == []
+    assert r.exit_code == 0 and "multiples of 16" in doc["fa4_unsupported"]
+    best = doc["choices"][0]
+    assert (best["head_dim"], best["exact"]) == (128, False)
+    assert by_id[best["id"]].descales == "qkv"
+    # ratio 3 (24:8) prefill: padded to the cached ratio 4; ratio 5 decode: folded onto the
+    # 1:1 kernel (5 query rows per KV head)
+    doc = run(*FP8[:5], "24:8", *FP8[6:], "--seqlen-q", "300", "--lse", "--json")[1]
+    assert (doc["choices"][0]["ratio"], doc["choices"][0]["fold"]) == (4, 1)
+    doc = run(*FP8[:5], "40:8", *FP8[6:], "--seqlen-q", "1", "--lse", "--json")[1]
+    assert (doc["choices"][0]["ratio"], doc["choices"][0]["fold"]) == (1, 5)
     # off Blackwell FP8 is refused with FA4's reason; descales with bf16 are a usage error
     r, doc = run("--arch", "sm90", *FP8[2:], "--json")
     assert r.exit_code == 1 and "sm100-only" in doc["fa4_unsupported"]

@@ -15,6 +15,9 @@ Skipped unless device 0 has compute capability 10.0 or 10.3. Run on such a machi
    NaN-poisoned buffers, against the fp32 reference (tests/reference.mla_ref). On the CPU the
    same path runs with stand-in kernels (tests/test_mla_runtime.py) and its kernel calls equal
    FA4's (tests/test_runtime_sm100.py); this is the check that the kernels compute it.
+4. FP8 through the runtime with descales, from a store built here: exact, ratio padding (3 ->
+   4) and the decode fold (6 query heads as rows of the 1:1 kernel), against the fp32
+   reference of the dequantized inputs (on the CPU: tests/test_plan_sm100.py's FP8 tests).
 """
 
 from __future__ import annotations
@@ -226,3 +229,81 @@ def test_runtime_serves_mla_from_the_store(mla_runtime, heads, layout, lens_q, l
         torch.testing.assert_close(l_.cpu(), rl, atol=2e-2, rtol=0)
     plans = [p for p in mla_runtime._plans.values() if p.variant.mla]
     assert any((p.pad is not None) == (heads == 20) for p in plans)
+
+
+FP8_SPEC = """
+name = "fp8-gpu"
+model = "test/fp8"
+
+[[attention]]
+name = "full"
+num_q_heads = 8
+num_kv_heads = 2
+head_dim = 128
+dtype = "float8_e4m3fn"
+causal = true
+
+[serving]
+layouts = ["dense"]
+phases = ["decode", "prefill"]
+max_batch = 4
+max_context = 4096
+return_lse = true
+decode_fold = true
+split_kv = false
+"""
+
+
+@pytest.fixture(scope="module")
+def fp8_runtime(tmp_path_factory):
+    import fa4aot.build as B
+    import fa4aot.runtime as R
+    from fa4aot import settings
+    from fa4aot.specs import parse_spec
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    root = tmp_path_factory.mktemp("fp8")
+    with settings.scope(stub_compiler=None):
+        _, _, results = B.build(
+            [parse_spec(FP8_SPEC, "fp8.toml")], arch=ARCH, root=root, jobs=4, num_sms=sms
+        )
+    assert results and all(r.status == "built" for r in results), [r.error for r in results]
+    yield R.reset(roots=[root], on_miss="error")
+    R.reset()
+
+
+@pytest.mark.parametrize(
+    "hq, sq, plan",
+    [(8, 300, "exact"), (6, 300, "pad"), (8, 1, "exact"), (12, 1, "fold")],
+)
+def test_fp8_exact_padded_and_folded_against_the_dequantized_reference(fp8_runtime, hq, sq, plan):
+    """FP8 with (q, k, v) descales per (batch, KV head): the ratio-4 kernels exact, ratio 3
+    padded to 4, ratio 6 decode folded onto the 1:1 kernel; O bfloat16 into a NaN-poisoned
+    buffer, LSE, against the fp32 reference of the dequantized inputs."""
+    import fa4aot
+    from reference import attention_ref
+
+    torch.manual_seed(hq * 1000 + sq)
+    b, sk, hk, d, dev = 2, 700, 2, 128, "cuda"
+    q = torch.randn(b, sq, hq, d, device=dev).to(torch.float8_e4m3fn)
+    k = torch.randn(b, sk, hk, d, device=dev).to(torch.float8_e4m3fn)
+    v = torch.randn(b, sk, hk, d, device=dev).to(torch.float8_e4m3fn)
+    ds = {n: torch.rand(b, hk, device=dev) + 0.5 for n in ("q_descale", "k_descale", "v_descale")}
+    out = torch.full((b, sq, hq, d), float("nan"), dtype=torch.bfloat16, device=dev)
+    o, lse = fa4aot.flash_attn_func(q, k, v, causal=True, return_lse=True, out=out, **ds)
+    torch.cuda.synchronize()
+
+    def deq(x, s, rep):
+        return x.float() * s.repeat_interleave(rep, 1)[:, None, :, None]
+
+    r = hq // hk
+    ro, rl = attention_ref(
+        deq(q, ds["q_descale"], r), deq(k, ds["k_descale"], 1), deq(v, ds["v_descale"], 1),
+        torch.full((b,), sq, device=dev), torch.full((b,), sk, device=dev), causal=True,
+    )  # fmt: skip
+    assert o is out and not o.isnan().any()
+    rel = ((o.float() - ro).norm() / ro.norm()).item()
+    assert rel < 3e-2, rel  # FP8 P@V
+    torch.testing.assert_close(lse, rl, atol=5e-2, rtol=0)
+    pads = {p.pad.fold > 1 if p.pad else None for p in fp8_runtime._plans.values()}
+    assert {"exact": None, "pad": False, "fold": True}[plan] in pads

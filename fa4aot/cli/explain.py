@@ -91,7 +91,7 @@ def explain(
     """How the runtime would serve a call: its variant, then an exact hit, a decode fold, a
     padding plan (with its cost) or the refusal; with --seqlen-k, whether a decode step splits
     its KV (split-KV on sm90; FA4's native split on sm100/sm103) and how. FP8 calls (Blackwell)
-    are served by their exact kernel only. Exit 1 when nothing can serve it."""
+    are served by kernels of their descale set. Exit 1 when nothing can serve it."""
     from .. import settings
     from ..select import choose, fold_from_env, nearest
     from ..variants import Call, Variant, features
@@ -149,11 +149,7 @@ def explain(
         arch, dtype, head_dim, head_dim_v or head_dim, qhead_per_kvhead=hq // hk
     )
     allow_fold = fold_from_env()  # as the runtime reads it (SettingError: exit 1)
-    # FP8 runs on its exact kernel only (runtime/plan.py resolve: a padded or folded FP8 call
-    # would need its own crop of the bf16 output and of the descales' heads)
-    choices = choose(
-        arch, feat, avail, allow_padding=not (no_padding or fp8), allow_fold=allow_fold and not fp8
-    )
+    choices = choose(arch, feat, avail, allow_padding=not no_padding, allow_fold=allow_fold)
     split_doc = None
     if seqlen_k is not None and C.is_blackwell(arch):
         split_doc = _native_split_plan(
@@ -170,8 +166,9 @@ def explain(
             "descales": descales,
             "out_dtype": "bfloat16",
             "plan": f"FP8 {dtype} with {', '.join(f'{n}_descale' for n in descales)} (float32 "
-            "(batch, num_kv_heads) each; another set is another kernel): served by its exact "
-            "kernel only, no padding or decode fold; O is bfloat16",
+            "(batch, num_kv_heads) each; another set is another kernel); padding and the decode "
+            "fold keep the batch and the KV heads, so the descales pass on unchanged; O is "
+            "bfloat16",
         }
     doc = {
         "variant": want.to_dict(),

@@ -148,12 +148,15 @@ def flash_attn_func(
             )
         if plan.pad.fold > 1:
             return X.folded(
-                plan, q, k, v, out, lse, softmax_scale, return_lse, False, sk, (None, None, None)
+                plan, q, k, v, out, lse, softmax_scale, return_lse, False, sk, (None, None, None),
+                None if ds is None else (q_descale, k_descale, v_descale),
             )
+        # (FP8: padding keeps the KV heads and the batch, so the descales pass on as they are)
         return X.padded(
             flash_attn_func, plan.pad, q, k, v, hk, learnable_sink, softmax_scale,
             dict(causal=causal, window_size=window_size, return_lse=return_lse, softcap=softcap,
-                 pack_gqa=pack_gqa),
+                 pack_gqa=pack_gqa, q_descale=q_descale, k_descale=k_descale,
+                 v_descale=v_descale),
             varlen=False, out=out, lse=lse,
         )
     # exact
@@ -306,12 +309,14 @@ def flash_attn_varlen_func(
             return X.folded(
                 plan, q, k, v, out, lse, softmax_scale, return_lse, varlen_q, seqlen_k,
                 (cu_seqlens_k, seqused_k, page_table),
+                None if ds is None else (q_descale, k_descale, v_descale),
             )
         return X.padded(
             flash_attn_varlen_func, plan.pad, q, k, v, hk, learnable_sink, softmax_scale,
             dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                  max_seqlen_k=max_seqlen_k, seqused_q=seqused_q, seqused_k=seqused_k,
                  page_table=page_table, causal=causal, window_size=window_size,
+                 q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
                  return_lse=return_lse, softcap=softcap, pack_gqa=pack_gqa),
             varlen=varlen_q, out=out, lse=lse,
         )

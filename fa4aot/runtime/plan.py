@@ -403,9 +403,10 @@ def resolve(rt: Runtime, key: tuple, call: Call) -> Plan | None:
         variant = features(arch=arch, **feat)
         why = C.unsupported_reason(arch, feat["dtype"], call.head_dim, call.head_dim_v)
     plan = None if why else rt.plan(variant, sms)
-    # FP8 is served by its exact kernel only (a padded or folded FP8 call is not modelled: its
-    # bf16 output and the descales' heads would need their own crop)
-    if plan is None and call.padding and not fp8:
+    # FP8 (Blackwell only: refused above elsewhere) pads and folds as bf16 does: both keep the
+    # batch and the KV heads, so the (batch, num_kv_heads) descales pass on unchanged, and the
+    # bf16 O is cropped like any other (pad.padded, pad.folded)
+    if plan is None and call.padding:
         from ..select import choose
 
         choices = choose(arch, feat, rt.available(arch, sms), allow_fold=rt.fold)
