@@ -22,7 +22,7 @@ Split-KV variants are called with FA4's own heuristic (num_splits=0) against the
 (`constraints.native_num_splits`): the store holds the call's unsplit kernel too, recorded under
 its own label, so calling it instead of the split kernel is a mismatch. A few extra calls cover
 what the representative calls do not: FP8 descale sets, a max_seqlen_q hint, batch > 256 with
-seqused_q, a sliding window at batch > 256.
+seqused_q, a sliding window at batch > 256, absorbed-MLA q and qv as strided views of one tensor.
 """
 
 from __future__ import annotations
@@ -47,6 +47,8 @@ def _extra_cases() -> list[dict]:
     base = dict(batch=2, seqlen_q=1, seqlen_k=4096, num_heads=8, num_heads_kv=2, head_dim=128,
                 head_dim_v=128, dtype="bfloat16", causal=False, window_left=None,
                 window_right=None, return_lse=True, sink_dtype=None)  # fmt: skip
+    mla = dict(base, layout="varlen", num_heads=16, num_heads_kv=1, head_dim=64,
+               head_dim_v=512, qv=True, causal=True)  # fmt: skip
     return [
         dict(base, layout="dense", dtype="float8_e4m3fn", descales="q,k,v", seqlen_q=256),
         dict(base, layout="paged", page_size=128, batch_q=True, dtype="float8_e4m3fn",
@@ -57,6 +59,10 @@ def _extra_cases() -> list[dict]:
         dict(base, layout="varlen", batch=300, seqlen_q=1, window_left=64, window_right=0),
         dict(base, layout="dense", seqlen_q=2, seqlen_k=20000, sink_dtype="float32"),  # splits
         dict(base, layout="padded", seqlen_q=3, causal=True),  # packed q over a batch-form KV
+        # absorbed MLA with q and qv strided views of one tensor (passed as they are), varlen
+        # and paged (page 64: the cp.async kernel)
+        dict(mla, qv_views=True),
+        dict(mla, qv_views=True, layout="paged", page_size=64, seqlen_q=3, return_lse=False),
     ]
 
 
@@ -84,6 +90,7 @@ def _worker(arch: str) -> dict:
     warnings.simplefilter("ignore")
     sys.path.insert(0, str(ROOT / "tests"))
     import test_abi as TA
+    import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from fa4aot import compiler
@@ -151,6 +158,12 @@ def _worker(arch: str) -> dict:
         TA._Rec.log = []
         with FakeTensorMode():
             inp, kw = TA._case_inputs(c)
+            if c.get("qv_views"):
+                # q and qv as views of one (total_q, h, 512 + 64) tensor, as engines hold the
+                # absorbed query: strided, 16-byte aligned, so FA4 passes them as they are
+                tq, h = inp["q"].shape[:2]
+                both = torch.empty(tq, h, 576, dtype=inp["q"].dtype, device="cuda")
+                inp["qv"], inp["q"] = both.narrow(-1, 0, 512), both.narrow(-1, 512, 64)
             if origin == "extra" and c["layout"] == "dense" and c["seqlen_k"] > 4096:
                 kw["num_splits"] = 0  # FA4's heuristic (its public default is 1: no split)
             args = {n: inp[n] for n in TA._FWD_TENSORS if n in inp}
@@ -275,7 +288,9 @@ def test_runtime_calls_every_default_blackwell_variant_as_fa4_does(parity, arch)
               "seqused_q", "seqused_k", "learnable_sink", "lse", "window", "split",
               "cu_total_m_blocks", "fp8", "q_descale", "k_descale"):
         assert feats.get(f, 0) > 0, (f, feats)  # fmt: skip
-    assert feats["qv"] == n_mla  # each MLA kernel through flash_attn_varlen_func(..., qv=)
+    # each MLA kernel through flash_attn_varlen_func(..., qv=), and the two extra MLA calls
+    # whose q and qv are strided views of one tensor (passed on as FA4 passes them, no copy)
+    assert feats["qv"] == n_mla + 2
     # every split case split (FA4's heuristic, or both forced for windowed split kernels), and
     # the runtime matched its count and kernel: 128 for the representative calls, 37 for the
     # extra dense one
