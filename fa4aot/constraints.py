@@ -149,8 +149,9 @@ MLA_2CTA_REFUSAL = (
 
 
 def mla_route(ratio: int, max_seqlen_q: int | None, batch: int, num_sms: int) -> str:
-    """The MLA kernel FA4 runs a call on (one latent KV head, packed q; max_seqlen_q: the host
-    hint, None when the caller gave none: FA4 then counts it as prefill)."""
+    """The MLA kernel FA4 runs a call on (one latent KV head, packed q; max_seqlen_q: the query
+    length FA4 routes by, its host hint or else total_q (variants.mla_features); None: unknown,
+    counted as prefill)."""
     if max_seqlen_q is None or max_seqlen_q * ratio > MLA_DECODE_ROWS or 2 * batch <= num_sms:
         return "2cta"
     return "1cta-kb64" if ratio <= 64 and (ratio == 64 or max_seqlen_q == 1) else "1cta"

@@ -421,7 +421,11 @@ def mla_features(
         raise ValueError("absorbed MLA call fa4aot does not model: " + "; ".join(problems))
     ratio = num_heads // num_heads_kv
     sms = num_sms or C.DEFAULT_NUM_SMS.get(arch) or MLA_FALLBACK_NUM_SMS
-    route = C.mla_route(ratio, max_seqlen_q, batch, sms)
+    # FA4 routes by the host hint, or total_q without one: its max_seqlen_q defaults to total_q
+    # before seqlen_q_hint is read (interface.py 950-962), whatever `_mla_1cta_route`'s
+    # docstring says ("varlen without a host max_seqlen_q counts as prefill"): a call whose
+    # sequences mostly have no query rows takes the 1CTA kernel (tests/test_mla_build.py)
+    route = C.mla_route(ratio, total_q if max_seqlen_q is None else max_seqlen_q, batch, sms)
     why = C.mla_refusal(route, ratio)
     if why:
         raise MlaRefused(why)
