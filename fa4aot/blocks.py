@@ -131,6 +131,14 @@ def _block_sizes(
     return BlockSizes(tuple(sorted(tma)), other, tuple(sorted(regimes)))
 
 
+_MLA_PAGES_NOTE = (
+    "absorbed MLA: the kernel (2CTA, 1CTA or 1CTA-kb64) and so its TMA page sizes are chosen per "
+    "call from batch x heads against the SM count; page 128 is TMA on every route "
+    "(blocks.kernel_page_sizes), and the runtime serves the stored MLA kernels at any page size "
+    "they were built for"
+)
+
+
 def supported_block_sizes(
     arch: str,
     dtype: str,
@@ -151,13 +159,13 @@ def supported_block_sizes(
     SM count does not count.
 
     qv: an absorbed-MLA layer's latent dim (head_dim is then the rope part). Raises
-    UnsupportedVariant off Blackwell; on Blackwell the runtime serves no MLA kernel (stores hold
-    them for fa4aot.install() only): nothing is served (`note` says so; `kernel_page_sizes`
-    gives FA4's rule)."""
+    UnsupportedVariant off Blackwell; on Blackwell nothing is answered from the stores: which
+    MLA kernel (and so which page sizes load by TMA) serves a call turns on batch x heads against
+    the SM count at call time, so `note` points to FA4's rule (`kernel_page_sizes`)."""
     if qv is not None:
         if not C.is_blackwell(arch):
             raise UnsupportedVariant(C.mla_reason(arch))
-        return BlockSizes((), False, (), note=C.mla_reason(arch))
+        return BlockSizes((), False, (), note=_MLA_PAGES_NOTE)
     if num_sms is None and arch in C.ARCHS:
         num_sms = C.default_num_sms(arch)
     num_sms = num_sms or 0  # an unknown arch: no store, as before
@@ -180,8 +188,8 @@ def preferred_block_size(
 ) -> int | None:
     """The page size to allocate the KV cache with: the TMA kernel's tile_n when cached (in a
     store this process serves from; `num_sms` as in supported_block_sizes). For an absorbed-MLA
-    layer (`qv`, Blackwell), whose kernels the runtime does not serve, FA4's own rule answers:
-    the page size every MLA route loads by TMA (kernel_page_sizes)."""
+    layer (`qv`, Blackwell), whose kernel is chosen per call, FA4's own rule answers: the page
+    size every MLA route loads by TMA (kernel_page_sizes)."""
     if kw.get("qv") is not None:
         if not C.is_blackwell(arch):
             raise UnsupportedVariant(C.mla_reason(arch))

@@ -103,8 +103,8 @@ def unsupported_reason(
             # hd512 fits tensor memory (it does not); hdv 512 exists only as MLA (qv, hd 64).
             return (
                 f"head_dim {head_dim}/{head_dim_v} is not supported on {arch}: 8..128, "
-                "(192, 128) or (256, 256); head_dim_v 512 only as MLA (qv with head_dim 64), "
-                "which fa4aot does not build; the dense hd512 forward does not fit tensor memory"
+                "(192, 128) or (256, 256); head_dim_v 512 only as MLA (qv with head_dim 64: "
+                "pass qv); the dense hd512 forward does not fit tensor memory"
             )
     return None
 
@@ -125,15 +125,10 @@ def feature_unsupported_reason(arch: str, feature: str) -> str | None:
     return None
 
 
-def mla_reason(arch: str) -> str:
-    """Why fa4aot does not serve an absorbed-MLA (qv) call itself on `arch`: FA4's MLA kernels
-    are Blackwell-only; on Blackwell `fa4aot build` stores them and `fa4aot.install()` serves
-    FA4's own entry points from the store, but the fa4aot runtime has no qv argument yet."""
-    return feature_unsupported_reason(arch, "mla") or (
-        f"absorbed MLA (qv) on {arch}: `fa4aot build` stores FA4's MLA kernels and "
-        "fa4aot.install() serves FA4's own flash_attn_varlen_func(..., qv=...) from the store, "
-        "but the fa4aot runtime has no qv argument yet (docs/blackwell.md)"
-    )
+def mla_reason(arch: str) -> str | None:
+    """Why no absorbed-MLA (qv) kernel runs on `arch` (FA4's MLA kernels are Blackwell-only), or
+    None on Blackwell, where `fa4aot build` stores them and the runtime serves them."""
+    return feature_unsupported_reason(arch, "mla")
 
 
 # -- absorbed MLA (qv) on Blackwell: FA4's route between its three MLA forward kernels ----------
@@ -154,8 +149,9 @@ MLA_2CTA_REFUSAL = (
 
 
 def mla_route(ratio: int, max_seqlen_q: int | None, batch: int, num_sms: int) -> str:
-    """The MLA kernel FA4 runs a call on (one latent KV head, packed q; max_seqlen_q: the host
-    hint, None when the caller gave none: FA4 then counts it as prefill)."""
+    """The MLA kernel FA4 runs a call on (one latent KV head, packed q; max_seqlen_q: the query
+    length FA4 routes by, its host hint or else total_q (variants.mla_features); None: unknown,
+    counted as prefill)."""
     if max_seqlen_q is None or max_seqlen_q * ratio > MLA_DECODE_ROWS or 2 * batch <= num_sms:
         return "2cta"
     return "1cta-kb64" if ratio <= 64 and (ratio == 64 or max_seqlen_q == 1) else "1cta"

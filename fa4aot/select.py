@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from . import constraints as C
-from .variants import Variant, features
+from .variants import MlaRefused, Variant, features
 
 
 @dataclass(frozen=True)
@@ -38,21 +38,24 @@ class Choice:
     exact: bool
     fold: int = 1  # > 1: decode fold, query rows per folded head (ratio * fold = the call's ratio)
 
-    def describe(self, want: Variant) -> str:
+    def describe(self, want: Variant | None, ratio: int | None = None) -> str:
+        """want: the call's own variant; None for an MLA call FA4 refuses at its ratio
+        (`variants.MlaRefused`: no such kernel exists), whose head ratio is then `ratio`."""
         if self.exact:
             return f"exact: {self.variant.describe()} (id {self.variant.id})"
+        r0 = want.qhead_per_kvhead if want is not None else ratio
         if self.fold > 1:
             return (
-                f"decode fold ({want.qhead_per_kvhead} query heads per KV head -> {self.ratio} "
+                f"decode fold ({r0} query heads per KV head -> {self.ratio} "
                 f"heads x {self.fold} query rows; same work, no copies): "
                 f"{self.variant.describe()} (id {self.variant.id})"
             )
         parts = []
-        if self.ratio != want.qhead_per_kvhead:
-            parts.append(f"q heads per KV head {want.qhead_per_kvhead} -> {self.ratio}")
-        if self.head_dim != want.head_dim:
+        if self.ratio != r0:
+            parts.append(f"q heads per KV head {r0} -> {self.ratio}")
+        if want is not None and self.head_dim != want.head_dim:
             parts.append(f"head_dim {want.head_dim} -> {self.head_dim}")
-        if self.head_dim_v != want.head_dim_v:
+        if want is not None and self.head_dim_v != want.head_dim_v:
             parts.append(f"head_dim_v {want.head_dim_v} -> {self.head_dim_v}")
         return (
             f"padded ({', '.join(parts)}; {self.cost:.2f}x the work): "
@@ -114,18 +117,28 @@ def choose(
     allow_fold: bool = True,
 ) -> list[Choice]:
     """Every way to serve the call `feat` (kwargs of variants.features, minus arch) from
-    `available`, cheapest first. Empty: nothing cached can serve it."""
+    `available`, cheapest first. Empty: nothing cached can serve it.
+
+    An absorbed-MLA call (feat["qv"]; its route reads feat["num_sms"]) is padded in its head
+    ratio only, onto MLA kernels (FA4 runs MLA at head dims 64 + 512 alone), as SGLang's
+    `_pad_mla_q_heads` does: a ratio FA4's kernel refuses (MlaRefused: 20, 10, 5 on the 2CTA
+    kernel) has no exact variant, and the padded ratios FA4 refuses too are skipped."""
     avail = {v.id: v for v in available}
-    want = features(arch=arch, **feat)
-    if want.id in avail:
+    mla = feat.get("qv") is not None
+    try:
+        want = features(arch=arch, **feat)
+    except MlaRefused:
+        want = None
+    if want is not None and want.id in avail:
         return [Choice(want, want.qhead_per_kvhead, want.head_dim, want.head_dim_v, 1.0, True)]
     if not allow_padding:
         return []
-    r, d, dv = want.qhead_per_kvhead, want.head_dim, want.head_dim_v
+    r = feat["num_heads"] // feat["num_heads_kv"]
+    d, dv = feat["head_dim"], feat["head_dim_v"]
     shapes = {
         (v.qhead_per_kvhead, v.head_dim, v.head_dim_v)
         for v in avail.values()
-        if v.arch == arch and v.dtype == want.dtype
+        if v.arch == arch and v.dtype == feat["dtype"] and (v.mla is not None) == mla
     }
     out = []
     if allow_fold and foldable(feat):
@@ -137,9 +150,15 @@ def choose(
     for r2, d2, dv2 in shapes:
         if r2 < r or d2 < d or dv2 < dv or (r2, d2, dv2) == (r, d, dv):
             continue
-        if C.unsupported_reason(arch, want.dtype, d2, dv2):
+        if mla:
+            if (d2, dv2) != (d, dv):
+                continue
+        elif C.unsupported_reason(arch, feat["dtype"], d2, dv2):
             continue
-        v = features(arch=arch, **_call_features(feat, r2, d2, dv2))
+        try:
+            v = features(arch=arch, **_call_features(feat, r2, d2, dv2))
+        except MlaRefused:
+            continue  # FA4 refuses the padded ratio on this call's route too
         if v.id in avail:
             cost = (r2 / r) * (d2 + dv2) / (d + dv)
             out.append(Choice(v, r2, d2, dv2, cost, False))

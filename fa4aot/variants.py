@@ -218,6 +218,40 @@ def split_kernel_variant(
     )
 
 
+def native_split_variant(
+    arch: str, num_sms: int, variant: "Variant", feat: dict, batch: int, rows: int, bound: int,
+    window_left: int | None, window_right: int | None, setting: int,
+):  # fmt: skip
+    """The native split decision for an exact Blackwell call with q in batch form (pure: the
+    runtime's Blackwell path, runtime/blackwell.py, and `fa4aot explain` both take it):
+    -> (num_splits, the split kernel's variant); (1, None) when one split it is, (n, None)
+    when fa4aot models no split kernel for the call (it then runs unsplit too). setting: FA4AOT_SPLIT_KV as the runtime holds it (-1: FA4's
+    heuristic over the keys the mask loads, as FA4's seqlen_k_loaded; N > 0: N splits, capped
+    at FA4's 128). feat: the call's `features` arguments; rows: its query length; bound: the
+    host bound on its KV lengths."""
+    if setting < 0:
+        loaded = bound
+        if variant.local:  # FA4's seqlen_k_loaded (interface.py 392-407): the window's keys
+            wl, wr = window_left, window_right
+            loaded = max(0, min(bound, (bound if wr is None else wr)
+                                + (bound if wl is None else wl) + 1 + variant.tile.m))
+        n = C.native_num_splits(
+            arch, batch=batch, num_heads_kv=feat["num_heads_kv"],
+            qhead_per_kvhead=variant.qhead_per_kvhead, seqlen_q=rows, max_seqlen_k=loaded,
+            head_dim=variant.head_dim, num_sms=num_sms, pack_gqa=variant.pack_gqa_effective,
+        )  # fmt: skip
+    else:
+        n = min(int(setting), C.MAX_NATIVE_SPLITS)
+    if n <= 1:
+        return 1, None
+    feat = {k: x for k, x in feat.items() if k not in ("num_splits", "max_seqlen_k")}
+    feat.update(batch=batch, seqlen_q=rows, total_q=batch * rows, max_seqlen_q=None)
+    try:
+        return n, features(arch=arch, **feat, num_splits=n, max_seqlen_k=bound)
+    except ValueError:
+        return n, None
+
+
 def features(
     *,
     arch: str,
@@ -364,6 +398,12 @@ MLA_FALLBACK_NUM_SMS = 148
 MLA_1CTA_BATCH = 1024
 
 
+class MlaRefused(ValueError):
+    """An absorbed-MLA call FA4 itself refuses (its kernel's assertion, constraints.mla_refusal),
+    as opposed to one fa4aot does not model: the refused ones are what head-ratio padding serves
+    (select.choose), the unmodelled ones are refused outright."""
+
+
 def mla_features(
     *, arch, dtype, head_dim, head_dim_v, qv, num_heads, num_heads_kv, causal, window_left,
     window_right, return_lse, sink_dtype, batch, total_q, max_seqlen_q, cu_seqlens_q,
@@ -375,8 +415,8 @@ def mla_features(
 
     Modelled: Blackwell, bf16/fp16, rope 64 + latent 512, one latent KV head, q packed
     (cu_seqlens_q), K/V packed (cu_seqlens_k) or paged (page_table + seqused_k), causal or not,
-    LSE or not, no split. Raises ValueError for anything else, and for a call FA4 itself refuses
-    (the message is FA4's assertion: constraints.mla_refusal)."""
+    LSE or not, no split. Raises ValueError for anything else, and MlaRefused (a ValueError) for
+    a call FA4 itself refuses (the message is FA4's assertion: constraints.mla_refusal)."""
     problems = []
     if not C.is_blackwell(arch):
         raise ValueError(C.mla_reason(arch))
@@ -398,10 +438,14 @@ def mla_features(
         raise ValueError("absorbed MLA call fa4aot does not model: " + "; ".join(problems))
     ratio = num_heads // num_heads_kv
     sms = num_sms or C.DEFAULT_NUM_SMS.get(arch) or MLA_FALLBACK_NUM_SMS
-    route = C.mla_route(ratio, max_seqlen_q, batch, sms)
+    # FA4 routes by the host hint, or total_q without one: its max_seqlen_q defaults to total_q
+    # before seqlen_q_hint is read (interface.py 950-962), whatever `_mla_1cta_route`'s
+    # docstring says ("varlen without a host max_seqlen_q counts as prefill"): a call whose
+    # sequences mostly have no query rows takes the 1CTA kernel (tests/test_mla_build.py)
+    route = C.mla_route(ratio, total_q if max_seqlen_q is None else max_seqlen_q, batch, sms)
     why = C.mla_refusal(route, ratio)
     if why:
-        raise ValueError(why)
+        raise MlaRefused(why)
     tile = C.mla_tile(route)
     rows = (total_q if max_seqlen_q is None else max_seqlen_q) * (ratio if ratio > 1 else 1)
     stage = 1 if route == "1cta-kb64" else C.q_stage(arch, rows, tile, head_dim_v)

@@ -63,3 +63,31 @@ def pad_ragged(x, cu, lengths, max_len):
 def unpad(x, cu, lengths):
     """(b, max_len, ...) -> (total, ...)."""
     return torch.cat([x[i, :n] for i, n in enumerate(lengths)], 0) if lengths else x[:0, 0]
+
+
+def mla_ref(q, qv, ks, vs, cu_q, *, causal, scale=None):
+    """Absorbed MLA, fp32: q (total_q, h, dr) rope part and qv (total_q, h, dl) latent part
+    packed by cu_q (host ints, batch + 1); ks[i] (n_i, dr) / vs[i] (n_i, dl): sequence i's one
+    latent K/V head. Scores q.k + qv.v times `scale` (default 1/sqrt(dr + dl), FA4's with qv),
+    bottom-right causal. Returns out (total_q, h, dl) and lse (total_q, h) (FA4's qv layout,
+    heads last); a row with no visible key gives out 0 and lse -inf."""
+    scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1] + qv.shape[-1])
+    h, dl = q.shape[1], qv.shape[-1]
+    out = torch.zeros(q.shape[0], h, dl)
+    lse = torch.full((q.shape[0], h), float("-inf"))
+    for i in range(len(cu_q) - 1):
+        a, b = int(cu_q[i]), int(cu_q[i + 1])
+        k, v = ks[i].float(), vs[i].float()
+        sq, sk = b - a, k.shape[0]
+        if sq == 0 or sk == 0:
+            continue
+        s = torch.einsum("qhd,kd->hqk", q[a:b].float(), k)
+        s = (s + torch.einsum("qhd,kd->hqk", qv[a:b].float(), v)) * scale
+        if causal:
+            visible = torch.arange(sk)[None, :] <= torch.arange(sq)[:, None] + (sk - sq)
+            s = s.masked_fill(~visible, float("-inf"))
+        li = torch.logsumexp(s, -1)  # (h, sq)
+        p = torch.exp(s - li[..., None]).nan_to_num(0.0)
+        out[a:b] = torch.einsum("hqk,kd->qhd", p, v)
+        lse[a:b] = li.t()
+    return out, lse

@@ -2,8 +2,8 @@
 
 FA4's sm100 forward tiles 128 keys at every head dim, so the TMA page is 128 where sm90's
 depends on the head dim (80 at hd256, 64 at hd256 with a window); any other page size takes the
-cp.async kernel. MLA kernels are stored for install() but the runtime has no qv argument: the
-block-size answer is empty for them and FA4's rule (kernel_page_sizes) gives 128.
+cp.async kernel. An MLA call's kernel (and its TMA pages) is chosen per call: the store-based
+block-size answer is empty for MLA layers and FA4's rule (kernel_page_sizes) gives 128.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def test_sm103_needs_its_sm_count(tmp_path, stub):
 
 def test_mla_block_sizes(tmp_path):
     bs = blocks.supported_block_sizes("sm100", "bfloat16", 64, 512, qv=512, cache=tmp_path)
-    assert bs.tma == () and not bs.any_size and "no qv argument" in bs.note
+    assert bs.tma == () and not bs.any_size and "page 128 is TMA on every route" in bs.note
     assert blocks.preferred_block_size("sm100", "bfloat16", 64, 512, qv=512) == 128
     rule = blocks.kernel_page_sizes("sm103", 64, 512, qv=512)
     assert rule.tma == (128,) and rule.any_size and "kb64" in rule.note

@@ -9,6 +9,15 @@ Skipped unless device 0 has compute capability 10.0 or 10.3. Run on such a machi
    fails with CUDA_ERROR_NO_BINARY_FOR_GPU (209).
 2. Ratio padding for absorbed MLA: FA4's own MLA kernel (JIT) at ratio 32 on a 20-head call
    padded with zero heads, O and LSE cropped, against the fp32 reference of the unpadded call.
+3. The fa4aot runtime serving absorbed MLA (`fa4aot.flash_attn_varlen_func(..., qv=)`) from a
+   store built here for this GPU (a two-layer MLA spec: 20 query heads, padded to 32 as FA4's
+   2CTA kernel needs, and 16, exact): varlen and paged, decode and prefill, LSE or not, into
+   NaN-poisoned buffers, against the fp32 reference (tests/reference.mla_ref). On the CPU the
+   same path runs with stand-in kernels (tests/test_mla_runtime.py) and its kernel calls equal
+   FA4's (tests/test_runtime_sm100.py); this is the check that the kernels compute it.
+4. FP8 through the runtime with descales, from a store built here: exact, ratio padding (3 ->
+   4) and the decode fold (6 query heads as rows of the 1:1 kernel), against the fp32
+   reference of the dequantized inputs (on the CPU: tests/test_plan_sm100.py's FP8 tests).
 """
 
 from __future__ import annotations
@@ -106,3 +115,195 @@ def test_mla_ratio_padding_against_fa4():
     rel = ((o.float() - o_ref).norm() / o_ref.norm()).item()
     assert rel < 1e-2, rel
     torch.testing.assert_close(lse.float(), torch.logsumexp(s, -1), atol=2e-2, rtol=0)
+
+
+MLA_SPEC = """
+name = "mla-gpu"
+model = "test/mla"
+
+[[attention]]
+name = "mla20"
+num_q_heads = 20
+num_kv_heads = 1
+head_dim = 64
+qv = 512
+dtype = "bfloat16"
+causal = true
+
+[[attention]]
+name = "mla16"
+num_q_heads = 16
+num_kv_heads = 1
+head_dim = 64
+qv = 512
+dtype = "bfloat16"
+causal = true
+
+[serving]
+layouts = ["varlen", "paged"]
+phases = ["decode", "prefill"]
+max_batch = 4
+max_context = 4096
+page_sizes = [128]
+return_lse = "both"
+"""
+
+
+@pytest.fixture(scope="module")
+def mla_runtime(tmp_path_factory):
+    import fa4aot.build as B
+    import fa4aot.runtime as R
+    from fa4aot import settings
+    from fa4aot.specs import parse_spec
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    root = tmp_path_factory.mktemp("mla")
+    with settings.scope(stub_compiler=None):
+        _, plan, results = B.build(
+            [parse_spec(MLA_SPEC, "mla.toml")], arch=ARCH, root=root, jobs=4, num_sms=sms
+        )
+    assert results and all(r.status == "built" for r in results), [r.error for r in results]
+    assert {n.variant.qhead_per_kvhead for n in plan.needs} == {16, 32}  # 20 is padded to 32
+    yield R.reset(roots=[root], on_miss="error")
+    R.reset()
+
+
+def _mla_inputs(heads, lens_q, lens_k, page, seed):
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g).to(torch.bfloat16)
+
+    def cu(lens):
+        return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+
+    ks, vs = [rnd(n, 64) for n in lens_k], [rnd(n, 512) for n in lens_k]
+    q, qv = rnd(sum(lens_q), heads, 64), rnd(sum(lens_q), heads, 512)
+    kw = dict(cu_seqlens_q=cu(lens_q), max_seqlen_q=max(lens_q))
+    if page is None:
+        k, v = torch.cat(ks)[:, None], torch.cat(vs)[:, None]
+        kw.update(cu_seqlens_k=cu(lens_k), max_seqlen_k=max(lens_k))
+    else:
+        per = [-(-n // page) for n in lens_k]
+        k = torch.zeros(sum(per), page, 1, 64, dtype=torch.bfloat16)
+        v = torch.zeros(sum(per), page, 1, 512, dtype=torch.bfloat16)
+        table = torch.zeros(len(lens_k), max(per), dtype=torch.int32)
+        order = torch.randperm(sum(per), generator=g).tolist()
+        for i, n in enumerate(lens_k):
+            for j in range(per[i]):
+                pg = order.pop()
+                table[i, j] = pg
+                rows = slice(j * page, min(n, (j + 1) * page))
+                k[pg, : rows.stop - rows.start, 0] = ks[i][rows]
+                v[pg, : rows.stop - rows.start, 0] = vs[i][rows]
+        kw.update(page_table=table, seqused_k=torch.tensor(lens_k, dtype=torch.int32))
+    return q, qv, k, v, kw, ks, vs
+
+
+@pytest.mark.parametrize("heads", [20, 16])
+@pytest.mark.parametrize("layout", ["varlen", "paged"])
+@pytest.mark.parametrize("lens_q", [[1, 1, 1], [3, 130, 17]])  # decode; prefill, ragged
+@pytest.mark.parametrize("lse_wanted", [True, False])
+def test_runtime_serves_mla_from_the_store(mla_runtime, heads, layout, lens_q, lse_wanted):
+    import fa4aot
+    from reference import mla_ref
+
+    lens_k = [n + 300 * (i + 1) for i, n in enumerate(lens_q)]
+    q, qv, k, v, kw, ks, vs = _mla_inputs(
+        heads, lens_q, lens_k, None if layout == "varlen" else 128, seed=heads + len(lens_q)
+    )
+    dev = "cuda"
+    kw = {n: t.to(dev) if torch.is_tensor(t) else t for n, t in kw.items()}
+    out = torch.full((q.shape[0], heads, 512), float("nan"), dtype=torch.bfloat16, device=dev)
+    lse = torch.full((q.shape[0], heads), float("nan"), device=dev) if lse_wanted else None
+    o, l_ = fa4aot.flash_attn_varlen_func(
+        q.to(dev), k.to(dev), v.to(dev), qv=qv.to(dev), causal=True, out=out, lse=lse, **kw
+    )
+    torch.cuda.synchronize()
+    ro, rl = mla_ref(q, qv, ks, vs, kw["cu_seqlens_q"].tolist(), causal=True)
+    assert o is out and not o.isnan().any()
+    rel = ((o.float().cpu() - ro).norm() / ro.norm()).item()
+    assert rel < 1e-2, rel
+    if lse_wanted:
+        assert l_ is lse
+        torch.testing.assert_close(l_.cpu(), rl, atol=2e-2, rtol=0)
+    plans = [p for p in mla_runtime._plans.values() if p.variant.mla]
+    assert any((p.pad is not None) == (heads == 20) for p in plans)
+
+
+FP8_SPEC = """
+name = "fp8-gpu"
+model = "test/fp8"
+
+[[attention]]
+name = "full"
+num_q_heads = 8
+num_kv_heads = 2
+head_dim = 128
+dtype = "float8_e4m3fn"
+causal = true
+
+[serving]
+layouts = ["dense"]
+phases = ["decode", "prefill"]
+max_batch = 4
+max_context = 4096
+return_lse = true
+decode_fold = true
+split_kv = false
+"""
+
+
+@pytest.fixture(scope="module")
+def fp8_runtime(tmp_path_factory):
+    import fa4aot.build as B
+    import fa4aot.runtime as R
+    from fa4aot import settings
+    from fa4aot.specs import parse_spec
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    root = tmp_path_factory.mktemp("fp8")
+    with settings.scope(stub_compiler=None):
+        _, _, results = B.build(
+            [parse_spec(FP8_SPEC, "fp8.toml")], arch=ARCH, root=root, jobs=4, num_sms=sms
+        )
+    assert results and all(r.status == "built" for r in results), [r.error for r in results]
+    yield R.reset(roots=[root], on_miss="error")
+    R.reset()
+
+
+@pytest.mark.parametrize(
+    "hq, sq, plan",
+    [(8, 300, "exact"), (6, 300, "pad"), (8, 1, "exact"), (12, 1, "fold")],
+)
+def test_fp8_exact_padded_and_folded_against_the_dequantized_reference(fp8_runtime, hq, sq, plan):
+    """FP8 with (q, k, v) descales per (batch, KV head): the ratio-4 kernels exact, ratio 3
+    padded to 4, ratio 6 decode folded onto the 1:1 kernel; O bfloat16 into a NaN-poisoned
+    buffer, LSE, against the fp32 reference of the dequantized inputs."""
+    import fa4aot
+    from reference import attention_ref
+
+    torch.manual_seed(hq * 1000 + sq)
+    b, sk, hk, d, dev = 2, 700, 2, 128, "cuda"
+    q = torch.randn(b, sq, hq, d, device=dev).to(torch.float8_e4m3fn)
+    k = torch.randn(b, sk, hk, d, device=dev).to(torch.float8_e4m3fn)
+    v = torch.randn(b, sk, hk, d, device=dev).to(torch.float8_e4m3fn)
+    ds = {n: torch.rand(b, hk, device=dev) + 0.5 for n in ("q_descale", "k_descale", "v_descale")}
+    out = torch.full((b, sq, hq, d), float("nan"), dtype=torch.bfloat16, device=dev)
+    o, lse = fa4aot.flash_attn_func(q, k, v, causal=True, return_lse=True, out=out, **ds)
+    torch.cuda.synchronize()
+
+    def deq(x, s, rep):
+        return x.float() * s.repeat_interleave(rep, 1)[:, None, :, None]
+
+    r = hq // hk
+    ro, rl = attention_ref(
+        deq(q, ds["q_descale"], r), deq(k, ds["k_descale"], 1), deq(v, ds["v_descale"], 1),
+        torch.full((b,), sq, device=dev), torch.full((b,), sk, device=dev), causal=True,
+    )  # fmt: skip
+    assert o is out and not o.isnan().any()
+    rel = ((o.float() - ro).norm() / ro.norm()).item()
+    assert rel < 3e-2, rel  # FP8 P@V
+    torch.testing.assert_close(lse, rl, atol=5e-2, rtol=0)
+    pads = {p.pad.fold > 1 if p.pad else None for p in fp8_runtime._plans.values()}
+    assert {"exact": None, "pad": False, "fold": True}[plan] in pads

@@ -217,6 +217,51 @@ def test_fa4_mla_keys_map_to_the_enumerated_variants(arch):
     assert got["variants"] == 114 and got["covered"] >= 90
 
 
+_NO_HINT = r"""
+import json, sys
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from fa4aot import compiler
+from fa4aot.variants import features
+compiler.configure("sm100", 148)
+_, I = compiler._fa4()
+import cutlass.cute as cute
+cute.compile = lambda *a, **k: (lambda *x, **y: None)
+out = []
+# (batch, total_q, max_seqlen_q): no host hint with most sequences empty, with a hint, small
+for b, tq, msq in ((100, 2, None), (100, 2, 1), (100, 3, None), (1, 1, None), (200, 200, None)):
+    I._flash_attn_fwd.compile_cache.clear()
+    with FakeTensorMode():
+        def t(*shape, dt=torch.bfloat16):
+            return torch.empty(*shape, dtype=dt, device="cuda")
+        I._flash_attn_fwd(
+            t(tq, 16, 64), t(b * 50, 1, 64), t(b * 50, 1, 512), qv=t(tq, 16, 512),
+            cu_seqlens_q=t(b + 1, dt=torch.int32), cu_seqlens_k=t(b + 1, dt=torch.int32),
+            max_seqlen_q=msq, max_seqlen_k=50, causal=True, _arch=100,
+        )
+    (key,) = I._flash_attn_fwd.compile_cache.cache
+    fa4 = compiler.variant_from_fa4_key(key, "sm100")
+    mine = features(arch="sm100", dtype="bfloat16", head_dim=64, head_dim_v=512, qv=512,
+                    num_heads=16, num_heads_kv=1, causal=True, window_left=None,
+                    window_right=None, return_lse=False, sink_dtype=None, batch=b,
+                    seqlen_q=None, total_q=tq, max_seqlen_q=msq, cu_seqlens_q=True,
+                    cu_seqlens_k=True, num_sms=148)
+    out.append([b, tq, msq, fa4.mla, mine.mla, fa4 == mine])
+print(json.dumps(out))
+"""
+
+
+def test_mla_route_without_a_max_seqlen_q_hint_follows_fa4():
+    """Without a host max_seqlen_q FA4 routes by total_q (its default for the hint), not as
+    prefill: 100 sequences holding 2 query rows in all take its 1CTA kernel. The runtime keys
+    and plans such calls from the same model (variants.mla_features)."""
+    rows = _run(_NO_HINT)
+    assert all(same for *_, same in rows), rows
+    routes = {(b, tq, msq): fa4 for b, tq, msq, fa4, _, _ in rows}
+    assert routes[(100, 2, None)] == "1cta" and routes[(100, 2, 1)] == "1cta-kb64"
+    assert routes[(1, 1, None)] == routes[(200, 200, None)] == "2cta"
+
+
 _INSTALL = r"""
 import json, sys
 from pathlib import Path

@@ -75,10 +75,60 @@ def test_explain_shows_the_mla_padding(tmp_path):
     args = ["explain", "--heads", "20:1", "--head-dim", "64", "--qv", "512", "--json",
             "--cache", str(tmp_path)]
     r = CliRunner().invoke(main, ["explain", "--arch", "sm100", *args[1:]])
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == 1, r.output  # an empty cache serves nothing
     doc = json.loads(r.stdout)
     assert (doc["ratio"], doc["padded_ratio"], doc["cost"], doc["problems"]) == (20, 32, 1.6, [])
+    assert "2CTA MLA kernel" in doc["fa4_refuses"] and doc["choices"] == []
     r = CliRunner().invoke(main, args)  # sm90: refused, with the reason
     assert r.exit_code == 1 and "sm100-only" in json.loads(r.stdout)["problems"][0]
     r = CliRunner().invoke(main, ["explain", "--arch", "sm100", "--no-padding", *args[1:]])
-    assert r.exit_code == 1
+    assert r.exit_code == 1 and "--no-padding refuses it" in json.loads(r.stdout)["problems"][0]
+    r = CliRunner().invoke(main, ["explain", "--arch", "sm100", "--layout", "dense", *args[1:]])
+    assert r.exit_code == 1 and "take q packed" in json.loads(r.stdout)["problems"][0]
+
+
+def _with_store(monkeypatch, variants):
+    """explain's view of the stores: artifacts holding exactly `variants`."""
+    from types import SimpleNamespace
+
+    from fa4aot.cli import explain as E
+
+    arts = [SimpleNamespace(id=v.id, record={"variant": v.to_dict()}) for v in variants]
+    match = SimpleNamespace(stores=[], describe_others=lambda: "none")
+    monkeypatch.setattr(E, "_cached_artifacts", lambda *a: (arts, {}, match))
+
+
+def test_explain_shows_the_runtimes_mla_plan_from_the_store(tmp_path, monkeypatch):
+    """The plan the runtime takes (runtime/mla.py; tests/test_mla_runtime.py runs it): the
+    padded ratio's cached kernel for a 2CTA call, FA4's 1CTA kernel at ratio 20 for a decode
+    step past one wave of 2CTA clusters."""
+    import json
+
+    from click.testing import CliRunner
+
+    from fa4aot.build import plan_for
+    from fa4aot.cli import main
+    from fa4aot.specs import load_default
+
+    stored = [n.variant for n in plan_for([load_default("glm-4.7-flash")], "sm100")
+              .variants().values()]  # fmt: skip
+    _with_store(monkeypatch, stored)
+    base = ["explain", "--arch", "sm100", "--heads", "20:1", "--head-dim", "64", "--qv", "512",
+            "--cache", str(tmp_path)]  # fmt: skip
+    r = CliRunner().invoke(main, [*base, "--seqlen-q", "4", "--lse", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["variant"] is None and "2CTA MLA kernel" in doc["fa4_refuses"]
+    assert doc["split"]["splits"] == 0 and "runs unsplit" in doc["split"]["why"]
+    (best, *_) = doc["choices"]
+    assert (best["ratio"], best["cost"], best["exact"]) == (32, 1.6, False)
+    served = {v.id: v for v in stored}[best["id"]]
+    assert (served.mla, served.qhead_per_kvhead, served.return_lse) == ("2cta", 32, True)
+    text = CliRunner().invoke(main, [*base, "--seqlen-q", "4", "--lse"]).output
+    assert "served by   : padded (q heads per KV head 20 -> 32; 1.60x the work)" in text
+    # one-row decode at batch 200 > 148 / 2: FA4's 1CTA kb64 kernel takes ratio 20 as is
+    r = CliRunner().invoke(main, [*base, "--batch", "200", "--layout", "paged", "--page-size",
+                                  "128", "--json"])  # fmt: skip
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 0 and doc["fa4_refuses"] is None
+    assert doc["variant"]["mla"] == "1cta-kb64" and doc["choices"][0]["exact"]

@@ -5,7 +5,7 @@ validate -> plan -> launch runs end to end and the outputs are checked against t
 reference of the unpadded call: the exact plan (max_seqlen_q slot, descales), padding (hd 72 on
 the hd-128 kernel), the decode fold (4 query heads as rows of the 1:1 kernel), FA4's native
 split-KV (the heuristic's count, float32 partials kept as scratch, the combine), padding then
-split, and the typed refusals (FP8 on sm90, descales, qv, a too-small max_seqlen_q)."""
+split, and the typed refusals (FP8 on sm90, descales, qv in batch form, a too-small max_seqlen_q)."""
 
 from __future__ import annotations
 
@@ -281,11 +281,118 @@ def test_fp8_exact_with_descales_and_its_refusals(store):
     assert len(rt._plans) == 1
 
 
-def test_qv_and_a_short_max_seqlen_q_are_refused(store):
+def test_batch_form_qv_and_a_short_max_seqlen_q_are_refused(store):
     store([_v(2, 4, 4, 2, 64, seqused_k=True, cu_seqlens_k=False)])
     q, k, v = _qkv(2, 4, 64, 4, 2, 64)
-    with pytest.raises(UnsupportedVariant, match="does not serve MLA"):
-        R.flash_attn_func(q, k, v, qv=torch.zeros(2, 4, 4, 512, dtype=BF16))
+    # the stored MLA kernels take q packed: the refusal names the varlen form and the reshape
+    for f in (R.flash_attn_func, R.flash_attn_varlen_func):
+        with pytest.raises(UnsupportedVariant, match="through flash_attn_varlen_func with cu_seq"):
+            f(q, k, v, qv=torch.zeros(2, 4, 4, 512, dtype=BF16))
     used = torch.tensor([64, 30], dtype=torch.int32)
     with pytest.raises(ContractViolation, match="would skip rows"):
         R.flash_attn_varlen_func(q, k, v, max_seqlen_q=3, seqused_k=used, causal=True)
+
+
+# -- FP8: padding and the decode fold (the descales pass on: both keep batch and KV heads) ---------
+
+F8 = torch.float8_e4m3fn
+
+
+def _fp8_fwd(variant, log):
+    """An FP8 forward in FA4's sm100 order: q/k/v arrive as uint8 views (FA4's export
+    workaround), the descales as the (q, k, v) tuple in slot 14; it dequantizes (each descale
+    (batch, kv_heads) scales its KV group) and writes the fp32 reference as bfloat16 O."""
+
+    def fwd(*a):
+        assert len(a) == 25, len(a)
+        q, k, v, out, lse, scale = a[:6]
+        assert q.dtype == k.dtype == v.dtype == torch.uint8 and out.dtype == BF16
+        qd, kd, vd = a[14]
+        r = q.shape[2] // k.shape[2]
+        qf, kf, vf = (_deq(x, ds, rep) for x, ds, rep in ((q, qd, r), (k, kd, 1), (v, vd, 1)))
+        b, sq, sk = q.shape[0], q.shape[1], k.shape[1]
+        o, l_ = attention_ref(qf, kf, vf, torch.full((b,), sq), torch.full((b,), sk),
+                              causal=variant.causal, scale=scale)  # fmt: skip
+        out.copy_(o)
+        if lse is not None:
+            lse.copy_(l_)
+        log.append(("fwd", tuple(out.shape), variant.qhead_per_kvhead, variant.head_dim))
+
+    return fwd
+
+
+def _deq(x, descale, heads_per_scale):
+    """FP8 (or its uint8 view) (b, s, h, d) times its (b, kv_heads) descale, fp32."""
+    x = x.view(F8).float() if x.dtype == torch.uint8 else x.float()
+    return x * descale.repeat_interleave(heads_per_scale, 1)[:, None, :, None]
+
+
+def _fp8_call(b, sq, sk, hq, hk, d, seed):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (t.to(F8) for t in _qkv(b, sq, sk, hq, hk, d, seed=seed))
+    ds = {n: torch.rand(b, hk, generator=g) + 0.5 for n in ("q_descale", "k_descale", "v_descale")}
+    return q, k, v, ds
+
+
+def _fp8_ref(q, k, v, ds, causal=True):
+    r = q.shape[2] // k.shape[2]
+    return _ref(_deq(q, ds["q_descale"], r), _deq(k, ds["k_descale"], 1),
+                _deq(v, ds["v_descale"], 1), causal=causal, scale=1 / q.shape[-1] ** 0.5)  # fmt: skip
+
+
+@pytest.fixture
+def fp8_store(store, monkeypatch):
+    def serve(variants):
+        rt = store(variants)
+        monkeypatch.setattr(P.Runtime, "_load", lambda self, art, *names: [
+            _fp8_fwd(art.variant, rt.log) if n == "fwd" else None for n in names])  # fmt: skip
+        return rt
+
+    return serve
+
+
+def test_fp8_ratio_padding_passes_the_descales_on(fp8_store):
+    """6:2 heads (ratio 3), no ratio-3 FP8 kernel: the ratio-4 one runs on q padded with zero
+    heads per KV group; the (batch, kv_heads) descales are the caller's, O and LSE cropped into
+    NaN-poisoned buffers."""
+    rt = fp8_store([_v(2, 200, 8, 2, 64, lse=True, dtype="float8_e4m3fn", descales="qkv")])
+    q, k, v, ds = _fp8_call(2, 200, 300, 6, 2, 64, seed=11)
+    out = torch.full((2, 200, 6, 64), float("nan"), dtype=BF16)
+    lse = torch.full((2, 6, 200), float("nan"))
+    o, l_ = R.flash_attn_func(q, k, v, causal=True, out=out, lse=lse, **ds)
+    assert o is out and l_ is lse
+    ro, rl = _fp8_ref(q, k, v, ds)
+    assert rel_err(o, ro) < 1e-2 and torch.allclose(l_, rl, atol=1e-3)
+    (padded,) = [p for p in rt._plans.values() if p.pad is not None]
+    assert (padded.pad.ratio, padded.pad.fold) == (4, 1)
+    assert rt.log == [("fwd", (2, 200, 8, 64), 4, 64)]
+
+
+def test_fp8_head_dim_padding(fp8_store):
+    """hd 72 is no FP8 head dim (16-byte rows: multiples of 16): served by the hd128 kernel,
+    zero columns (exact in FP8), the caller's softmax scale 1/sqrt(72)."""
+    rt = fp8_store([_v(1, 130, 4, 2, 128, dtype="float8_e4m3fn", descales="qkv")])
+    q, k, v, ds = _fp8_call(1, 130, 150, 4, 2, 72, seed=12)
+    o, _ = R.flash_attn_func(q, k, v, causal=True, **ds)
+    assert o.dtype == BF16 and o.shape == (1, 130, 4, 72)
+    assert rel_err(o, _fp8_ref(q, k, v, ds)[0]) < 1e-2
+    assert rt.log == [("fwd", (1, 130, 4, 128), 2, 128)]
+
+
+def test_fp8_decode_fold_on_the_one_to_one_kernel(fp8_store):
+    call = V.Call("dense", 0, F8, 64, 64, 8, 2, 3, 1, 3, None, 500, True, None, None, True,
+                  None, None, None, True, descales="qkv")  # fmt: skip
+    fv = features(arch="sm100", **_fold_features(call.features(), 1))
+    assert fv.qhead_per_kvhead == 1 and not fv.causal and fv.descales == "qkv"
+    rt = fp8_store([fv])
+    q, k, v, ds = _fp8_call(3, 1, 500, 8, 2, 64, seed=13)
+    o, l_ = R.flash_attn_func(q, k, v, causal=True, return_lse=True, **ds)
+    (plan,) = rt._plans.values()
+    assert plan.pad.fold == 4 and o.dtype == BF16
+    assert rt.log == [("fwd", (3, 4, 2, 64), 1, 64)]  # 4 query heads per KV head as 4 rows
+    ro, rl = _fp8_ref(q, k, v, ds)
+    assert rel_err(o, ro) < 1e-2 and torch.allclose(l_, rl, atol=1e-3)
+    # another descale set is another kernel (FA4's key), folded or not: a miss
+    with pytest.raises(ArtifactMissing, match="descale:qk "):
+        R.flash_attn_func(q, k, v, causal=True, return_lse=True,
+                          q_descale=ds["q_descale"], k_descale=ds["k_descale"])  # fmt: skip

@@ -1,7 +1,9 @@
 """The fa4aot runtime calls sm100/sm103 kernels exactly as FA4's interface does.
 
-For every default sm100 variant but the MLA ones (`build.plan_for(default specs, "sm100")`, each variant's
-`representative_call`), and again as sm103: FA4's real `_flash_attn_fwd` runs on the CPU under
+For every default sm100 variant, the absorbed-MLA (qv) kernels included (`build.plan_for(default
+specs, "sm100")`, each variant's `representative_call`: for MLA the packed q with qv over packed or
+paged K/V, on each of FA4's three MLA kernels), and again as sm103: FA4's real `_flash_attn_fwd`
+runs on the CPU under
 FakeTensorMode with `cute.compile` replaced by a recorder (tests/test_abi.py's machinery: FA4 then
 calls every forward, combine, tile-cumsum and blocks-to-batch kernel it "compiled", and each call
 is recorded with its positional arguments). Then fa4aot's runtime serves the same call through its
@@ -20,7 +22,7 @@ Split-KV variants are called with FA4's own heuristic (num_splits=0) against the
 (`constraints.native_num_splits`): the store holds the call's unsplit kernel too, recorded under
 its own label, so calling it instead of the split kernel is a mismatch. A few extra calls cover
 what the representative calls do not: FP8 descale sets, a max_seqlen_q hint, batch > 256 with
-seqused_q, a sliding window at batch > 256.
+seqused_q, a sliding window at batch > 256, absorbed-MLA q and qv as strided views of one tensor.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ def _extra_cases() -> list[dict]:
     base = dict(batch=2, seqlen_q=1, seqlen_k=4096, num_heads=8, num_heads_kv=2, head_dim=128,
                 head_dim_v=128, dtype="bfloat16", causal=False, window_left=None,
                 window_right=None, return_lse=True, sink_dtype=None)  # fmt: skip
+    mla = dict(base, layout="varlen", num_heads=16, num_heads_kv=1, head_dim=64,
+               head_dim_v=512, qv=True, causal=True)  # fmt: skip
     return [
         dict(base, layout="dense", dtype="float8_e4m3fn", descales="q,k,v", seqlen_q=256),
         dict(base, layout="paged", page_size=128, batch_q=True, dtype="float8_e4m3fn",
@@ -55,6 +59,10 @@ def _extra_cases() -> list[dict]:
         dict(base, layout="varlen", batch=300, seqlen_q=1, window_left=64, window_right=0),
         dict(base, layout="dense", seqlen_q=2, seqlen_k=20000, sink_dtype="float32"),  # splits
         dict(base, layout="padded", seqlen_q=3, causal=True),  # packed q over a batch-form KV
+        # absorbed MLA with q and qv strided views of one tensor (passed as they are), varlen
+        # and paged (page 64: the cp.async kernel)
+        dict(mla, qv_views=True),
+        dict(mla, qv_views=True, layout="paged", page_size=64, seqlen_q=3, return_lse=False),
     ]
 
 
@@ -73,7 +81,8 @@ def _runtime_call(R, c: dict, inp: dict, kw: dict):
         inp["q"], inp["k"], inp["v"], cu_seqlens_q=inp.get("cu_seqlens_q"),
         cu_seqlens_k=inp.get("cu_seqlens_k"), max_seqlen_q=kw.get("max_seqlen_q"),
         max_seqlen_k=kw.get("max_seqlen_k"), seqused_q=inp.get("seqused_q"),
-        seqused_k=inp.get("seqused_k"), page_table=inp.get("page_table"), **common,
+        seqused_k=inp.get("seqused_k"), page_table=inp.get("page_table"), qv=inp.get("qv"),
+        **common,
     )  # fmt: skip
 
 
@@ -81,6 +90,7 @@ def _worker(arch: str) -> dict:
     warnings.simplefilter("ignore")
     sys.path.insert(0, str(ROOT / "tests"))
     import test_abi as TA
+    import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from fa4aot import compiler
@@ -132,9 +142,7 @@ def _worker(arch: str) -> dict:
     P.Runtime.available = lambda self, a, sms: []
 
     specs = [load_default(n) for n in default_spec_names()]
-    # (the MLA kernels are stored for install(); the runtime refuses qv calls: test_plan_sm100)
-    cases = [("default", n.call, n.variant) for n in plan_for(specs, "sm100").variants().values()
-             if not n.variant.mla]
+    cases = [("default", n.call, n.variant) for n in plan_for(specs, "sm100").variants().values()]
     cases += [("extra", c, None) for c in _extra_cases()]
     report = {"arch": arch, "compared": {}, "mismatches": [], "kinds": {}, "slots": 0,
               "features": {}, "splits": {}, "model": 0, "label_gap": []}  # fmt: skip
@@ -150,6 +158,12 @@ def _worker(arch: str) -> dict:
         TA._Rec.log = []
         with FakeTensorMode():
             inp, kw = TA._case_inputs(c)
+            if c.get("qv_views"):
+                # q and qv as views of one (total_q, h, 512 + 64) tensor, as engines hold the
+                # absorbed query: strided, 16-byte aligned, so FA4 passes them as they are
+                tq, h = inp["q"].shape[:2]
+                both = torch.empty(tq, h, 576, dtype=inp["q"].dtype, device="cuda")
+                inp["qv"], inp["q"] = both.narrow(-1, 0, 512), both.narrow(-1, 512, 64)
             if origin == "extra" and c["layout"] == "dense" and c["seqlen_k"] > 4096:
                 kw["num_splits"] = 0  # FA4's heuristic (its public default is 1: no split)
             args = {n: inp[n] for n in TA._FWD_TENSORS if n in inp}
@@ -258,8 +272,12 @@ def test_runtime_calls_every_default_blackwell_variant_as_fa4_does(parity, arch)
     rep = parity[arch]
     assert rep["mismatches"] == [], json.dumps(rep["mismatches"][:2])[:6000]
     specs = [load_default(n) for n in default_spec_names()]
-    n = sum(not v.variant.mla for v in plan_for(specs, "sm100").variants().values())
-    assert rep["compared"]["default"] == n == 193  # every default variant but the MLA ones
+    planned = plan_for(specs, "sm100").variants().values()
+    n = len(planned)
+    n_mla = sum(1 for v in planned if v.variant.mla)
+    # every default variant: 193, and the 114 absorbed-MLA kernels (those FA4 takes at their
+    # own head ratio: the padded ratios 32/16/8, 16, and the 1CTA ones at 20/10/5)
+    assert rep["compared"]["default"] == n == 307 and n_mla == 114
     assert rep["compared"]["extra"] == len(_extra_cases())
     assert rep["model"] == n + len(_extra_cases())  # every FA4 key agrees with fwd_facts
     for kind in ("fwd", "combine", "tile_cumsum", "blocks_to_batch"):
@@ -270,6 +288,9 @@ def test_runtime_calls_every_default_blackwell_variant_as_fa4_does(parity, arch)
               "seqused_q", "seqused_k", "learnable_sink", "lse", "window", "split",
               "cu_total_m_blocks", "fp8", "q_descale", "k_descale"):
         assert feats.get(f, 0) > 0, (f, feats)  # fmt: skip
+    # each MLA kernel through flash_attn_varlen_func(..., qv=), and the two extra MLA calls
+    # whose q and qv are strided views of one tensor (passed on as FA4 passes them, no copy)
+    assert feats["qv"] == n_mla + 2
     # every split case split (FA4's heuristic, or both forced for windowed split kernels), and
     # the runtime matched its count and kernel: 128 for the representative calls, 37 for the
     # extra dense one

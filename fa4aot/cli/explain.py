@@ -27,13 +27,22 @@ def _cached_artifacts(layers, arch: str, num_sms: int, python: str | None):
     "--num-sms", type=click.IntRange(1, 1024), help="SM count of the GPU (default: the arch's)."
 )
 @click.option(
-    "--dtype", default="bfloat16", show_default=True, type=click.Choice(["bfloat16", "float16"])
+    "--dtype", default="bfloat16", show_default=True,
+    type=click.Choice(["bfloat16", "float16", "float8_e4m3fn", "float8_e5m2"]),
+    help="q/k/v dtype; FP8 (Blackwell) calls pass descales (--descales).",
+)
+@click.option(
+    "--descales", type=click.Choice(["q", "k", "v", "qk", "qv", "kv", "qkv"]),
+    help="FP8: which of q/k/v_descale the call passes (a kernel per set; default qkv, what "
+    "`fa4aot build` makes for an FP8 layer).",
 )
 @click.option("--heads", required=True, help="Query heads : KV heads, e.g. 20:1 or 32:8.")
 @click.option("--head-dim", type=click.IntRange(1, 1024), required=True)
 @click.option("--head-dim-v", type=click.IntRange(1, 1024))
 @click.option(
-    "--layout", default="dense", show_default=True, type=click.Choice(["dense", "varlen", "paged"])
+    "--layout", type=click.Choice(["dense", "varlen", "paged"]),
+    help="K/V layout (q packed but for dense). Default: dense; varlen with --qv (the MLA "
+    "kernels take q packed).",
 )
 @click.option("--batch", default=1, show_default=True, type=click.IntRange(1))
 @click.option("--seqlen-q", default=1, show_default=True, type=click.IntRange(1))
@@ -53,7 +62,7 @@ def _cached_artifacts(layers, arch: str, num_sms: int, python: str | None):
     "--qv",
     type=click.IntRange(1, 1024),
     help="Absorbed MLA: the latent head dim FA4 takes as qv (512; --head-dim is then the rope "
-    "part, 64). Shows the head-ratio padding FA4's MLA kernels need; not served by the runtime.",
+    "part, 64). Shows FA4's MLA route and the head-ratio padding the runtime serves it with.",
 )
 @cache_option("read")
 @with_output
@@ -61,6 +70,7 @@ def explain(
     arch,
     num_sms,
     dtype,
+    descales,
     heads,
     head_dim,
     head_dim_v,
@@ -80,7 +90,8 @@ def explain(
 ):
     """How the runtime would serve a call: its variant, then an exact hit, a decode fold, a
     padding plan (with its cost) or the refusal; with --seqlen-k, whether a decode step splits
-    its KV (split-KV) and how. Exit 1 when nothing can serve it."""
+    its KV (split-KV on sm90; FA4's native split on sm100/sm103) and how. FP8 calls (Blackwell)
+    are served by kernels of their descale set. Exit 1 when nothing can serve it."""
     from .. import settings
     from ..select import choose, fold_from_env, nearest
     from ..variants import Call, Variant, features
@@ -96,9 +107,20 @@ def explain(
         raise click.BadParameter(
             "--page-size goes with --layout paged (and only with it)", param_hint="--page-size"
         )
+    fp8 = dtype.startswith("float8")
+    if descales is not None and not fp8:
+        raise click.BadParameter(
+            "descales scale FP8 q/k/v only (FA4 asserts the same)", param_hint="--descales"
+        )
+    if fp8 and descales is None:
+        descales = "qkv"
     num_sms = num_sms or C.default_num_sms(arch)
     if qv is not None:
-        return _explain_mla(out, arch, hq, hk, head_dim, qv, no_padding)
+        return _explain_mla(
+            out, arch, num_sms, dtype, hq, hk, head_dim, qv, layout or "varlen", batch,
+            seqlen_q, page_size, causal, lse, no_padding, cache,
+        )
+    layout = layout or "dense"
     call = Call(
         layout=layout,
         batch=batch,
@@ -115,6 +137,7 @@ def explain(
         return_lse=lse,
         sink_dtype="float32" if sink else None,
         page_size=page_size,
+        descales=descales,
     )
     feat = call.feature_kwargs()
     want = features(arch=arch, **feat)
@@ -128,11 +151,25 @@ def explain(
     allow_fold = fold_from_env()  # as the runtime reads it (SettingError: exit 1)
     choices = choose(arch, feat, avail, allow_padding=not no_padding, allow_fold=allow_fold)
     split_doc = None
-    if seqlen_k is not None:
+    if seqlen_k is not None and C.is_blackwell(arch):
+        split_doc = _native_split_plan(
+            arch, num_sms, feat, choices, arts, layout, batch, seqlen_q, seqlen_k
+        )
+    elif seqlen_k is not None:
         split_doc = _split_plan(
             arch, num_sms, dtype, hq, hk, head_dim, head_dim_v or head_dim, layout, batch,
             seqlen_q, seqlen_k, page_size, causal, window, sink, arts,
         )
+    fp8_doc = None
+    if fp8:
+        fp8_doc = {
+            "descales": descales,
+            "out_dtype": "bfloat16",
+            "plan": f"FP8 {dtype} with {', '.join(f'{n}_descale' for n in descales)} (float32 "
+            "(batch, num_kv_heads) each; another set is another kernel); padding and the decode "
+            "fold keep the batch and the KV heads, so the descales pass on unchanged; O is "
+            "bfloat16",
+        }
     doc = {
         "variant": want.to_dict(),
         "id": want.id,
@@ -157,6 +194,7 @@ def explain(
         "corrupt": corrupt.get(want.id),
         "stores": [str(s.dir) for s in match.stores],
         "split": split_doc,
+        "fp8": fp8_doc,
     }
     split_serves = bool(split_doc and split_doc["splits"])
     if out.as_json:
@@ -165,6 +203,8 @@ def explain(
         out.text(f"call variant: {want.describe()} (id {want.id})")
         if why:
             out.text(f"FA4 cannot run it exactly: {why}")
+        if fp8_doc and not why:
+            out.text(f"fp8         : {fp8_doc['plan']}")
         if split_serves:
             out.text(f"served by   : {split_doc['plan']}")
         if split_doc and not split_serves:
@@ -186,11 +226,21 @@ def explain(
         sys.exit(1)
 
 
-def _explain_mla(out, arch, hq, hk, head_dim, qv, no_padding) -> None:
-    """An absorbed-MLA (qv) call: where FA4 runs it and the head ratio it runs at (select.
-    mla_padded_ratio). The runtime does not serve qv calls yet (constraints.mla_reason): this is the
-    plan the runtime hook will follow (docs/blackwell.md)."""
-    from ..select import mla_padded_ratio
+_MLA_NO_SPLIT = ("absorbed MLA runs unsplit whatever FA4AOT_SPLIT_KV says: FA4 splits it only "
+                 "on its 1CTA kernel with its own plan, which fa4aot does not build")
+
+
+def _explain_mla(
+    out, arch, num_sms, dtype, hq, hk, head_dim, qv, layout, batch, seqlen_q, page_size, causal,
+    lse, no_padding, cache,
+) -> None:  # fmt: skip
+    """An absorbed-MLA (qv) call, as the runtime serves it (runtime/mla.py): the call's own
+    variant (FA4's route: 2CTA, 1CTA or 1CTA-kb64, from batch x heads against the SM count), or
+    FA4's refusal at its head ratio; then what select.choose finds among the cached kernels
+    (exact, or the head ratio padded: 20 -> 32...), as the runtime's plan step calls it. Exit 1
+    when nothing serves it."""
+    from ..select import choose, mla_padded_ratio
+    from ..variants import Call, MlaRefused, Variant, features
 
     ratio = hq // hk
     doc: dict = {"arch": arch, "mla": True, "ratio": ratio, "head_dim": head_dim, "qv": qv}
@@ -201,26 +251,123 @@ def _explain_mla(out, arch, hq, hk, head_dim, qv, no_padding) -> None:
         problems.append(f"FA4 runs MLA at head_dim 64 with qv 512 only, got {head_dim}/{qv}")
     if not C.is_blackwell(arch):
         problems.append(C.mla_reason(arch))
+    if layout == "dense":
+        problems.append("the MLA kernels take q packed (the runtime's flash_attn_func refuses "
+                        "qv): --layout varlen or paged")
     r2, cost = mla_padded_ratio(ratio)
-    if r2 != ratio and no_padding:
+    want = refused = None
+    choices = []
+    stores: list = []
+    if not problems:
+        call = Call(
+            layout=layout, batch=batch, seqlen_q=seqlen_q, seqlen_k=max(seqlen_q, 1024),
+            num_heads=hq, num_heads_kv=hk, head_dim=head_dim, head_dim_v=qv, dtype=dtype,
+            causal=causal, window_left=None, window_right=None, return_lse=lse,
+            sink_dtype=None, page_size=page_size, qv=qv,
+        )  # fmt: skip
+        feat = dict(call.feature_kwargs(), num_sms=num_sms)  # the route reads the SM count
+        try:
+            want = features(arch=arch, **feat)
+        except MlaRefused as e:
+            refused = str(e)
+        except ValueError as e:
+            problems.append(str(e))
+    if refused and no_padding:
         problems.append(f"ratio {ratio} needs padding to {r2} (FA4's 2CTA MLA kernel takes "
                         "ratios dividing 128) and --no-padding refuses it")
-    doc.update(padded_ratio=r2, cost=cost, problems=problems)
+    if not problems:
+        layers = layers_for(cache, out, strict=False)
+        arts, _, match = _cached_artifacts(layers, arch, num_sms, None)
+        stores = [str(s.dir) for s in match.stores]
+        avail = [Variant.from_dict(a.record["variant"]) for a in arts]
+        choices = choose(arch, feat, avail, allow_padding=not no_padding, allow_fold=False)
+    if choices and not choices[0].exact:
+        r2, cost = choices[0].ratio, choices[0].cost
+    doc.update(
+        padded_ratio=r2, cost=cost, problems=problems,
+        variant=None if want is None else want.to_dict(), id=None if want is None else want.id,
+        description=None if want is None else want.describe(), fa4_refuses=refused,
+        choices=[{"id": c.variant.id, "exact": c.exact, "ratio": c.ratio,
+                  "cost": round(c.cost, 3), "plan": c.describe(want, ratio)} for c in choices],
+        stores=stores,
+        split={"splits": 0, "why": _MLA_NO_SPLIT},
+    )  # fmt: skip
     if out.as_json:
         out.document(doc)
     else:
         out.text(f"MLA call    : {arch} {hq}:{hk} heads, rope {head_dim} + latent {qv}")
-        if r2 == ratio:
-            out.text(f"head ratio  : {ratio} (FA4's MLA kernels take it as is)")
-        else:
+        if want is not None:
+            out.text(f"call variant: {want.describe()} (id {want.id})")
+        if refused:
+            out.text(f"FA4 refuses : {refused}")
             out.text(
-                f"padded      : q heads per latent head {ratio} -> {r2} ({cost:.2f}x the work; "
+                f"padding     : q heads per latent head {ratio} -> {r2} ({cost:.2f}x the work; "
                 "zero heads per group, O and LSE cropped)"
             )
+        for c in choices[:1]:
+            out.text(f"served by   : {c.describe(want, ratio)}")
+        for c in choices[1:4]:
+            out.text(f"alternative : {c.describe(want, ratio)}")
+        if not problems and not choices:
+            out.text("served by   : nothing cached (the runtime raises ArtifactMissing)")
+        if not problems:
+            out.text(f"split-KV    : no ({_MLA_NO_SPLIT})")
         for p in problems:
             out.text(f"refused     : {p}")
-    if problems:
+    if problems or not choices:
         sys.exit(1)
+
+
+def _native_split_plan(
+    arch, num_sms, feat, choices, arts, layout, batch, seqlen_q, seqlen_k
+) -> dict:
+    """The runtime's native split-KV decision on Blackwell (runtime/blackwell.py: FA4's own
+    split kernels, `variants.native_split_variant`) for the kernel that serves the call
+    (`choices[0]`; a padded call splits on its padded re-entry): {"splits": n or 0,
+    "plan"/"why": text}."""
+    from .. import settings
+    from ..select import _call_features
+    from ..variants import native_split_variant
+
+    setting = settings.split_kv()
+    setting = -1 if setting == "auto" else setting
+    how = "FA4's heuristic" if setting < 0 else f"FA4AOT_SPLIT_KV={setting}"
+    c = choices[0] if choices else None
+    why = None
+    if setting == 0:
+        why = "FA4AOT_SPLIT_KV=0"
+    elif c is None:
+        why = "no kernel serves the call (a split runs on the kernel the call is served by)"
+    elif c.fold > 1:
+        why = "a decode fold runs unsplit"
+    elif layout != "dense":
+        why = ("q packed (cu_seqlens_q): FA4 would compute per-batch split counts with its "
+               "scheduler-metadata kernel, which fa4aot does not ship")
+    elif c.variant.head_dim != c.variant.head_dim_v:
+        why = "unequal head dims: FA4 re-tiles that split, which fa4aot does not build"
+    if why is None:
+        f = feat if c.exact else _call_features(feat, c.ratio, c.head_dim, c.head_dim_v)
+        _, _, wl, wr = C.resolve_window(feat["causal"], feat["window_left"], feat["window_right"])
+        n, sv = native_split_variant(
+            arch, num_sms, c.variant, f, batch, seqlen_q, seqlen_k, wl, wr, setting
+        )
+        rec = None if sv is None else next((a.record for a in arts if a.id == sv.id), None)
+        if n <= 1:
+            why = (f"{how}: one split ({batch} x {feat['num_heads_kv']} KV heads over "
+                   f"{seqlen_k} keys on {num_sms} SMs)")
+        elif sv is None:
+            why = f"{how} says {n} splits, but fa4aot models no split kernel for this call"
+        elif rec is None or "combine" not in rec["parts"]:
+            why = (f"{how} says {n} splits, but the split kernel {sv.describe()} (id {sv.id}) "
+                   "is not cached with its combine")
+    if why is not None:
+        return {"splits": 0, "why": why}
+    return {
+        "splits": n,
+        "kernel": sv.id,
+        "plan": f"FA4's native split-KV, {n} splits ({how}): {sv.describe()} (id {sv.id}), "
+        "float32 partials merged by its combine kernel",
+    }
 
 
 def _split_plan(

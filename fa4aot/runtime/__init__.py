@@ -8,7 +8,8 @@ goes validate -> plan -> launch, one module each:
 - `plan`: the `Runtime` (stores, loaded artifacts, caches) and the choice of exact kernel,
   decode fold or padding per call key (`plan.resolve`), and of split-KV (`Runtime.split_for`);
 - `launch`: FA4's kernel ABI per arch, bound to each loaded part;
-- `splitkv` and `pad` run the composite plans (split-KV decode; fold and padding).
+- `splitkv` and `pad` run the composite plans (split-KV decode; fold and padding);
+- `mla` serves absorbed-MLA (qv) calls on Blackwell, exact or head-ratio padded.
 
 The per-call path is kept short (target: under 15 us of host time): everything that depends
 only on a call's static features is resolved once and cached by a key tuple of host-known
@@ -25,8 +26,9 @@ import torch
 
 from .. import split as S
 from ..constraints import BIN_BATCH_SEARCH_THRESH as _BIN_BATCH  # varlen: cu_total path above it
-from ..errors import Fa4aotError
+from ..errors import Fa4aotError, UnsupportedVariant
 from . import blackwell as B
+from . import mla as M
 from . import pad as X
 from . import plan as P
 from . import splitkv as SK
@@ -91,14 +93,17 @@ def flash_attn_func(
     kernel cannot take); None: FA4AOT_PADDING (default allow).
     q_descale / k_descale / v_descale (FA4's `_flash_attn_fwd` names; Blackwell FP8 only):
     float32 (batch, num_kv_heads); which of them are passed selects the kernel. qv (absorbed
-    MLA) is refused: the runtime does not serve MLA yet.
+    MLA) in this batch form is refused: the stored MLA kernels take q packed, through
+    flash_attn_varlen_func (runtime/mla.py; the refusal says how to reshape).
     """
+    if qv is not None:
+        raise UnsupportedVariant(M.BATCH_FORM)
     dq, b, sq, sk, hq, hk, d, dv, wl, wr, sink_dt, cap, return_lse, aligned = V.check_dense(
         q, k, v, window_size, learnable_sink, return_lse, out, lse, softcap, pack_gqa
     )
     ds = None
-    if q_descale is not None or k_descale is not None or v_descale is not None or qv is not None:
-        ds = B.extras(q.dtype, qv, q_descale, k_descale, v_descale)
+    if q_descale is not None or k_descale is not None or v_descale is not None:
+        ds = B.extras(q.dtype, q_descale, k_descale, v_descale)
     rt = _DEFAULT or default_runtime()
     pad_ok = rt.padding if padding is None else bool(padding)
     if not aligned:
@@ -143,12 +148,15 @@ def flash_attn_func(
             )
         if plan.pad.fold > 1:
             return X.folded(
-                plan, q, k, v, out, lse, softmax_scale, return_lse, False, sk, (None, None, None)
+                plan, q, k, v, out, lse, softmax_scale, return_lse, False, sk, (None, None, None),
+                None if ds is None else (q_descale, k_descale, v_descale),
             )
+        # (FP8: padding keeps the KV heads and the batch, so the descales pass on as they are)
         return X.padded(
             flash_attn_func, plan.pad, q, k, v, hk, learnable_sink, softmax_scale,
             dict(causal=causal, window_size=window_size, return_lse=return_lse, softcap=softcap,
-                 pack_gqa=pack_gqa),
+                 pack_gqa=pack_gqa, q_descale=q_descale, k_descale=k_descale,
+                 v_descale=v_descale),
             varlen=False, out=out, lse=lse,
         )
     # exact
@@ -206,18 +214,28 @@ def flash_attn_varlen_func(
     split-KV decode step reads no key beyond it); page_table entries index the KV pool and
     cover ceil(seqused_k / page_size) pages per sequence; seqused_k <= pages * page_size.
     Returns (out, lse): out like q with head_dim_v; lse (hq, total_q) float32 or None.
-    out / lse: caller-owned buffers, as in flash_attn_func; descales and qv as there (on
-    Blackwell max_seqlen_q is the kernel's `max_seqlen_q` argument: it must bound every
-    sequence's query length, or rows go uncomputed).
+    out / lse: caller-owned buffers, as in flash_attn_func; descales as there (on Blackwell
+    max_seqlen_q is the kernel's `max_seqlen_q` argument: it must bound every sequence's query
+    length, or rows go uncomputed).
+    qv (absorbed MLA, Blackwell): q (total_q, h, 64) rope part with cu_seqlens_q, qv (total_q,
+    h, 512) latent part, one latent K/V head packed or paged; LSE (total_q, h), heads last.
+    Head ratios FA4's kernel refuses are padded (runtime/mla.py); never split.
     """
+    if qv is not None:
+        return M.varlen(
+            _DEFAULT or default_runtime(), q, k, v, qv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+            max_seqlen_k, seqused_q, seqused_k, page_table, softmax_scale, causal, window_size,
+            learnable_sink, return_lse, out, lse, padding, softcap, pack_gqa, q_descale,
+            k_descale, v_descale,
+        )  # fmt: skip
     (dev, batch, total_q, sq_dense, seqlen_k, hq, hk, d, dv, page_size, wl, wr, sink_dt, cap,
      return_lse, aligned) = V.check_varlen(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_q, seqused_k, page_table,
         window_size, learnable_sink, return_lse, out, lse, softcap, pack_gqa,
     )
     ds = None
-    if q_descale is not None or k_descale is not None or v_descale is not None or qv is not None:
-        ds = B.extras(q.dtype, qv, q_descale, k_descale, v_descale)
+    if q_descale is not None or k_descale is not None or v_descale is not None:
+        ds = B.extras(q.dtype, q_descale, k_descale, v_descale)
     varlen_q = cu_seqlens_q is not None
     rt = _DEFAULT or default_runtime()
     pad_ok = rt.padding if padding is None else bool(padding)
@@ -291,12 +309,14 @@ def flash_attn_varlen_func(
             return X.folded(
                 plan, q, k, v, out, lse, softmax_scale, return_lse, varlen_q, seqlen_k,
                 (cu_seqlens_k, seqused_k, page_table),
+                None if ds is None else (q_descale, k_descale, v_descale),
             )
         return X.padded(
             flash_attn_varlen_func, plan.pad, q, k, v, hk, learnable_sink, softmax_scale,
             dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                  max_seqlen_k=max_seqlen_k, seqused_q=seqused_q, seqused_k=seqused_k,
                  page_table=page_table, causal=causal, window_size=window_size,
+                 q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
                  return_lse=return_lse, softcap=softcap, pack_gqa=pack_gqa),
             varlen=varlen_q, out=out, lse=lse,
         )

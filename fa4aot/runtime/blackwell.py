@@ -30,8 +30,8 @@ import torch
 from .. import abi as A
 from .. import constraints as C
 from .. import fp8 as F8
-from ..errors import ContractViolation, UnsupportedVariant
-from ..variants import features
+from ..errors import ContractViolation
+from ..variants import native_split_variant
 from . import pad as X
 
 _is_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
@@ -68,14 +68,9 @@ def refusal(arch: str, call, feat: dict) -> str | None:
     return None
 
 
-def extras(dtype, qv, q_descale, k_descale, v_descale) -> str:
-    """The entry points' check of their Blackwell-only arguments (only when one is given):
-    refuses qv (absorbed MLA) and descales with non-FP8 inputs; -> the descale set ("qkv")."""
-    if qv is not None:
-        raise UnsupportedVariant(
-            "qv (absorbed MLA, head_dim_v 512): the fa4aot runtime does not serve MLA yet "
-            "(fa4aot.abi describes its argument list, docs/blackwell.md; no MLA kernel is stored)"
-        )
+def extras(dtype, q_descale, k_descale, v_descale) -> str:
+    """The entry points' check of their FP8 descales (only when one is given): refuses them
+    with non-FP8 inputs; -> the descale set ("qkv"). (qv takes runtime/mla.py.)"""
     from .validate import descale_set
 
     return descale_set(dtype, q_descale, k_descale, v_descale)
@@ -127,7 +122,7 @@ def run(
         key = (batch, rows, -(-bound // 128), rt.split)
         got = plan.native.get(key)
         if got is None:
-            got = _native_split(rt, plan, dev, batch, rows, bound, hq, hk)
+            got = _native_split(rt, plan, dev, batch, rows, bound)
             if len(plan.native) > _MAX_DECISIONS:
                 plan.native.clear()
             plan.native[key] = got
@@ -167,31 +162,19 @@ def run(
     return p.out, p.lse
 
 
-def _native_split(rt, plan, dev, batch, rows, bound, hq, hk):
+def _native_split(rt, plan, dev, batch, rows, bound):
     """-> (num_splits, the split kernel's plan) for a call of these host-known sizes, or
-    (1, None): the heuristic (or FA4AOT_SPLIT_KV) says one split, or no store holds the split
-    kernel (the call then runs unsplit on its own kernel)."""
-    variant = plan.variant
-    arch, sms = rt.device(dev)
-    if rt.split < 0:
-        loaded = bound
-        if variant.local:  # FA4's seqlen_k_loaded (interface.py 392-407): the window's keys
-            wl, wr = plan.window_left, plan.window_right
-            loaded = max(0, min(bound, (bound if wr is None else wr)
-                                + (bound if wl is None else wl) + 1 + plan.facts["tile_m"]))
-        n = C.native_num_splits(
-            arch, batch=batch, num_heads_kv=hk, qhead_per_kvhead=hq // hk, seqlen_q=rows,
-            max_seqlen_k=loaded, head_dim=variant.head_dim, num_sms=sms,
-            pack_gqa=plan.facts["pack_gqa"],
-        )  # fmt: skip
-    else:
-        n = min(int(rt.split), C.MAX_NATIVE_SPLITS)
-    if n <= 1 or plan.feat is None:
+    (1, None): `variants.native_split_variant` says one split, or no store holds the split kernel (the call
+    then runs unsplit on its own kernel). The kernel's tile_m and pack_gqa are its record's
+    (plan.fwd_facts checked the variant's equal to them)."""
+    if plan.feat is None:
         return 1, None
-    feat = dict(plan.feat, batch=batch, seqlen_q=rows, total_q=batch * rows, max_seqlen_q=None)
-    try:
-        sv = features(arch=arch, **feat, num_splits=n, max_seqlen_k=bound)
-    except ValueError:
+    arch, sms = rt.device(dev)
+    n, sv = native_split_variant(
+        arch, sms, plan.variant, plan.feat, batch, rows, bound, plan.window_left,
+        plan.window_right, rt.split,
+    )  # fmt: skip
+    if sv is None:
         return 1, None
     cache = rt._native_plans
     if sv.id not in cache:

@@ -13,7 +13,8 @@ sm100/sm103 (`SM100`): the same arch-neutral form, plus the trailing keywords FA
 forward has slots for (`max_seqlen_q`, `descales`, `blocks_to_batch_idx`), passed on to
 `fa4aot.abi.launch_sm100`, the one spelling of that list (tests/test_abi.py proves it FA4's);
 `blocks_to_batch(cu_total, out)` is the second batch > 256 helper, whose output only the
-Blackwell forward takes. A launcher is one Python frame, as the hand-written call it replaces
+Blackwell forward takes; `mla_fwd` binds an absorbed-MLA forward (`abi.launch_mla`: q, qv, k, v,
+out, lse, scale, the varlen tensors, page table, window, sink, descales; runtime/mla.py). A launcher is one Python frame, as the hand-written call it replaces
 was (a closure over the kernel, built once per load).
 """
 
@@ -117,6 +118,26 @@ def _sm100_fwd(kernel: Any) -> Callable:
     return fwd
 
 
+def _sm100_mla_fwd(kernel: Any) -> Callable:
+    """FA4 4.0.0b36's absorbed-MLA forward (sm100/sm103, `abi.launch_mla`: 20 slots, another
+    order than the dense forward's: q, qv, k, v, out, lse, scale, then the varlen tensors, the
+    page table, the descales, the window, the sink; training and sparse slots None). Bound for a
+    plan whose variant is an MLA kernel (runtime/mla.py calls it)."""
+    launch = A.launch_mla
+
+    def fwd(
+        q, qv, k, v, out, lse, scale, cu_seqlens_q=None, cu_seqlens_k=None, seqused_q=None,
+        seqused_k=None, page_table=None, window_left=None, window_right=None,
+        learnable_sink=None, descales=None,
+    ):
+        launch(
+            kernel, q, qv, k, v, out, lse, scale, cu_seqlens_q, cu_seqlens_k, seqused_q,
+            seqused_k, page_table, window_left, window_right, learnable_sink, descales,
+        )
+
+    return fwd
+
+
 def _blocks_to_batch(kernel: Any) -> Callable:
     """FA4's `_compute_blocks_to_batch` helper (varlen batch > 256, after the tile cumsum):
     `abi.blocks_to_batch_args`."""
@@ -141,11 +162,13 @@ class Abi:
     combine: Callable[[Any], Callable]
     blocks_to_batch: Callable[[Any], Callable | None] = _no_blocks_to_batch
     blackwell: bool = False  # FA4's sm100 family: the entry points take runtime/blackwell.py
+    mla_fwd: Callable[[Any], Callable] | None = None  # absorbed-MLA forwards (Blackwell only)
 
 
 SM90 = Abi(_sm90_fwd, _sm90_tile_cumsum, _sm90_combine)
 # The tile cumsum and the combine take the same slots on every arch (abi.TILE_CUMSUM, COMBINE)
-SM100 = Abi(_sm100_fwd, _sm90_tile_cumsum, _sm90_combine, _blocks_to_batch, blackwell=True)
+SM100 = Abi(_sm100_fwd, _sm90_tile_cumsum, _sm90_combine, _blocks_to_batch, blackwell=True,
+            mla_fwd=_sm100_mla_fwd)
 _ABIS: dict[str, Abi] = {"sm90": SM90, "sm100": SM100, "sm103": SM100}
 
 

@@ -13,12 +13,16 @@ def pad_last2(x: torch.Tensor, hk: int, r: int, r2: int, d2: int) -> torch.Tenso
     """(..., hk*r, d) -> (..., hk*r2, d2): r2 - r query heads appended to each KV group, d2 - d
     columns to the head dim. The extra columns are zeros (they enter every dot product); the
     extra heads' rows are left uninitialized: attention rows are independent (softmax, LSE and
-    P@V are per row) and those rows are cropped from O and LSE, so one copy kernel suffices."""
+    P@V are per row) and those rows are cropped from O and LSE, so one copy kernel suffices.
+    FP8 (one-byte elements) pads with zero heads instead: an uninitialized byte may encode an
+    FP8 NaN, and how FA4's FP8 kernel scales P across a tile's rows has not been read here."""
     d = x.shape[-1]
     if r2 == r and d2 == d:
         return x
     lead = x.shape[:-2]
     y = x.new_empty((*lead, hk, r2, d2))
+    if x.element_size() == 1 and r2 > r:
+        y[..., r:, :].zero_()
     if d2 > d:
         y[..., d:].zero_()
     copy_wide(y[..., :r, :d], x.reshape(*lead, hk, r, d))
@@ -37,17 +41,33 @@ def copy_wide(dst: torch.Tensor, src: torch.Tensor) -> None:
     dst.copy_(src)
 
 
-def folded(plan, q, k, v, out, lse, softmax_scale, return_lse, varlen, seqlen_k, kv_args):
+def folded(
+    plan, q, k, v, out, lse, softmax_scale, return_lse, varlen, seqlen_k, kv_args, descales=None
+):
     """A decode step (one query row per sequence) run on the non-causal kernel of ratio
     `plan.pad.ratio` (`plan.launch`): the call's r query heads per KV group as r / ratio query
     rows (select.py). q, O and a dense call's LSE are strided views; a varlen call's LSE (heads,
     tokens) is the transpose of the kernel's (batch, heads, rows) and takes one copy.
-    kv_args: (cu_seqlens_k, seqused_k, page_table), passed through."""
+    kv_args: (cu_seqlens_k, seqused_k, page_table), passed through. descales: FP8 (Blackwell)
+    (q, k, v) descales or None; the fold keeps the batch and the KV heads, so they pass on as
+    they are, checked against the kernel's set; FP8 q/k/v go as uint8 views and O is bfloat16,
+    as FA4 lays out an FP8 call (abi.fwd_prepare)."""
     b, hq, d, dv = q.shape[0], q.shape[-2], q.shape[-1], v.shape[-1]
     m = plan.pad.fold
     h2 = hq // m
+    extra = {}
+    fp8 = q.element_size() == 1
+    if fp8:  # (descales with other inputs were refused by the entry point)
+        from ..fp8 import check_descales
+
+        qd, kd, vd = descales or (None, None, None)
+        check_descales(
+            plan.variant.descales, dtype=q.dtype, batch=b, num_heads_kv=k.shape[-2],
+            device=q.device, q_descale=qd, k_descale=kd, v_descale=vd,
+        )  # fmt: skip
+        extra["descales"] = descales
     if out is None:
-        out = q.new_empty((*q.shape[:-1], dv))
+        out = q.new_empty((*q.shape[:-1], dv), dtype=torch.bfloat16 if fp8 else q.dtype)
     lf = None
     if return_lse:
         if varlen:
@@ -63,8 +83,11 @@ def folded(plan, q, k, v, out, lse, softmax_scale, return_lse, varlen, seqlen_k,
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(d)
     cu_seqlens_k, seqused_k, page_table = kv_args
+    qf = q.view(b, h2, m, d).transpose(1, 2)
+    if fp8:  # FA4's export workaround (interface.py 1852-1856)
+        qf, k, v = qf.view(torch.uint8), k.view(torch.uint8), v.view(torch.uint8)
     plan.launch(
-        q.view(b, h2, m, d).transpose(1, 2),
+        qf,
         k,
         v,
         out.view(b, h2, m, dv).transpose(1, 2),
@@ -75,6 +98,7 @@ def folded(plan, q, k, v, out, lse, softmax_scale, return_lse, varlen, seqlen_k,
         None,
         seqused_k,
         page_table,
+        **extra,
     )
     if varlen and return_lse:
         lse.copy_(lf.view(b, hq).t())

@@ -33,7 +33,7 @@ from .. import split as S
 from ..errors import ArtifactMissing, UnsupportedVariant
 from ..select import fold_from_env
 from ..store import Artifact, Store, default_roots, find_serving_store, runtime_expectation
-from ..variants import Variant, features, split_kernel_variant
+from ..variants import MlaRefused, Variant, features, split_kernel_variant
 from . import launch as L
 from .validate import DTYPES, Call
 
@@ -95,7 +95,8 @@ class Plan:
 
     def __post_init__(self):
         self.native = {}
-        self.launch = self.abi.fwd(self.fwd)
+        mla = self.variant is not None and self.variant.mla is not None
+        self.launch = (self.abi.mla_fwd if mla else self.abi.fwd)(self.fwd)
         self.tile = None if self.tile_cumsum is None else self.abi.tile_cumsum(self.tile_cumsum)
         self.b2b = (
             None if self.blocks_to_batch is None else self.abi.blocks_to_batch(self.blocks_to_batch)
@@ -396,12 +397,16 @@ def resolve(rt: Runtime, key: tuple, call: Call) -> Plan | None:
         why = refusal(arch, call, feat)
         if why:
             raise UnsupportedVariant(why)
-    variant = features(arch=arch, **feat)
-    why = C.unsupported_reason(arch, feat["dtype"], call.head_dim, call.head_dim_v)
+    if call.qv is not None:
+        variant, why = _mla_variant(arch, sms, feat)
+    else:
+        variant = features(arch=arch, **feat)
+        why = C.unsupported_reason(arch, feat["dtype"], call.head_dim, call.head_dim_v)
     plan = None if why else rt.plan(variant, sms)
-    # FP8 is served by its exact kernel only (a padded or folded FP8 call is not modelled: its
-    # bf16 output and the descales' heads would need their own crop)
-    if plan is None and call.padding and not fp8:
+    # FP8 (Blackwell only: refused above elsewhere) pads and folds as bf16 does: both keep the
+    # batch and the KV heads, so the (batch, num_kv_heads) descales pass on unchanged, and the
+    # bf16 O is cropped like any other (pad.padded, pad.folded)
+    if plan is None and call.padding:
         from ..select import choose
 
         choices = choose(arch, feat, rt.available(arch, sms), allow_fold=rt.fold)
@@ -410,10 +415,19 @@ def resolve(rt: Runtime, key: tuple, call: Call) -> Plan | None:
             if inner is not None:
                 plan = replace(inner, pad=choices[0])
                 log.debug(
-                    "fa4aot: %s served by %s", variant.describe(), choices[0].describe(variant)
+                    "fa4aot: %s served by %s", _describe(variant, call),
+                    choices[0].describe(variant, call.num_heads // call.num_heads_kv),
                 )
     if plan is None and why:
-        raise UnsupportedVariant(f"{variant.describe()}: {why}")
+        if variant is None and call.padding:
+            return None  # an MLA ratio FA4 refuses: the miss names the padded kernel (_wanted)
+        if variant is None:
+            from ..select import mla_padded_ratio
+
+            r = call.num_heads // call.num_heads_kv
+            why += (f"; padding {r} -> {mla_padded_ratio(r)[0]} query heads per latent head "
+                    "would serve it, but padding is denied (padding=False or FA4AOT_PADDING=deny)")
+        raise UnsupportedVariant(f"{_describe(variant, call)}: {why}")
     if plan is None:
         return None  # caller decides (miss policy)
     _, _, plan.window_left, plan.window_right = C.resolve_window(
@@ -425,11 +439,53 @@ def resolve(rt: Runtime, key: tuple, call: Call) -> Plan | None:
     return plan
 
 
+def _mla_variant(arch: str, sms: int, feat: dict) -> tuple[Variant | None, str | None]:
+    """An absorbed-MLA call's own variant (its route reads the device's SM count, which `feat`
+    gets here, for select.choose too) and, when FA4 refuses the call at its head ratio
+    (MlaRefused: the 2CTA kernel takes ratios dividing 128), (None, FA4's reason): padding
+    serves it. Raises UnsupportedVariant for an MLA call fa4aot does not model (head dims,
+    latent heads, layouts, FP8, windows, sinks...)."""
+    feat["num_sms"] = sms
+    try:
+        return features(arch=arch, **feat), None
+    except MlaRefused as e:
+        return None, str(e)
+    except ValueError as e:
+        raise UnsupportedVariant(str(e)) from None
+
+
+def _describe(variant: Variant | None, call: Call) -> str:
+    if variant is not None:
+        return variant.describe()
+    return (f"absorbed MLA, {call.num_heads // call.num_heads_kv} query heads per latent head "
+            f"(hd{call.head_dim}/{call.head_dim_v})")
+
+
+def _wanted(arch: str, sms: int, call: Call) -> Variant:
+    """The variant a miss asks for: the call's own, or for an MLA call FA4 refuses at its
+    ratio, the padded one the builder makes (select.mla_padded_ratio: 20 -> 32, 10 -> 16)."""
+    feat = call.features()
+    if call.qv is None:
+        return features(arch=arch, **feat)
+    from ..select import _call_features, mla_padded_ratio
+
+    variant, why = _mla_variant(arch, sms, feat)
+    if variant is None:
+        r2, _ = mla_padded_ratio(call.num_heads // call.num_heads_kv)
+        try:
+            variant = features(
+                arch=arch, **_call_features(feat, r2, call.head_dim, call.head_dim_v)
+            )
+        except MlaRefused:
+            raise UnsupportedVariant(why) from None
+    return variant
+
+
 def on_miss(rt: Runtime, call: Call, jit_fn: str, args, kwargs, out=None, lse=None):
     """The miss policy: error raises ArtifactMissing (logged to the miss log); warn and jit
     log the miss and run FA4's JIT (`compiler.jit_*`), writing the caller's buffers if given."""
     arch, sms = rt.device(call.device)
-    variant = features(arch=arch, **call.features())
+    variant = _wanted(arch, sms, call)
     if rt.on_miss == "error":
         rt.miss(variant, sms, call.padding)
     if call.descales:

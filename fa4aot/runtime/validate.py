@@ -57,6 +57,7 @@ class Call:
     seqused_k: bool = False
     page_size: int | None = None
     descales: str | None = None  # FP8: which of q/k/v descales the call passes ("qkv"...)
+    qv: int | None = None  # absorbed MLA: qv's latent head dim (head_dim_v); None: no qv
 
     def features(self) -> dict:
         """The keyword arguments of `variants.features` (less arch) for this call."""
@@ -83,6 +84,7 @@ class Call:
             softcap=self.softcap,
             pack_gqa=self.pack_gqa,
             descales=self.descales,
+            qv=self.qv,
         )
 
 
@@ -299,6 +301,37 @@ def _sink(learnable_sink, hq: int, device: int) -> str | None:
         )
     return _SINK_DTYPES[learnable_sink.dtype]
 
+
+
+def check_mla(q, qv, dv: int, dev: int, out, lse) -> bool:
+    """An absorbed-MLA call's checks beyond check_varlen's (q packed: (total_q, h, d)): qv
+    (total_q, h, dv) of q's dtype on q's device; the caller's O (total_q, h, dv), 32-byte
+    aligned (FA4 compiles O with that alignment at dv 512: interface.py 1543) and LSE
+    (total_q, h) float32, heads last (FA4's qv layout). -> whether an LSE buffer was given."""
+    if not isinstance(qv, torch.Tensor):
+        raise _fail(f"qv must be a torch.Tensor, got {type(qv).__name__}")
+    if qv.dtype is not q.dtype or qv.get_device() != dev:
+        raise _fail(f"qv must have q's dtype and device ({q.dtype}, {q.device}), got "
+                    f"{qv.dtype} on {qv.device}")  # fmt: skip
+    want = (*q.shape[:-1], dv)
+    if tuple(qv.shape) != want:
+        raise _fail(f"qv must be (total_q, heads, head_dim_v) = {want} (q's rows and heads, v's "
+                    f"head dim), got {tuple(qv.shape)}")  # fmt: skip
+    if out is not None:
+        odt = torch.bfloat16 if q.dtype in _FP8 else q.dtype
+        _check_buffer("out", out, want, odt, str(odt), dev)
+        if not _aligned(out) or out.data_ptr() % 32 or any(
+            s % (32 // out.element_size()) for s, n in zip(out.stride()[:-1], out.shape) if n > 1
+        ):
+            raise _fail(
+                "out must have a 32-byte aligned base and strides and a contiguous last dim "
+                f"(FA4's MLA kernels assume it at head_dim_v 512; got strides {out.stride()})"
+            )
+    if lse is not None:
+        _check_buffer("lse", lse, want[:2], torch.float32, "float32", dev)
+        if not lse.is_contiguous() or lse.data_ptr() % 4:
+            raise _fail("lse must be contiguous")
+    return lse is not None
 
 
 # -- the two entry points' checks (hot path) ---------------------------------------------------
