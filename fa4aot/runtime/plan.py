@@ -294,10 +294,11 @@ class Runtime:
         page_size: int | None, sink: bool, decode_rows: int = 1,
     ) -> S.Split | None:
         """The split plan of a decode step with `ctas` (sequence, row, KV head) triples, of
-        which `decode_rows` (sequence, row) pairs, over at most seqlen_k keys, or None (run it unsplit: the cost model says splitting loses,
-        FA4AOT_SPLIT_KV=0, or the store lacks the split kernel). Planned for seqlen_k rounded
-        up to 256 keys and cached, so a decode loop whose KV grows a key a step replans (and
-        reallocates nothing) once per 256 steps."""
+        which `decode_rows` (sequence, row) pairs, over at most seqlen_k keys, or None (run it
+        unsplit: the cost model says splitting loses, FA4AOT_SPLIT_KV=0, or the store lacks
+        the split kernel). Planned for seqlen_k rounded up to 256 keys and cached, so a decode
+        loop whose KV grows a key a step replans (and reallocates nothing) once per 256
+        steps."""
         bucket = S.plan_bucket(seqlen_k)
         key = (dev, dtype, ctas, bucket, d, dv, page_size, sink, self.split, decode_rows)
         try:

@@ -1,4 +1,6 @@
-"""Split-KV decode steps at run time (fa4aot/split.py: the plan, the cost model, exactness).
+"""Split-KV decode steps at run time (fa4aot/split.py: the plan, the cost model, exactness),
+and the fold of the one-row decode steps the plan leaves unsplit onto the same kernel
+(FoldRun).
 
 `split_step` serves a decode step split, or returns None (the caller runs it unsplit). Its
 per-call work is what the inputs force: one cache lookup keyed by host-known sizes, the
@@ -70,7 +72,8 @@ def split_step(
     page_size: int | None, causal: bool, sink, softmax_scale, out, lse, return_lse: bool,
     varlen_q: bool,
 ):
-    """Serve a decode step split-KV (Runtime.split_for decides), or return None.
+    """Serve a decode step split-KV (Runtime.split_for decides), or one the plan does not split
+    as one chunk per sequence on the same kernel (FoldRun), or return None (FA4's kernel).
 
     q: the caller's q, (b, rows, hq, d) or packed (b * rows, hq, d) when varlen_q; kind:
     "dense" | "varlen" | "paged" K; seqlen_k: a host bound on every KV length (a dense K's
