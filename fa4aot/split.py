@@ -142,6 +142,30 @@ def choose_splits(
     return best_n
 
 
+def fold_refusal(
+    *, arch: str, head_dim: int, head_dim_v: int, ratio: int, rows: int, batch: int,
+    kv_heads: int, num_sms: int, sink: bool,
+) -> str | None:
+    """Why a decode step the plan leaves unsplit does not run as the fold (one chunk per
+    sequence on the chunk kernel: runtime/splitkv.FoldRun), or None (it does). Shared by the
+    runtime and `fa4aot explain`."""
+    from . import constraints as C
+
+    tile_m = C.split_tile_m(arch, head_dim, head_dim_v)
+    if tile_m is None:
+        return f"the chunk kernel has FA4's own tile on {arch} at hd{head_dim}/{head_dim_v}"
+    if rows != 1:
+        return f"{rows} query rows (the fold takes one decode row per sequence)"
+    if sink:
+        return "a learnable sink (the chunk kernel has none)"
+    if ratio > tile_m:
+        return f"{ratio} query heads per KV head exceed the chunk kernel's {tile_m}-row tile"
+    if 2 * batch * kv_heads > num_sms:
+        return (f"{batch * kv_heads} (sequence, KV head) pairs fill half of {num_sms} SMs: "
+                "FA4's kernel is as fast there, for less host time")
+    return None
+
+
 def split_refusal(
     *,
     causal: bool,

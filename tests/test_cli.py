@@ -405,3 +405,15 @@ def test_explain_split_kv(run, split_store):
     with settings.scope(split_kv="0"):
         r = run(*base, "--heads", "32:8", "--seqlen-k", "65536")
     assert r.exit_code == 1 and json.loads(r.stdout)["split"]["why"] == "FA4AOT_SPLIT_KV=0"
+    # below half the SMs, a step the cost model leaves unsplit runs as the fold (one chunk per
+    # sequence on the chunk kernel), which serves it with no 4:1 kernel cached
+    r = run(*base, "--heads", "32:8", "--seqlen-k", "2048", "--batch", "8")
+    doc = json.loads(r.stdout)["split"]
+    assert r.exit_code == 0 and doc["splits"] == 0 and "cost model" in doc["why"]
+    assert doc["fold"].startswith("the fold: one chunk per sequence")
+    text = run("explain", "--heads", "32:8", "--head-dim", "128", "--seqlen-k", "2048",
+               "--batch", "8").stdout
+    assert "served by   : the fold:" in text and "split-KV    : no (the cost model" in text
+    with settings.scope(split_kv="0"):
+        r = run(*base, "--heads", "32:8", "--seqlen-k", "2048", "--batch", "8")
+    assert r.exit_code == 1 and "fold" not in json.loads(r.stdout)["split"]

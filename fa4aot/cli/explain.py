@@ -196,7 +196,7 @@ def explain(
         "split": split_doc,
         "fp8": fp8_doc,
     }
-    split_serves = bool(split_doc and split_doc["splits"])
+    split_serves = bool(split_doc and (split_doc["splits"] or split_doc.get("fold")))
     if out.as_json:
         out.document(doc)
     else:
@@ -206,8 +206,8 @@ def explain(
         if fp8_doc and not why:
             out.text(f"fp8         : {fp8_doc['plan']}")
         if split_serves:
-            out.text(f"served by   : {split_doc['plan']}")
-        if split_doc and not split_serves:
+            out.text(f"served by   : {split_doc.get('plan') or split_doc['fold']}")
+        if split_doc and not split_doc["splits"]:
             out.text(f"split-KV    : no ({split_doc['why']})")
         if choices:
             head = "unsplit     :" if split_serves else "served by   :"
@@ -409,6 +409,14 @@ def _split_plan(
             why = ("FA4AOT_SPLIT_KV=0" if setting == 0 else
                    f"the cost model: {batch * seqlen_q * hk} CTAs over {seqlen_k} keys gain "
                    f"nothing on {num_sms} SMs")
+            no_fold = setting == 0 or S.fold_refusal(
+                arch=arch, head_dim=d, head_dim_v=dv, ratio=hq // hk, rows=seqlen_q,
+                batch=batch, kv_heads=hk, num_sms=num_sms, sink=sink,
+            )
+            if not no_fold:
+                return {"splits": 0, "why": why, "fold": (
+                    f"the fold: one chunk per sequence on {kern.describe()} (id {kern.id}), "
+                    f"the {hq // hk} query heads of each KV head as its rows, no combine")}
     if sp is None:
         return {"splits": 0, "why": why}
     rows = f", {seqlen_q} query rows unrolled" if seqlen_q > 1 else ""

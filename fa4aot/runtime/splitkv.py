@@ -26,7 +26,6 @@ from contextlib import contextmanager
 
 import torch
 
-from .. import constraints as C
 from .. import split as S
 
 _PLAN_KEYS = S.PLAN_KEYS
@@ -218,12 +217,12 @@ class FoldRun:
     def make(cls, rt, dev, q, b, rows, hq, hk, d, dv, kind, page_size, seqlen_k, sink,
              varlen_q):
         """The fold of this step, or False (run it on FA4's exact kernel)."""
-        if rows != 1 or sink is not None:
+        arch, sms = rt.device(dev)
+        if S.fold_refusal(arch=arch, head_dim=d, head_dim_v=dv, ratio=hq // hk, rows=rows,
+                          batch=b, kv_heads=hk, num_sms=sms, sink=sink is not None):
             return False
-        arch = rt.device(dev)[0]
-        tile_m = C.split_tile_m(arch, d, dv)
-        kern = rt.split_kernel(dev, q.dtype, d, dv, page_size) if tile_m else None
-        if kern is None or hq // hk > tile_m or 2 * b * hk > rt.device(dev)[1]:
+        kern = rt.split_kernel(dev, q.dtype, d, dv, page_size)
+        if kern is None:
             return False
         return cls(rt, dev, q, b, hq, hk, d, dv, kind, kern, seqlen_k, varlen_q)
 
