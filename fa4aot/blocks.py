@@ -9,10 +9,10 @@ any page size (per-row page lookup).
 tile_n differs by arch (`kernel_page_sizes` states FA4's rule): on sm90 it follows the head
 dim (128 up to hd128, 112/96 at hd192, 80 at hd256, 64 with a window at hd256); on Blackwell
 (sm100, sm103) FA4's forward tiles 128 x 128 at every head dim it runs, so the TMA page is 128
-for every layer. Absorbed-MLA (qv) kernels, Blackwell only, are stored for `fa4aot.install()`
-(FA4's own entry) but the runtime has no qv path: for them `supported_block_sizes` reports
-nothing it serves and `preferred_block_size` answers from FA4's rule (128: a TMA page on every
-MLA route).
+for every layer. Absorbed-MLA (qv) layers, Blackwell only: `supported_block_sizes` answers from
+the stored MLA kernels of the layer's head ratio and of the ratio the runtime pads it to
+(runtime/mla.py), and `preferred_block_size` from FA4's rule (128: a TMA page on every MLA
+route, which FA4 picks per call).
 """
 
 from __future__ import annotations
@@ -134,9 +134,38 @@ def _block_sizes(
 _MLA_PAGES_NOTE = (
     "absorbed MLA: the kernel (2CTA, 1CTA or 1CTA-kb64) and so its TMA page sizes are chosen per "
     "call from batch x heads against the SM count; page 128 is TMA on every route "
-    "(blocks.kernel_page_sizes), and the runtime serves the stored MLA kernels at any page size "
-    "they were built for"
+    "(blocks.kernel_page_sizes; kb64 loads any multiple of 64 by TMA). Answered from the stored "
+    "MLA kernels of the layer's ratio and of its padded ratio; a call whose route has no kernel "
+    "for its page size is a miss (ArtifactMissing names it)"
 )
+
+
+def _mla_block_sizes(
+    variants: list[Variant], arch: str, dtype: str, head_dim: int, qv: int, ratio: int,
+    causal: bool,
+) -> BlockSizes:
+    """The page sizes the stored absorbed-MLA kernels of this layer take: at its head ratio or
+    at the ratio the runtime pads it to (select.mla_padded_ratio: 20 -> 32). A TMA kernel of
+    the 2CTA or 1CTA route takes page 128; of the kb64 route any multiple of 64 (64 and 128
+    listed); a cp.async one any size."""
+    from .select import mla_padded_ratio
+
+    ratios = {ratio, mla_padded_ratio(ratio)[0]}
+    tma, other, regimes = set(), False, set()
+    for v in variants:
+        if (
+            v.mla is None
+            or (v.arch, v.dtype, v.head_dim, v.head_dim_v, v.causal)
+            != (arch, dtype, head_dim, qv, causal)
+            or v.qhead_per_kvhead not in ratios
+        ):
+            continue
+        if v.paged_tma:
+            tma.update((64, 128) if v.mla == "1cta-kb64" else (128,))
+        else:
+            other = True
+        regimes.add(f"{v.mla}/{v.phase}/ratio{v.qhead_per_kvhead}{'/tma' if v.paged_tma else ''}")
+    return BlockSizes(tuple(sorted(tma)), other, tuple(sorted(regimes)), note=_MLA_PAGES_NOTE)
 
 
 def supported_block_sizes(
@@ -158,18 +187,20 @@ def supported_block_sizes(
     raises NumSmsRequired), so a page size held only by a store of another toolchain, Python or
     SM count does not count.
 
-    qv: an absorbed-MLA layer's latent dim (head_dim is then the rope part). Raises
-    UnsupportedVariant off Blackwell; on Blackwell nothing is answered from the stores: which
-    MLA kernel (and so which page sizes load by TMA) serves a call turns on batch x heads against
-    the SM count at call time, so `note` points to FA4's rule (`kernel_page_sizes`)."""
-    if qv is not None:
-        if not C.is_blackwell(arch):
-            raise UnsupportedVariant(C.mla_reason(arch))
-        return BlockSizes((), False, (), note=_MLA_PAGES_NOTE)
+    qv: an absorbed-MLA layer's latent dim (head_dim is then the rope part; qhead_per_kvhead
+    its query heads per latent head). Raises UnsupportedVariant off Blackwell; on Blackwell
+    answered from the stored MLA kernels (_mla_block_sizes), with a `note` on FA4's per-call
+    route."""
+    if qv is not None and not C.is_blackwell(arch):
+        raise UnsupportedVariant(C.mla_reason(arch))
     if num_sms is None and arch in C.ARCHS:
         num_sms = C.default_num_sms(arch)
     num_sms = num_sms or 0  # an unknown arch: no store, as before
     stores = _serving_stores(_roots(cache), arch, num_sms)
+    if qv is not None:
+        return _mla_block_sizes(
+            _paged_variants(stores), arch, dtype, head_dim, qv, qhead_per_kvhead, causal
+        )
     return _block_sizes(
         _paged_variants(stores),
         arch,

@@ -83,9 +83,39 @@ def test_sm103_needs_its_sm_count(tmp_path, stub):
     assert bs.tma == (128,) and bs.any_size
 
 
-def test_mla_block_sizes(tmp_path):
-    bs = blocks.supported_block_sizes("sm100", "bfloat16", 64, 512, qv=512, cache=tmp_path)
+MLA_SPEC = """
+name = "mla-paged"
+[[attention]]
+name = "mla"
+num_q_heads = 20
+num_kv_heads = 1
+head_dim = 64
+qv = 512
+[serving]
+layouts = ["paged"]
+phases = ["decode"]
+page_sizes = [64, 128]
+max_batch = 512
+max_context = 8192
+"""
+
+
+def test_mla_block_sizes(tmp_path, stub):
+    bs = blocks.supported_block_sizes("sm100", "bfloat16", 64, 512, qv=512, cache=tmp_path,
+                                      qhead_per_kvhead=20)
     assert bs.tma == () and not bs.any_size and "page 128 is TMA on every route" in bs.note
+    spec = parse_spec(MLA_SPEC, "mla.toml")
+    _, _, results = B.build([spec], arch="sm100", root=tmp_path, jobs=1)
+    assert results and {r.status for r in results} == {"built"}, results
+    # GLM's ratio 20: the 2CTA kernels padded to 32 and FA4's own 1CTA ones at 20 (large batch)
+    bs = blocks.supported_block_sizes("sm100", "bfloat16", 64, 512, qv=512, cache=tmp_path,
+                                      qhead_per_kvhead=20)
+    assert 128 in bs.tma and bs.serves(128) and bs.any_size and bs.serves(64)
+    assert any(r.startswith("2cta/decode/ratio32") for r in bs.regimes), bs.regimes
+    assert all(r.split("/")[2] in ("ratio20", "ratio32") for r in bs.regimes)
+    none = blocks.supported_block_sizes("sm100", "bfloat16", 64, 512, qv=512, cache=tmp_path,
+                                        qhead_per_kvhead=2)  # nothing built at ratio 2
+    assert none.tma == () and not none.any_size
     assert blocks.preferred_block_size("sm100", "bfloat16", 64, 512, qv=512) == 128
     rule = blocks.kernel_page_sizes("sm103", 64, 512, qv=512)
     assert rule.tma == (128,) and rule.any_size and "kb64" in rule.note

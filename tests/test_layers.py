@@ -214,10 +214,11 @@ def test_block_sizes_skip_stub_records_outside_stub_builds(tmp_path, stub, monke
     assert _tma(tmp_path) == (128,)  # stub builds count their own stubs (the contract tests)
     knobs(stub_compiler=None)
     assert _tma(tmp_path) == ()  # a serving process: stubs are no kernels
-    tma = [
+    tma = [  # the layer's own TMA kernels (4:1; the 1:1 split kernels are others)
         d
         for d in artifact_dirs(store)
-        if json.loads((d / RECORD).read_text())["variant"]["paged_tma"]
+        if (v := json.loads((d / RECORD).read_text())["variant"])["paged_tma"]
+        and v["qhead_per_kvhead"] == 4
     ]
     reseal(tma[0], stub=False)  # a real kernel's record
     assert _tma(tmp_path) == (128,)
