@@ -105,10 +105,12 @@ def test_native_split_refusals_name_why(stored):
     # a short KV: FA4's heuristic gives one split
     doc = run(*FP8, "--seqlen-q", "1", "--seqlen-k", "256", "--lse", "--json")[1]
     assert doc["split"]["splits"] == 0 and "one split" in doc["split"]["why"]
-    # q packed with two rows per sequence: FA4 would need its scheduler-metadata kernel
-    doc = run(*FP8, "--layout", "varlen", "--seqlen-q", "2", "--seqlen-k", "65536", "--json")[1]
+    # q packed at batch > 256: FA4 would need its scheduler-metadata kernel
+    doc = run(*FP8, "--layout", "varlen", "--seqlen-q", "1", "--seqlen-k", "65536",
+              "--batch", "300", "--json")[1]  # fmt: skip
     assert doc["split"]["splits"] == 0 and "scheduler-metadata" in doc["split"]["why"]
-    # one row per sequence: split as q in batch form (the packed-K split kernel of the spec)
+    # the same rows per sequence below that: split as q in batch form (the packed-K split
+    # kernel of the spec)
     doc = run(*FP8, "--layout", "varlen", "--seqlen-q", "1", "--seqlen-k", "65536", "--json")[1]
     assert doc["split"]["splits"] > 1, doc["split"]
     # bf16 at these shapes: nothing cached at all, so nothing to split either

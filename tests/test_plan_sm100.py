@@ -215,33 +215,35 @@ def test_native_split_uses_fa4s_heuristic_and_the_stored_combine(store, lse_want
 
 
 @pytest.mark.parametrize("lse_mode", ["none", "new", "given"])
-def test_packed_one_row_decode_splits_in_batch_form(store, lse_mode):
-    """A packed q of one decode row per sequence (cu_seqlens_q = arange, max_seqlen_q 1) is q in
-    batch form viewed: FA4's split kernel for the batch form serves it, and the LSE comes back
-    in the packed layout (h, total_q). Here over a batch-form K (the varlen entry's "padded"
-    layout), whose split kernel is the dense one."""
+@pytest.mark.parametrize("s", [1, 3])
+def test_packed_even_rows_split_in_batch_form(store, lse_mode, s):
+    """A packed q whose sequences all hold max_seqlen_q rows (total_q == batch * max_seqlen_q:
+    a decode or speculative step) is q in batch form viewed: FA4's split kernel for the batch
+    form serves it, and the LSE comes back in the packed layout (h, total_q). Here over a
+    batch-form K (the varlen entry's "padded" layout), whose split kernel is the dense one."""
     b, hq, hk, d, sk = 2, 8, 2, 64, 5000
-    n = C.native_num_splits("sm100", batch=b, num_heads_kv=hk, qhead_per_kvhead=4, seqlen_q=1,
+    n = C.native_num_splits("sm100", batch=b, num_heads_kv=hk, qhead_per_kvhead=4, seqlen_q=s,
                             max_seqlen_k=sk, head_dim=d, num_sms=SMS)  # fmt: skip
+    assert n > 1
     lse_on = lse_mode != "none"
-    packed = features(arch="sm100", **{**_feat(b, 1, hq, hk, d, lse=lse_on), "seqlen_q": None,
-                                        "max_seqlen_q": 1, "cu_seqlens_q": True})  # fmt: skip
-    split = _v(b, 1, hq, hk, d, lse=lse_on, num_splits=n, max_seqlen_k=sk)
+    packed = features(arch="sm100", **{**_feat(b, s, hq, hk, d, lse=lse_on), "seqlen_q": None,
+                                        "max_seqlen_q": s, "cu_seqlens_q": True})  # fmt: skip
+    split = _v(b, s, hq, hk, d, lse=lse_on, num_splits=n, max_seqlen_k=sk)
     rt = store([packed, split])
-    q, k, v = _qkv(b, 1, sk, hq, hk, d, seed=6)
-    cu = torch.arange(b + 1, dtype=torch.int32)
-    out = torch.full((b, hq, d), float("nan")).to(BF16)
-    lse = torch.full((hq, b), float("nan")) if lse_mode == "given" else None
-    o, l_ = R.flash_attn_varlen_func(q[:, 0], k, v, cu_seqlens_q=cu, max_seqlen_q=1,
-                                     causal=True, out=out, lse=lse,
+    q, k, v = _qkv(b, s, sk, hq, hk, d, seed=6)
+    cu = torch.arange(0, (b + 1) * s, s, dtype=torch.int32)
+    out = torch.full((b * s, hq, d), float("nan")).to(BF16)
+    lse = torch.full((hq, b * s), float("nan")) if lse_mode == "given" else None
+    o, l_ = R.flash_attn_varlen_func(q.reshape(b * s, hq, d), k, v, cu_seqlens_q=cu,
+                                     max_seqlen_q=s, causal=True, out=out, lse=lse,
                                      return_lse=lse_mode == "new")  # fmt: skip
     assert o is out and (l_ is lse if lse_mode == "given" else (l_ is None) != lse_on)
-    assert rt.log == [("fwd", (n, b, 1, hq, d), 1), ("combine", (n, b, 1, hq, d), (n, b, 1, hq))]
+    assert rt.log == [("fwd", (n, b, s, hq, d), s), ("combine", (n, b, s, hq, d), (n, b, s, hq))]
     ro, rl = _ref(q, k, v)
-    assert rel_err(o, ro[:, 0]) < 1e-2
+    assert rel_err(o.view(b, s, hq, d), ro) < 1e-2
     if lse_on:
-        assert l_.shape == (hq, b) and l_.is_contiguous()
-        assert torch.allclose(l_.t(), rl[..., 0], atol=1e-3)
+        assert l_.shape == (hq, b * s) and l_.is_contiguous()
+        assert torch.allclose(l_.view(hq, b, s).transpose(0, 1), rl, atol=1e-3)
 
 
 def test_split_is_skipped_when_the_store_lacks_the_split_kernel(store):

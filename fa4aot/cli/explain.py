@@ -340,15 +340,14 @@ def _native_split_plan(
         why = "no kernel serves the call (a split runs on the kernel the call is served by)"
     elif c.fold > 1:
         why = "a decode fold runs unsplit"
-    elif feat["cu_seqlens_q"] and (seqlen_q != 1 or batch > C.BIN_BATCH_SEARCH_THRESH):
-        why = ("q packed (cu_seqlens_q) with more than one row per sequence, or batch > 256: "
-               "FA4 would compute per-batch split counts with its scheduler-metadata kernel, "
-               "which fa4aot does not ship")
+    elif feat["cu_seqlens_q"] and batch > C.BIN_BATCH_SEARCH_THRESH:
+        why = ("q packed (cu_seqlens_q) at batch > 256: FA4 would compute per-batch split "
+               "counts with its scheduler-metadata kernel, which fa4aot does not ship")
     elif c.variant.head_dim != c.variant.head_dim_v:
         why = "unequal head dims: FA4 re-tiles that split, which fa4aot does not build"
     if why is None:
         f = feat if c.exact else _call_features(feat, c.ratio, c.head_dim, c.head_dim_v)
-        if f["cu_seqlens_q"]:  # one decode row per sequence: split as q in batch form
+        if f["cu_seqlens_q"]:  # seqlen_q rows per sequence: split as q in batch form
             f = dict(f, cu_seqlens_q=False)
         _, _, wl, wr = C.resolve_window(feat["causal"], feat["window_left"], feat["window_right"])
         n, sv = native_split_variant(

@@ -19,11 +19,11 @@ host-known values only (no device sync):
   FA4AOT_SPLIT_KV=N forces N, 0 never splits), the kernel the
   split variant of the call (`features(..., num_splits=n, max_seqlen_k=bound)`, ping-pong or
   not), run only when a store holds it; float32 partials are scratch per (device, stream,
-  shape), fresh while a CUDA graph is captured. A packed q of one decode row per sequence
-  (max_seqlen_q 1, total_q == batch <= 256: a vLLM/SGLang decode step) splits as the same
-  call in batch form (q and O viewed, the LSE copied once into its (h, total_q) layout); any
-  other packed q runs unsplit (FA4 would compute per-batch split counts with its
-  scheduler-metadata kernel, which fa4aot does not ship).
+  shape), fresh while a CUDA graph is captured. A packed q whose sequences all hold
+  max_seqlen_q rows (total_q == batch * max_seqlen_q, batch <= 256: a vLLM/SGLang decode or
+  speculative step) splits as the same call in batch form (q and O viewed, the LSE copied once
+  into its (h, total_q) layout); any other packed q runs unsplit (FA4 would compute per-batch
+  split counts with its scheduler-metadata kernel, which fa4aot does not ship).
 """
 
 from __future__ import annotations
@@ -119,12 +119,17 @@ def run(
     if sink is not None and sink.stride(0) != 1:
         sink = sink.contiguous()
     target, n = plan, 1
-    # a packed q of one decode row per sequence is q in batch form, (b, 1, h, d), viewed: FA4's
-    # split kernels take that form (a packed q's split would need its scheduler-metadata kernel)
-    # (batch <= 256: a larger one takes FA4's tile cumsum helpers, and fills the SMs unsplit)
-    one_row = varlen_q and max_seqlen_q == 1 and total_q == batch and not variant.cu_hint
+    # a packed q whose sequences all hold max_seqlen_q rows (total_q == batch * max_seqlen_q,
+    # each at most max_seqlen_q: the caller's contract) is q in batch form, (b, s, h, d),
+    # viewed: a decode or speculative step. FA4's split kernels take that form (a packed q's
+    # split would need its scheduler-metadata kernel). (batch <= 256: a larger one takes FA4's
+    # tile cumsum helpers, and fills the SMs unsplit)
+    even = (
+        varlen_q and max_seqlen_q is not None and seqused_q is None
+        and total_q == batch * max_seqlen_q and not variant.cu_hint
+    )  # fmt: skip
     if (
-        rt.split and (not varlen_q or one_row) and seqused_q is None
+        rt.split and (not varlen_q or even) and seqused_q is None
         and variant.head_dim == variant.head_dim_v
     ):  # fmt: skip
         bound = A.max_seqlen_k_bound(v, page_table, max_seqlen_k)
@@ -132,29 +137,32 @@ def run(
         key = (batch, rows, -(-bound // 128), rt.split)
         got = plan.native.get(key)
         if got is None:
-            got = _native_split(rt, plan, dev, batch, rows, bound, one_row)
+            got = _native_split(rt, plan, dev, batch, rows, bound, even)
             if len(plan.native) > _MAX_DECISIONS:
                 plan.native.clear()
             plan.native[key] = got
         n, split_plan = got
         if n > 1:
             target = split_plan
-    if n > 1 and one_row:
+    if n > 1 and even:
         # the same call in batch form: q, out as views; LSE (h, total_q) written from the
-        # batch form's (b, h, 1) by one copy
+        # batch form's (b, h, s) by one copy
+        s = max_seqlen_q
         out4, lse4 = run(
-            rt, plan, q.view(batch, 1, hq, q.shape[-1]), k, v,
-            None if out is None else out.view(batch, 1, hq, out.shape[-1]), None,
+            rt, plan, q.view(batch, s, hq, q.shape[-1]), k, v,
+            None if out is None else out.view(batch, s, hq, out.shape[-1]), None,
             softmax_scale, causal, window_left, window_right, return_lse or lse is not None,
             sink, descales, None, cu_seqlens_k, None, seqused_k, page_table, None,
-            max_seqlen_k, batch, total_q, 1, seqlen_k, hq, hk, dev,
+            max_seqlen_k, batch, total_q, s, seqlen_k, hq, hk, dev,
         )  # fmt: skip
         if out is None:
             out = out4.view(total_q, hq, out4.shape[-1])
-        if lse is not None:
-            lse.copy_(lse4.view(batch, hq).t())
-        elif return_lse:
-            lse = lse4.view(batch, hq).t().contiguous()
+        if lse is not None or return_lse:
+            rows = lse4.transpose(0, 1).reshape(hq, total_q)  # (h, b, s) -> (h, b * s)
+            if lse is None:
+                lse = rows.contiguous()
+            else:
+                lse.copy_(rows)
         return out, lse
     op = lp = None
     if n > 1:
@@ -194,7 +202,7 @@ def _native_split(rt, plan, dev, batch, rows, bound, batch_form=False):
     (1, None): `variants.native_split_variant` says one split, or no store holds the split
     kernel (the call then runs unsplit on its own kernel). The kernel's tile_m and pack_gqa are
     its record's (plan.fwd_facts checked the variant's equal to them). batch_form: a packed q
-    of one row per sequence, split as q in batch form (run)."""
+    of max_seqlen_q rows per sequence, split as q in batch form (run)."""
     if plan.feat is None:
         return 1, None
     arch, sms = rt.device(dev)
