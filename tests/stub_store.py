@@ -1,4 +1,5 @@
-"""Helpers for the store reliability tests: stub-compiled stores, CLI subprocesses, drivers.
+"""Helpers for the store reliability tests: stub-compiled stores, CLI subprocesses, drivers;
+and the in-memory stand-in store the runtime's CPU plan tests serve from (`serve_variants`).
 
 The stub compiler (FA4AOT_STUB_COMPILER=1) writes fake shared objects with the real builder's
 file traffic; everything around it (locks, publish, records, checksums) is the real code.
@@ -184,3 +185,32 @@ def run_readonly(
         text=True,
         timeout=timeout,
     )
+
+
+class StandInArtifact:
+    """A store artifact of the runtime's CPU plan tests: a record with these parts, no files."""
+
+    def __init__(self, variant, parts: dict):
+        self.id, self.variant = variant.id, variant
+        self.record = {"parts": parts}
+        self.dir = Path("/nonexistent") / variant.id
+
+
+def serve_variants(monkeypatch, root, variants, load, arch: str, num_sms: int, parts):
+    """The default runtime (reset over `root`, on_miss="error") on a device 0 of `arch` with
+    `num_sms` SMs, its stores holding exactly `variants`: stand-in artifacts whose record parts
+    are `parts(variant)`, bound by `load(runtime, artifact, *part_names)` (Runtime._load)."""
+    import fa4aot.runtime as R
+    from fa4aot.runtime import plan as P
+
+    have = {v.id: v for v in variants}
+
+    def find(self, variant, sms):
+        return StandInArtifact(variant, parts(variant)) if variant.id in have else None
+
+    monkeypatch.setattr(P.Runtime, "find", find)
+    monkeypatch.setattr(P.Runtime, "_load", load)
+    monkeypatch.setattr(P.Runtime, "available", lambda self, a, sms: list(have.values()))
+    rt = R.reset(roots=[root], on_miss="error")
+    rt._devices[0] = (arch, num_sms)
+    return rt

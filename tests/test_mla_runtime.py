@@ -14,16 +14,15 @@ the typed refusals. (That the launcher passes FA4's exact argument list: test_ru
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import torch
 from reference import mla_ref, rel_err
+from stub_store import serve_variants
 
 import fa4aot.runtime as R
 from fa4aot.build import plan_for
 from fa4aot.errors import ArtifactMissing, ContractViolation, UnsupportedVariant
-from fa4aot.runtime import plan as P
 from fa4aot.runtime import validate as V
 from fa4aot.specs import load_default
 
@@ -34,13 +33,6 @@ SMS = 148
 def _stored_mla() -> list:
     specs = [load_default(n) for n in ("glm-4.7-flash", "deepseek-v3")]
     return [n.variant for n in plan_for(specs, "sm100").variants().values() if n.variant.mla]
-
-
-class _Art:
-    def __init__(self, variant):
-        self.id, self.variant = variant.id, variant
-        self.record = {"parts": {"fwd": {}}}
-        self.dir = Path("/nonexistent") / variant.id
 
 
 def _mla_kernel(variant, log):
@@ -84,12 +76,8 @@ def store(monkeypatch, tmp_path, knobs):
         return [_mla_kernel(art.variant, log) if n == "fwd" else None for n in names]
 
     def serve(variants):
-        have = {v.id: v for v in variants}
-        monkeypatch.setattr(P.Runtime, "find", lambda s, v, sms: _Art(v) if v.id in have else None)
-        monkeypatch.setattr(P.Runtime, "_load", load)
-        monkeypatch.setattr(P.Runtime, "available", lambda s, a, sms: list(have.values()))
-        rt = R.reset(roots=[tmp_path / "cache"], on_miss="error")
-        rt._devices[0] = ("sm100", SMS)
+        rt = serve_variants(monkeypatch, tmp_path / "cache", variants, load, "sm100", SMS,
+                            lambda v: {"fwd": {}})
         rt.log = log
         return rt
 

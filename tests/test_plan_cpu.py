@@ -6,11 +6,11 @@ split kernel, and kernels are called through their arch's ABI."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import torch
 from reference import attention_ref, rel_err
+from stub_store import serve_variants
 from test_split import fake_combine, fake_fwd
 
 import fa4aot.runtime as R
@@ -24,12 +24,8 @@ from fa4aot.variants import features, split_kernel_variant
 BF16 = torch.bfloat16
 
 
-class _Art:
-    def __init__(self, variant):
-        self.id, self.variant = variant.id, variant
-        comb = {"partial_dtype": "bfloat16", "tile_m": 16, "max_splits": 128}
-        self.record = {"parts": {"fwd": {}, "combine": comb}}
-        self.dir = Path("/nonexistent") / variant.id
+def _parts(variant):
+    return {"fwd": {}, "combine": {"partial_dtype": "bfloat16", "tile_m": 16, "max_splits": 128}}
 
 
 def _dense_ref_kernel(causal: bool):
@@ -69,12 +65,7 @@ def store(monkeypatch, tmp_path, knobs):
         return [got.get(n) for n in names]
 
     def serve(variants):
-        have = {v.id: v for v in variants}
-        monkeypatch.setattr(P.Runtime, "find", lambda s, v, sms: _Art(v) if v.id in have else None)
-        monkeypatch.setattr(P.Runtime, "_load", load)
-        monkeypatch.setattr(P.Runtime, "available", lambda s, arch, sms: list(have.values()))
-        rt = R.reset(roots=[tmp_path / "cache"], on_miss="error")
-        rt._devices[0] = ("sm90", 132)
+        rt = serve_variants(monkeypatch, tmp_path / "cache", variants, load, "sm90", 132, _parts)
         rt.calls = calls
         return rt
 

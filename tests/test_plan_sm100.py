@@ -9,11 +9,11 @@ split, and the typed refusals (FP8 on sm90, descales, qv in batch form, a too-sm
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import torch
 from reference import attention_ref, rel_err
+from stub_store import serve_variants
 
 import fa4aot.runtime as R
 from fa4aot import constraints as C
@@ -27,14 +27,11 @@ BF16 = torch.bfloat16
 SMS = 148
 
 
-class _Art:
-    def __init__(self, variant):
-        self.id, self.variant = variant.id, variant
-        parts = {"fwd": {}}
-        if variant.split_kv:
-            parts["combine"] = {"partial_dtype": "float32", "tile_m": 8, "max_splits": 128}
-        self.record = {"parts": parts}
-        self.dir = Path("/nonexistent") / variant.id
+def _parts(variant):
+    parts = {"fwd": {}}
+    if variant.split_kv:
+        parts["combine"] = {"partial_dtype": "float32", "tile_m": 8, "max_splits": 128}
+    return parts
 
 
 def _scores(q, k, scale, causal):
@@ -114,12 +111,7 @@ def store(monkeypatch, tmp_path, knobs):
         return [got[n] if n in art.record["parts"] else None for n in names]
 
     def serve(variants, arch="sm100"):
-        have = {v.id: v for v in variants}
-        monkeypatch.setattr(P.Runtime, "find", lambda s, v, sms: _Art(v) if v.id in have else None)
-        monkeypatch.setattr(P.Runtime, "_load", load)
-        monkeypatch.setattr(P.Runtime, "available", lambda s, a, sms: list(have.values()))
-        rt = R.reset(roots=[tmp_path / "cache"], on_miss="error")
-        rt._devices[0] = (arch, SMS)
+        rt = serve_variants(monkeypatch, tmp_path / "cache", variants, load, arch, SMS, _parts)
         rt.log = log
         return rt
 
