@@ -937,15 +937,17 @@ def representative_call(v: Variant) -> Call:
         num_splits=num_splits,
         tile_m=v.tile_m,
     )
+    return _compiles(call, v, "these features together (no call to its forward produces them)")
+
+
+def _compiles(call: Call, v: Variant, what: str) -> Call:
+    """`call` if its features are exactly `v`, else ValueError: FA4 never compiles `what`."""
     try:
         got = call.variant(v.arch)
     except ValueError:
         got = None
     if got != v:
-        raise ValueError(
-            f"no representative call for {v.describe()}: FA4 never compiles these features "
-            "together (no call to its forward produces them)"
-        )
+        raise ValueError(f"no representative call for {v.describe()}: FA4 never compiles {what}")
     return call
 
 
@@ -974,13 +976,4 @@ def _mla_representative_call(v: Variant) -> Call:
         causal=v.causal, window_left=None, window_right=None, return_lse=v.return_lse,
         sink_dtype=None, page_size=page, qv=v.head_dim_v,
     )
-    try:
-        got = call.variant(v.arch)
-    except ValueError:
-        got = None
-    if got != v:
-        raise ValueError(
-            f"no representative call for {v.describe()}: FA4 never compiles these MLA features "
-            "together"
-        )
-    return call
+    return _compiles(call, v, "these MLA features together")
