@@ -149,20 +149,28 @@ return_lse = "both"
 """
 
 
-@pytest.fixture(scope="module")
-def mla_runtime(tmp_path_factory):
+def _built_on_this_gpu(tmp_path_factory, name: str, spec: str):
+    """Build `spec` for this GPU (real compiles, its SM count) into a fresh root: -> (root,
+    the build plan); every variant must build."""
     import fa4aot.build as B
-    import fa4aot.runtime as R
     from fa4aot import settings
     from fa4aot.specs import parse_spec
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    root = tmp_path_factory.mktemp("mla")
+    root = tmp_path_factory.mktemp(name)
     with settings.scope(stub_compiler=None):
         _, plan, results = B.build(
-            [parse_spec(MLA_SPEC, "mla.toml")], arch=ARCH, root=root, jobs=4, num_sms=sms
+            [parse_spec(spec, f"{name}.toml")], arch=ARCH, root=root, jobs=4, num_sms=sms
         )
     assert results and all(r.status == "built" for r in results), [r.error for r in results]
+    return root, plan
+
+
+@pytest.fixture(scope="module")
+def mla_runtime(tmp_path_factory):
+    import fa4aot.runtime as R
+
+    root, plan = _built_on_this_gpu(tmp_path_factory, "mla", MLA_SPEC)
     assert {n.variant.qhead_per_kvhead for n in plan.needs} == {16, 32}  # 20 is padded to 32
     yield R.reset(roots=[root], on_miss="error")
     R.reset()
@@ -256,18 +264,9 @@ split_kv = false
 
 @pytest.fixture(scope="module")
 def fp8_runtime(tmp_path_factory):
-    import fa4aot.build as B
     import fa4aot.runtime as R
-    from fa4aot import settings
-    from fa4aot.specs import parse_spec
 
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    root = tmp_path_factory.mktemp("fp8")
-    with settings.scope(stub_compiler=None):
-        _, _, results = B.build(
-            [parse_spec(FP8_SPEC, "fp8.toml")], arch=ARCH, root=root, jobs=4, num_sms=sms
-        )
-    assert results and all(r.status == "built" for r in results), [r.error for r in results]
+    root, _ = _built_on_this_gpu(tmp_path_factory, "fp8", FP8_SPEC)
     yield R.reset(roots=[root], on_miss="error")
     R.reset()
 
