@@ -26,6 +26,7 @@ from . import constraints as C
 from . import locking, settings
 from .errors import BuildError, CorruptArtifact
 from .specs import Spec
+from .split import MAX_SLOTS
 from .merge import shard as shard_ids
 from .store import (
     RECORD,
@@ -163,6 +164,9 @@ def build_one(root: str, toolchain: dict, need: dict) -> dict:
                 have = store.get(vid)
             except CorruptArtifact:
                 store.move_aside(vid, "quarantine")
+                have, status = None, "rebuilt"
+            if have is not None and superseded(have):
+                shutil.rmtree(store.move_aside(vid, "tmp"), ignore_errors=True)
                 have, status = None, "rebuilt"
             if have is not None:
                 return dict(
@@ -321,6 +325,8 @@ def build(
     pending = []
     for vid, need in todo.items():
         have, found_in = _target_copy(store, vid), None
+        if have is not None and superseded(have):
+            have = None  # (the worker replaces it)
         if have is None and not (store.artifact_dir(vid) / RECORD).exists():
             # only a miss in the target may fall through to a lower layer: a corrupt target copy
             # would shadow that layer's good one at serve time, so it is rebuilt (below)
@@ -439,6 +445,18 @@ def _check_spec_index(store: Store, spec: Spec) -> None:
             f"{store.spec_index(spec.name)} already records a different spec named "
             f"{spec.name!r}: rename one of them, or rebuild with --replace-spec to replace it"
         )
+
+
+def superseded(art) -> bool:
+    """A split chunk kernel's artifact that merges its chunks with FA4's combine where fa4aot's
+    merge kernel has a layout for its head dim (C.merge_threads): built before that kernel.
+    `fa4aot build` replaces it, as it does a corrupt copy; until then the runtime serves it
+    with FA4's combine (slower at many chunks: compiler.trace_merge)."""
+    rec = art.record
+    if "merge" in rec["parts"] or "combine" not in rec["parts"]:
+        return False
+    v = Variant.from_dict(rec["variant"])
+    return v.split_kernel and C.merge_threads(v.head_dim_v, MAX_SLOTS) is not None
 
 
 def _target_copy(store: Store, vid: str):

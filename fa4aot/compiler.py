@@ -290,7 +290,11 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
                 f"{name} helper presence disagrees with cu_hint for {variant.describe()}"
             )
     if variant.split_kernel:
-        helpers["combine"] = trace_combine(variant)
+        merge = trace_merge(variant)
+        if merge:
+            helpers["merge"] = merge
+        else:  # head dims fa4aot's merge has no thread layout for (C.merge_threads)
+            helpers["combine"] = trace_combine(variant)
     if variant.split_kv:
         # FA4's native split (Blackwell): its own entry compiled the combine for the call's
         # num_splits (the representative call's is the heuristic's maximum, 128)
@@ -328,6 +332,8 @@ def part_record(name: str, key, arch: str) -> dict:
         rec["max_splits"] = 1 << int(key[7])
         rec["partial_dtype"] = _CUTE_DTYPES[key[2].__name__]
         rec["tile_m"] = int(key[5])
+    if name == "merge":  # MERGE_KEY's fields
+        rec["partial_dtype"], rec["max_splits"], rec["threads"] = key[2], int(key[4]), int(key[5])
     return rec
 
 
@@ -383,6 +389,156 @@ def trace_combine(variant: Variant) -> list[tuple[Any, Any]]:
     key = (90, dt, dt, dv, 1, tile_m, k_block, COMBINE_LOG_MAX_SPLITS,
            False, False, True, False, False, False)
     return [(key, I._compile_fwd_combine(*key))]
+
+
+# fa4aot's merge kernel: its key is (name, version, dtype, head dim v, max splits, threads);
+# bump the version when the kernel's code changes
+MERGE_KEY = ("fa4aot_merge", 1)
+_MERGE_CLASS = None
+
+
+def trace_merge(variant: Variant) -> list[tuple[Any, Any]]:
+    """Compile fa4aot's split-KV merge for `variant`'s split plans, or [] where it has no
+    thread layout for the head dim (C.merge_threads: FA4's combine then). The runtime calls it
+    as `merge(out_partial, lse_partial, out, lse)` with FA4's combine's shapes: partials
+    (chunk, batch, seqlen, heads, dv) in the variant's dtype and (chunk, batch, seqlen, heads)
+    float32, out (batch, seqlen, heads, dv), lse (batch, seqlen, heads) float32; any strides
+    but a contiguous dv, 16-byte aligned rows.
+
+    Why not FA4's combine: it runs one CTA per 16 rows (a row: one query row and head) and
+    walks that tile's chunks serially, so one decode row of 8 heads over 128 chunks (b1/128K at
+    8:1) is one CTA reading 256 KB in 128 dependent steps, 10.9 us on the H200. This kernel
+    runs one CTA per row and spreads the chunks over thread groups, each thread loading 16
+    bytes per chunk (H200, 2026-12-01, in the split step, CUDA graph: b1/128K 8:1 31.1 ->
+    24.2 us, b1/32K 8:1 17.7 -> 10.7, b1/8K 32:8 11.5 -> 10.7; the same within noise at 2-8
+    chunks; errors against the fp32 reference unchanged, outputs within bf16 rounding of FA4's
+    combine). Merging follows FA4's combine: lse = log(sum_s exp(lse_s)) (-inf when every
+    chunk is empty, the row's output then 0), and a chunk of scale 0 is skipped, so an empty
+    chunk's unwritten partial is never read into the sum."""
+    dv = variant.head_dim_v
+    threads = C.merge_threads(dv, 1 << COMBINE_LOG_MAX_SPLITS)
+    if threads is None:
+        return []
+    import cutlass
+    import cutlass.cute as cute
+    from quack.compile_utils import make_fake_tensor
+
+    dt = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}[variant.dtype]
+    max_splits = 1 << COMBINE_LOG_MAX_SPLITS
+    key = (*MERGE_KEY, variant.dtype, dv, max_splits, threads)
+    sym = cute.sym_int
+    ns, batch, seqlen, nh = sym(), sym(), sym(), sym()
+    div = 128 // dt.width  # 16-byte aligned rows
+    f32 = cutlass.Float32
+    args = (
+        make_fake_tensor(dt, (ns, batch, seqlen, nh, dv), divisibility=div),
+        make_fake_tensor(f32, (ns, batch, seqlen, nh), divisibility=1, leading_dim=None),
+        make_fake_tensor(dt, (batch, seqlen, nh, dv), divisibility=div),
+        make_fake_tensor(f32, (batch, seqlen, nh), divisibility=1, leading_dim=None),
+    )
+    kernel = _merge_class()(dt, dv, max_splits, threads)
+    fn = cute.compile(
+        kernel, *args, cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
+        options="--enable-tvm-ffi",
+    )
+    return [(key, fn)]
+
+
+def _merge_class():
+    """The merge kernel's class, defined on first use (cutlass is imported only here)."""
+    global _MERGE_CLASS
+    if _MERGE_CLASS is not None:
+        return _MERGE_CLASS
+    import math
+
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass import Float32
+
+    log2_e = math.log2(math.e)
+    vec = 8  # columns per thread: one 16-byte load of 2-byte partials
+
+    class SplitMerge:
+        def __init__(self, dtype, dv: int, max_splits: int, threads: int):
+            self.dtype, self.dv, self.max_splits, self.threads = dtype, dv, max_splits, threads
+            self.lanes = dv // vec
+            self.groups = threads // self.lanes
+            self.warps = threads // 32
+
+        def smem_bytes(self) -> int:
+            return 4 * (self.max_splits + 2 * self.warps + self.dv * self.groups) + 64
+
+        @cute.jit
+        # (no annotations: under `from __future__ import annotations` the DSL would evaluate
+        # "cute.Tensor" in this module's globals, where cute is not imported)
+        def __call__(self, mOp, mLp, mO, mLSE, stream):
+            self.kernel(mOp, mLp, mO, mLSE).launch(
+                grid=[mO.shape[2], mO.shape[1], mO.shape[0]], block=[self.threads, 1, 1],
+                smem=self.smem_bytes(), stream=stream,
+            )
+
+        @cute.kernel
+        def kernel(self, mOp, mLp, mO, mLSE):
+            tidx, _, _ = cute.arch.thread_idx()
+            h, m, b = cute.arch.block_idx()  # one CTA per (head, query row, batch)
+            n = mOp.shape[0]
+            smem = cutlass.memory.SmemAllocator()
+            sScale = smem.allocate_tensor(Float32, cute.make_layout(self.max_splits),
+                                          byte_alignment=16)
+            sMax = smem.allocate_tensor(Float32, cute.make_layout(self.warps), byte_alignment=16)
+            sSum = smem.allocate_tensor(Float32, cute.make_layout(self.warps), byte_alignment=16)
+            sAcc = smem.allocate_tensor(Float32, cute.make_layout((self.dv, self.groups)),
+                                        byte_alignment=16)
+            warp, lane = tidx // 32, tidx % 32
+            # 1. the row's LSE over its chunks, each chunk's scale exp(lse_s - lse)
+            lse = -Float32.inf
+            if tidx < n:
+                lse = mLp[tidx, b, m, h]
+            wmax = cute.arch.warp_reduction_max(lse)
+            if lane == 0:
+                sMax[warp] = wmax
+            cute.arch.sync_threads()
+            mx = sMax[0]
+            for w in cutlass.range_constexpr(1, self.warps):
+                mx = cute.arch.fmax(mx, sMax[w])
+            mx_cur = 0.0 if mx == -Float32.inf else mx  # every chunk empty
+            e = cute.math.exp2(lse * log2_e - mx_cur * log2_e, fastmath=True)
+            wsum = cute.arch.warp_reduction_sum(e)
+            if lane == 0:
+                sSum[warp] = wsum
+            cute.arch.sync_threads()
+            tot = sSum[0]
+            for w in cutlass.range_constexpr(1, self.warps):
+                tot = tot + sSum[w]
+            inv = 0.0 if (tot == 0.0 or tot != tot) else 1.0 / tot
+            if tidx < n:
+                sScale[tidx] = e * inv
+            if tidx == 0:
+                mLSE[b, m, h] = cute.math.log(tot, fastmath=True) + mx
+            cute.arch.sync_threads()
+            # 2. thread (group g, lane l): columns [8l, 8l + 8) of chunks g, g + groups, ...
+            lane_c = tidx % self.lanes
+            g = tidx // self.lanes
+            acc = cute.make_rmem_tensor((vec,), Float32)
+            acc.fill(0.0)
+            frag = cute.make_rmem_tensor((vec,), self.dtype)
+            for s in cutlass.range(g, n, self.groups, unroll=4):
+                sc = sScale[s]
+                cute.autovec_copy(cute.local_tile(mOp[s, b, m, h, None], (vec,), (lane_c,)), frag)
+                if sc > 0.0:  # (an empty chunk's partial is not read into the sum)
+                    acc.store(acc.load() + sc * frag.load().to(Float32))
+            for i in cutlass.range_constexpr(vec):
+                sAcc[lane_c * vec + i, g] = acc[i]
+            cute.arch.sync_threads()
+            # 3. the groups' sums, a column per thread (dv may exceed the threads)
+            for c in cutlass.range(tidx, self.dv, self.threads):
+                o = sAcc[c, 0]
+                for j in cutlass.range_constexpr(1, self.groups):
+                    o = o + sAcc[c, j]
+                mO[b, m, h, c] = o.to(self.dtype)
+
+    _MERGE_CLASS = SplitMerge
+    return SplitMerge
 
 
 def runtime_library_dirs() -> list[str]:

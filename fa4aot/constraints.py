@@ -236,6 +236,25 @@ def split_tile_m(arch: str, head_dim: int, head_dim_v: int) -> int | None:
     return None
 
 
+MERGE_MAX_THREADS = 256
+
+
+def merge_threads(head_dim_v: int, max_splits: int) -> int | None:
+    """Threads per CTA of fa4aot's split-KV merge kernel (compiler.trace_merge): one CTA per
+    output row, each thread 8 columns (one 16-byte load of 2-byte partials) of every
+    `groups`-th chunk, so the threads are (dv / 8) lanes x groups, a whole number of warps, at
+    most MERGE_MAX_THREADS and at least one per chunk (each reads one chunk's LSE). None where
+    no such count exists: FA4's combine kernel merges those chunks instead."""
+    if head_dim_v % 8:
+        return None
+    lanes = head_dim_v // 8
+    for groups in range(MERGE_MAX_THREADS // lanes, 0, -1):
+        threads = lanes * groups
+        if threads % 32 == 0 and threads >= max_splits:
+            return threads
+    return None
+
+
 def paged_tma(arch: str, page_size: int, tile: Tile) -> bool:
     """FA4 takes the TMA paged-KV path iff the page size equals the kernel's tile_n.
 

@@ -239,3 +239,38 @@ def test_build_writes_nothing_outside_its_root(tmp_path, stub):
     store, _, _ = B.build([spec], arch=ARCH, root=tmp_path / "a")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
     assert isinstance(store, Store) and store.root == tmp_path / "a"
+
+
+def test_superseded_is_a_split_kernel_merging_with_fa4s_combine():
+    """`fa4aot build` replaces a split chunk kernel's artifact built before fa4aot's merge
+    kernel (its chunks merged by FA4's combine); nothing else."""
+    from types import SimpleNamespace
+
+    from fa4aot.variants import split_kernel_variant
+
+    def art(variant, *parts):
+        return SimpleNamespace(record={"variant": variant.to_dict(),
+                                       "parts": {p: {} for p in ("fwd", *parts)}})
+
+    split = split_kernel_variant("sm90", "bfloat16", 128, 128, None)
+    other = enumerate_variants(parse_spec(TINY, "tiny.toml"), ARCH).variants()
+    assert B.superseded(art(split, "combine"))
+    assert not B.superseded(art(split, "merge"))
+    assert not any(B.superseded(art(n.variant, "combine")) for n in other.values())
+
+
+def test_a_superseded_artifact_is_replaced(tmp_path, stub, monkeypatch):
+    """The replacement takes the old copy out in one rename and publishes the new one;
+    nothing is left behind, and the next build finds it current."""
+    spec = parse_spec(TINY, "tiny.toml")
+    store, _, results = B.build([spec], arch=ARCH, root=tmp_path)
+    vid = results[0].id
+    inode = (store.artifact_dir(vid) / "record.json").stat().st_ino
+    monkeypatch.setattr(B, "superseded", lambda art: (art.dir / "record.json").stat().st_ino == inode)
+    _, _, again = B.build([spec], arch=ARCH, root=tmp_path)
+    assert {r.id: r.status for r in again} == {r.id: ("rebuilt" if r.id == vid else "cached")
+                                               for r in results}
+    assert (store.artifact_dir(vid) / "record.json").stat().st_ino != inode  # a new copy
+    assert store.get(vid) is not None and not list((store.dir / "tmp").iterdir())
+    _, _, third = B.build([spec], arch=ARCH, root=tmp_path)
+    assert all(r.status == "cached" for r in third)

@@ -87,3 +87,22 @@ def test_default_build_block_sizes():
         )
         == 128
     )
+
+
+def test_default_split_kernels_merge_with_fa4aots_merge_kernel():
+    """Every split chunk kernel of the default build carries fa4aot's merge kernel (part
+    `merge`, compiler.trace_merge), exported under its entry point, and not FA4's combine."""
+    from fa4aot.variants import Variant
+
+    s = _store()
+    n = 0
+    for d in (s.dir / "artifacts").iterdir():
+        rec = json.loads((d / "record.json").read_text())
+        if not Variant.from_dict(rec["variant"]).split_kernel:
+            continue
+        n += 1
+        parts = rec["parts"]
+        assert "combine" not in parts and parts["merge"]["max_splits"] == 128, d.name
+        assert parts["merge"]["partial_dtype"] == rec["variant"]["dtype"]
+        assert b"fa4aot_merge" in (d / parts["merge"]["file"]).read_bytes()
+    assert n >= 6

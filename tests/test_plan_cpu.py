@@ -25,7 +25,26 @@ BF16 = torch.bfloat16
 
 
 def _parts(variant):
+    """A record's parts as `fa4aot build` writes them: a split chunk kernel merges its chunks
+    with fa4aot's merge kernel (part `merge`)."""
+    return {"fwd": {}, "merge": {"partial_dtype": "bfloat16", "max_splits": 128, "threads": 256}}
+
+
+def _parts_before_merge(variant):
+    """A split chunk kernel's parts as builds before fa4aot's merge kernel wrote them: FA4's
+    combine (part `combine`)."""
     return {"fwd": {}, "combine": {"partial_dtype": "bfloat16", "tile_m": 16, "max_splits": 128}}
+
+
+def fake_merge(op, lp, out, lse):
+    """fa4aot's merge kernel: FA4's combine's four tensors, and nothing else (launch.fa4aot_merge)."""
+    fake_combine(op, lp, out, lse)
+
+
+def fake_fa4_combine(*args):
+    """FA4's combine in its own ABI: the four tensors, then five Nones (launch._sm90_combine)."""
+    assert len(args) == 9
+    fake_combine(*args)
 
 
 def _dense_ref_kernel(causal: bool):
@@ -61,11 +80,12 @@ def store(monkeypatch, tmp_path, knobs):
         v = art.variant
         split = v == split_kernel_variant("sm90", "bfloat16", v.head_dim, v.head_dim_v, None)
         fwd = fake_fwd if split else _dense_ref_kernel(v.causal)
-        got = {"fwd": counted("fwd", fwd), "combine": counted("combine", fake_combine)}
+        got = {"fwd": counted("fwd", fwd), "merge": counted("combine", fake_merge),
+               "combine": counted("combine", fake_fa4_combine)}
         return [got.get(n) for n in names]
 
-    def serve(variants):
-        rt = serve_variants(monkeypatch, tmp_path / "cache", variants, load, "sm90", 132, _parts)
+    def serve(variants, parts=_parts):
+        rt = serve_variants(monkeypatch, tmp_path / "cache", variants, load, "sm90", 132, parts)
         rt.calls = calls
         return rt
 
@@ -121,6 +141,21 @@ def test_split_composes_with_the_gqa_fold_through_the_entry_point(store, sink):
     runs = [r for r in rt._split_runs.values() if r]
     assert len(runs) == 1 and runs[0].sp.slots == 3 + sink
     assert rt.calls == {"fwd": 2, "combine": 2}
+
+
+@pytest.mark.parametrize("parts", [_parts, _parts_before_merge])
+def test_split_merges_with_the_artifacts_merge_part(store, parts):
+    """A split chunk kernel's artifact names its merge kernel: fa4aot's (`merge`, 4 arguments)
+    or, built before it, FA4's combine (`combine`, FA4's 9): the runtime binds each by its ABI,
+    and both give the reference."""
+    rt = store([split_kernel_variant("sm90", "bfloat16", 64, 64, None)], parts)
+    rt.split = 3
+    q, k, v = _qkv(2, 1, 1500, 8, 2, 64, seed=3)
+    o, lse = R.flash_attn_func(q, k, v, causal=True, return_lse=True)
+    ro, rl = attention_ref(q, k, v, torch.ones(2), torch.full((2,), 1500), causal=True)
+    assert rel_err(o, ro) < 1e-2 and torch.allclose(lse, rl, atol=1e-3)
+    (kern,) = [x for x in rt._split_kernels.values() if x]
+    assert kern.fa4aot_merge == (parts is _parts) and rt.calls == {"fwd": 1, "combine": 1}
 
 
 def test_no_split_kernel_runs_the_unsplit_plan(store):

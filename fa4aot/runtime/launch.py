@@ -7,7 +7,7 @@ every call site uses the bound launcher's keyword-free, arch-neutral form:
     fwd(q, k, v, out, lse, scale, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
         page_table, window_left, window_right, learnable_sink, cu_total_m_blocks)
     tile_cumsum(out, cu_seqlens_q, seqused_q)
-    combine(out_partial, lse_partial, out, lse)
+    combine(out_partial, lse_partial, out, lse)    (FA4's combine; fa4aot_merge: fa4aot's)
 
 sm100/sm103 (`SM100`): the same arch-neutral form, plus the trailing keywords FA4's Blackwell
 forward has slots for (`max_seqlen_q`, `descales`, `blocks_to_batch_idx`), passed on to
@@ -90,6 +90,16 @@ def _sm90_combine(kernel: Any) -> Callable:
 
     def combine(out_partial, lse_partial, out, lse):
         kernel(out_partial, lse_partial, out, lse, None, None, None, None, None)
+
+    return combine
+
+
+def fa4aot_merge(kernel: Any) -> Callable:
+    """fa4aot's split-KV merge (compiler.trace_merge; the part `merge` of a split chunk
+    kernel's artifact): FA4's combine's four tensors, nothing else. Arch-neutral."""
+
+    def combine(out_partial, lse_partial, out, lse):
+        kernel(out_partial, lse_partial, out, lse)
 
     return combine
 

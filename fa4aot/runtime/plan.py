@@ -42,22 +42,39 @@ log = logging.getLogger("fa4aot")
 ON_MISS = ("error", "warn", "jit")
 
 
+def _merge_part(art: Artifact | None, dtype: str) -> tuple[str | None, dict]:
+    """A split chunk kernel's merge part for partials of `dtype`: (name, record), fa4aot's
+    `merge` before FA4's `combine` (artifacts built before the merge have only that one), or
+    (None, {}) when it has neither (the call then runs unsplit)."""
+    parts = art.record["parts"] if art is not None else {}
+    merge = parts.get("merge", {})
+    if merge.get("partial_dtype") == dtype:
+        return "merge", merge
+    comb = parts.get("combine", {})
+    if comb.get("partial_dtype") == dtype and comb.get("tile_m"):
+        return "combine", comb
+    return None, {}
+
+
 @dataclass(slots=True)
 class SplitKernel:
-    """A loaded split-KV chunk kernel (variants.split_kernel_variant) and its combine, bound
-    to their arch's ABI (`launch`, `merge`)."""
+    """A loaded split-KV chunk kernel (variants.split_kernel_variant) and its merge kernel,
+    bound to their ABI (`launch`, `merge`): fa4aot's merge (`fa4aot_merge`, the artifact's part
+    `merge`) or, in artifacts built before it or for head dims it has no layout for, FA4's
+    combine (part `combine`, the arch's ABI)."""
 
     fwd: Any
     combine: Any
     max_slots: int
     artifact: Artifact | None
     abi: L.Abi = L.SM90
+    fa4aot_merge: bool = False
     launch: Callable = field(init=False)
     merge: Callable = field(init=False)
 
     def __post_init__(self):
         self.launch = self.abi.fwd(self.fwd)
-        self.merge = self.abi.combine(self.combine)
+        self.merge = (L.fa4aot_merge if self.fa4aot_merge else self.abi.combine)(self.combine)
 
 
 @dataclass(slots=True)
@@ -272,12 +289,12 @@ class Runtime:
             v = split_kernel_variant(arch, DTYPES[dtype], head_dim, head_dim_v, page_size)
             with self._lock:
                 art = self.find(v, sms)
-                comb = art.record["parts"].get("combine", {}) if art is not None else {}
-                if comb.get("partial_dtype") == DTYPES[dtype] and comb.get("tile_m"):
+                name, comb = _merge_part(art, DTYPES[dtype])
+                if name is not None:
                     if art.id in self._modules:  # the decode fold loaded it (same tile)
-                        (combine,) = self._load(art, "combine")
+                        (combine,) = self._load(art, name)
                     else:
-                        fwd, helper, combine = self._load(art, "fwd", "tile_cumsum", "combine")
+                        fwd, helper, combine = self._load(art, "fwd", "tile_cumsum", name)
                         self._modules[art.id] = (fwd, helper, art)
                     got = SplitKernel(
                         self._modules[art.id][0],
@@ -285,6 +302,7 @@ class Runtime:
                         int(comb.get("max_splits", S.MAX_SLOTS)),
                         art,
                         L.abi_for(arch),
+                        fa4aot_merge=name == "merge",
                     )
         self._split_kernels[key] = got
         return got
