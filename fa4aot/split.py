@@ -143,8 +143,7 @@ def choose_splits(
 
 
 def fold_refusal(
-    *, arch: str, head_dim: int, head_dim_v: int, ratio: int, rows: int, batch: int,
-    kv_heads: int, num_sms: int, sink: bool,
+    *, arch: str, head_dim: int, head_dim_v: int, ratio: int, rows: int, sink: bool,
 ) -> str | None:
     """Why a decode step the plan leaves unsplit does not run as the fold (one chunk per
     sequence on the chunk kernel: runtime/splitkv.FoldRun), or None (it does). Shared by the
@@ -160,10 +159,21 @@ def fold_refusal(
         return "a learnable sink (the chunk kernel has none)"
     if ratio > tile_m:
         return f"{ratio} query heads per KV head exceed the chunk kernel's {tile_m}-row tile"
-    if 2 * batch * kv_heads > num_sms:
-        return (f"{batch * kv_heads} (sequence, KV head) pairs fill half of {num_sms} SMs: "
-                "FA4's kernel is as fast there, for less host time")
     return None
+
+
+def merge_part(parts: dict, dtype: str) -> tuple[str | None, dict]:
+    """The part of a split chunk kernel's artifact that merges its chunks' partials of `dtype`:
+    (name, its record) for fa4aot's merge kernel (`merge`) or, in artifacts built before it,
+    FA4's combine (`combine`); (None, {}) when it has neither (the step then runs unsplit).
+    Shared by the runtime (plan.Runtime.split_kernel) and `fa4aot explain`."""
+    merge = parts.get("merge", {})
+    if merge.get("partial_dtype") == dtype:
+        return "merge", merge
+    comb = parts.get("combine", {})
+    if comb.get("partial_dtype") == dtype and comb.get("tile_m"):
+        return "combine", comb
+    return None, {}
 
 
 def split_refusal(

@@ -394,13 +394,13 @@ def _split_plan(
         why = f"{seqlen_k} keys: at most {S.NEVER_SPLIT_KEYS} never split"
     kern = split_kernel_variant(arch, dtype, d, dv, page_size)
     rec = next((a.record for a in arts if a.id == kern.id), None)
-    if why is None and (
-        rec is None or rec["parts"].get("combine", {}).get("partial_dtype") != dtype
-    ):
-        why = f"the split kernel {kern.describe()} (id {kern.id}) is not cached with its combine"
+    merge_name, merge = S.merge_part(rec["parts"] if rec else {}, dtype)
+    if why is None and merge_name is None:
+        why = (f"the split kernel {kern.describe()} (id {kern.id}) is not cached with its "
+               "merge kernel")
     sp = None
     if why is None:
-        max_slots = rec["parts"]["combine"].get("max_splits", S.MAX_SLOTS)
+        max_slots = merge.get("max_splits", S.MAX_SLOTS)
         bucket = S.plan_bucket(seqlen_k)  # as the runtime plans it
         sp = S.plan_split(
             ctas=batch * seqlen_q * hk, seqlen_k=bucket, bytes_per_key=(d + dv) * 2,
@@ -412,8 +412,7 @@ def _split_plan(
                    f"the cost model: {batch * seqlen_q * hk} CTAs over {seqlen_k} keys gain "
                    f"nothing on {num_sms} SMs")
             no_fold = setting == 0 or S.fold_refusal(
-                arch=arch, head_dim=d, head_dim_v=dv, ratio=hq // hk, rows=seqlen_q,
-                batch=batch, kv_heads=hk, num_sms=num_sms, sink=sink,
+                arch=arch, head_dim=d, head_dim_v=dv, ratio=hq // hk, rows=seqlen_q, sink=sink,
             )
             if not no_fold:
                 return {"splits": 0, "why": why, "fold": (

@@ -42,20 +42,6 @@ log = logging.getLogger("fa4aot")
 ON_MISS = ("error", "warn", "jit")
 
 
-def _merge_part(art: Artifact | None, dtype: str) -> tuple[str | None, dict]:
-    """A split chunk kernel's merge part for partials of `dtype`: (name, record), fa4aot's
-    `merge` before FA4's `combine` (artifacts built before the merge have only that one), or
-    (None, {}) when it has neither (the call then runs unsplit)."""
-    parts = art.record["parts"] if art is not None else {}
-    merge = parts.get("merge", {})
-    if merge.get("partial_dtype") == dtype:
-        return "merge", merge
-    comb = parts.get("combine", {})
-    if comb.get("partial_dtype") == dtype and comb.get("tile_m"):
-        return "combine", comb
-    return None, {}
-
-
 @dataclass(slots=True)
 class SplitKernel:
     """A loaded split-KV chunk kernel (variants.split_kernel_variant) and its merge kernel,
@@ -289,7 +275,7 @@ class Runtime:
             v = split_kernel_variant(arch, DTYPES[dtype], head_dim, head_dim_v, page_size)
             with self._lock:
                 art = self.find(v, sms)
-                name, comb = _merge_part(art, DTYPES[dtype])
+                name, comb = S.merge_part(art.record["parts"] if art else {}, DTYPES[dtype])
                 if name is not None:
                     if art.id in self._modules:  # the decode fold loaded it (same tile)
                         (combine,) = self._load(art, name)

@@ -201,11 +201,12 @@ class FoldRun:
     with one chunk per sequence: the GQA fold (a KV head's r query heads as r rows of the 1:1
     kernel, q and out viewed, no copy) on the chunk kernel's 64-row M tile
     (constraints.split_tile_m), where FA4's decode kernel packs them into a 128-row tile. The
-    same bits as FA4's kernel, and faster where the step does not fill the chip (H200,
-    2026-12-01, 32:8 hd128, CUDA graph: b2/1K 15.8 -> 11.9 us, b8/4K 49.4 -> 37.6; b16 and
-    up: equal, so from (sequence, KV head) pairs filling half the SMs on, FA4's kernel, whose
-    call costs less host time). Not for a learnable sink (the chunk kernel has none), a head
-    ratio over the tile's rows, or a chunk kernel with FA4's own tile (head dims over 128,
+    same bits as FA4's kernel (H200, 2026-12-01: torch.equal at 18 shapes) in less GPU time at
+    every batch measured: 32:8 hd128 in a CUDA graph, b2/1K 15.8 -> 11.9 us, b8/4K 49.4 ->
+    37.6; in one decode run (2026-12-01-s7-e) against FA4's kernel, eager, b32/128K 4097 ->
+    3843 us, b64/128K 9096 -> 7580, b128/64K 8153 -> 7600, b128/1K 145.6 -> 137.0. About 10 us
+    more host time per call (the views). Not for a learnable sink (the chunk kernel has none), a
+    head ratio over the tile's rows, or a chunk kernel with FA4's own tile (head dims over 128,
     Blackwell)."""
 
     fold = True
@@ -217,9 +218,9 @@ class FoldRun:
     def make(cls, rt, dev, q, b, rows, hq, hk, d, dv, kind, page_size, seqlen_k, sink,
              varlen_q):
         """The fold of this step, or False (run it on FA4's exact kernel)."""
-        arch, sms = rt.device(dev)
+        arch, _ = rt.device(dev)
         if S.fold_refusal(arch=arch, head_dim=d, head_dim_v=dv, ratio=hq // hk, rows=rows,
-                          batch=b, kv_heads=hk, num_sms=sms, sink=sink is not None):
+                          sink=sink is not None):
             return False
         kern = rt.split_kernel(dev, q.dtype, d, dv, page_size)
         if kern is None:
