@@ -246,7 +246,10 @@ def main():
         fns[("fa4aot", name)] = lambda f=getattr(fa4aot, fn_name), a=args, k=kw: f(*a, **k)
         if base is not None:
             f = getattr(base, fn_name)
-            assert torch.equal(f(*args, **kw)[0], getattr(fa4aot, fn_name)(*args, **kw)[0])
+            # the same computation (split steps may differ in the last bf16 bit: the baseline
+            # merges chunks with FA4's combine, fa4aot with its own merge kernel)
+            ob, on = f(*args, **kw)[0].float(), getattr(fa4aot, fn_name)(*args, **kw)[0].float()
+            assert (ob - on).abs().max() <= 1e-2 * on.abs().max(), name
             fns[("baseline", name)] = lambda f=f, a=args, k=kw: f(*a, **k)
         if fa4 is not None:
             fns[("fa4", name)] = lambda f=getattr(fa4, fn_name), a=args, k=kw: f(*a, **k)

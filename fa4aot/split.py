@@ -40,15 +40,22 @@ MAX_SLOTS = 128
 class CostModel:
     """Time of one decode step as a function of its split count (sm90, H200 figures).
 
-    cta_bytes_per_s: how fast one CTA streams K/V (the issue's table: 67 MB in 1334 us on one
-    CTA; 268 MB in 677 us on 8); hbm_bytes_per_s: what the whole chip streams (537 MB in 137 us
-    on 256 CTAs); overhead_s: the split's extra launches (q replication, metadata, combine),
-    paid only when the step splits. `benchmarks/decode_split.py` and
-    `benchmarks/split_sweep.py --small` measure them."""
+    cta_bytes_per_s: how fast one CTA of the chunk kernel streams K/V, which with the 64-row
+    tile (constraints.split_tile_m) also runs the unsplit step (the fold): 4096 keys of 512
+    bytes in 34-36 us at b1-b8, 32:8 (`split_sweep.py --small`, n=1, CUDA graph, H200,
+    2026-12-01; FA4's 128-row decode kernel: 49 us, 42 GB/s); hbm_bytes_per_s: what the whole
+    chip streams (cuDNN: 268 MB in 67 us, 34 GB in 7.5 ms); overhead_s: the split's extra
+    launches (q replication, metadata, merge), paid only when the step splits.
+    `benchmarks/decode_split.py` and `benchmarks/split_sweep.py --small` measure them. With
+    the earlier 50 GB/s and 4.0 TB/s, b8/4K split in 2 chunks: 40.3 us in a graph, against
+    36.2 for the fold."""
 
-    cta_bytes_per_s: float = 50e9
-    hbm_bytes_per_s: float = 4.0e12
+    cta_bytes_per_s: float = 60e9
+    hbm_bytes_per_s: float = 4.3e12
     overhead_s: float = 7e-6
+    # how fast one CTA of FA4's own decode kernel streams K/V: the unsplit step where the fold
+    # does not serve it (fold_refusal: a sink, several query rows, head dims over 128)
+    fa4_cta_bytes_per_s: float = 42e9
     # keys: below this a chunk's fixed cost dominates its streaming, for a step of several
     # decode rows, whose split copies q over the chunks (one more launch): H200, eager, b4/1K
     # 32:8 ran 18.2 us unsplit and 23.2 in 4 chunks of 256 (split_sweep --small, 2026-12-01)
@@ -92,12 +99,15 @@ def step_time(
     num_sms: int,
     align: int,
     model: CostModel = DEFAULT_MODEL,
+    fold: bool = True,
 ) -> float:
-    """Modelled seconds of a decode step on n chunks; ctas: (sequence, KV head) pairs."""
+    """Modelled seconds of a decode step on n chunks; ctas: (sequence, KV head) pairs; fold:
+    whether the unsplit step (n == 1) runs as the fold, on the chunk kernel (else FA4's)."""
     c = chunk_keys(seqlen_k, n, align)
     n_eff = -(-seqlen_k // c)
     waves = -(-ctas * n_eff // num_sms)
-    stream = max(waves * c * bytes_per_key / model.cta_bytes_per_s,
+    rate = model.cta_bytes_per_s if n_eff > 1 or fold else model.fa4_cta_bytes_per_s
+    stream = max(waves * c * bytes_per_key / rate,
                  ctas * seqlen_k * bytes_per_key / model.hbm_bytes_per_s)
     return stream + (model.overhead_s if n_eff > 1 else 0.0)
 
@@ -113,8 +123,10 @@ def choose_splits(
     align: int = 128,
     max_splits: int = MAX_SLOTS,
     model: CostModel = DEFAULT_MODEL,
+    fold: bool = True,
 ) -> int:
-    """The split count that minimises `step_time` (1: do not split).
+    """The split count that minimises `step_time` (1: do not split; `fold`: the unsplit step
+    runs as the fold).
 
     rows: the virtual decode rows per sequence (1, or s_q for an unrolled speculative step);
     bytes_per_key: K + V bytes of one key of one KV head. A step splits only where the model
@@ -133,7 +145,7 @@ def choose_splits(
             continue  # rounding left fewer chunks: the same as a smaller n
         t = step_time(
             n, ctas=ctas, seqlen_k=seqlen_k, bytes_per_key=bytes_per_key, num_sms=num_sms,
-            align=align, model=model,
+            align=align, model=model, fold=fold,
         )
         if best_t is None or t < best_t * (1 - 1e-9):
             best_n, best_t = n, t
@@ -271,11 +283,13 @@ def plan_split(
     setting: int,
     max_slots: int = MAX_SLOTS,
     decode_rows: int = 1,
+    fold: bool = True,
 ) -> Split | None:
     """The runtime's split of a decode step (None: unsplit): `setting` is FA4AOT_SPLIT_KV
     (-1 auto: the cost model; 0 never; N forced), ctas the (sequence, row, KV head) triples,
-    of which decode_rows (sequence, row) pairs; seqlen_k a bound on every KV length. Shared by
-    the runtime and `fa4aot explain`."""
+    of which decode_rows (sequence, row) pairs; seqlen_k a bound on every KV length; fold:
+    whether the step, unsplit, runs as the fold (fold_refusal). Shared by the runtime and
+    `fa4aot explain`."""
     if setting == 0:
         return None
     align = 128 if page_size is None else math.lcm(128, page_size)
@@ -283,7 +297,7 @@ def plan_split(
     if n < 0:
         n = choose_splits(
             batch=decode_rows, kv_heads=ctas // decode_rows, rows=1, seqlen_k=seqlen_k,
-            bytes_per_key=bytes_per_key, num_sms=num_sms, align=align,
+            bytes_per_key=bytes_per_key, num_sms=num_sms, align=align, fold=fold,
         )
     n = min(n, max_slots - sink)
     if n <= 1:

@@ -61,7 +61,13 @@ def test_short_contexts_split_one_row_steps_into_single_block_chunks():
     assert _n(1, 8, 2048) == 16
     assert _n(2, 8, 1024) == 1 and _n(4, 8, 1024) == 1
     assert _n(1, 2, 1024, rows=2) == 1  # two unrolled rows copy q as two sequences do
-    assert (_n(2, 8, 2048), _n(8, 8, 4096)) == (4, 2)  # as with 512-key chunks before
+    assert _n(2, 8, 2048) == 4  # as with 512-key chunks before
+    # b8/4K runs unsplit as the fold (36.2 us in a graph against 40.3 in 2 chunks: sweep
+    # --small, 2026-12-01); where the fold cannot serve it, FA4's slower kernel would, and it
+    # splits in 2
+    assert _n(8, 8, 4096) == 1
+    assert S.choose_splits(batch=8, kv_heads=8, rows=1, seqlen_k=4096, bytes_per_key=512,
+                           num_sms=132, fold=False) == 2
     # plan_split (the runtime's and explain's) takes the decode rows apart from the CTAs
     one = dict(seqlen_k=1024, bytes_per_key=512, page_size=None, sink=False, num_sms=132,
                setting=-1)
@@ -148,8 +154,12 @@ class _FakeRuntime:
     def plan(self, seqlen_k, page_size, sink):
         return S.make_split(self.n, seqlen_k, page_size=page_size, sink=sink)
 
-    def split_for(self, dev, dtype, ctas, seqlen_k, d, dv, page_size, sink, decode_rows=1):
+    def split_for(self, dev, dtype, ctas, seqlen_k, d, dv, page_size, sink, decode_rows=1,
+                  fold=True):
         return self.plan(seqlen_k, page_size, sink)
+
+    def device(self, dev):
+        return "sm90", 132
 
 
 def _split(rt, q, k, v, kind, kv, seqlen_k, page, causal, sink, out, lse, want_lse, varlen_q):
@@ -272,7 +282,7 @@ class _NoSplitRuntime(_FakeRuntime):
 
         return R.plan.SplitKernel(fwd, fake_combine, S.MAX_SLOTS, None)
 
-    def split_for(self, *a):
+    def split_for(self, *a, **kw):
         return None
 
 

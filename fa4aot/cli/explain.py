@@ -399,22 +399,21 @@ def _split_plan(
         why = (f"the split kernel {kern.describe()} (id {kern.id}) is not cached with its "
                "merge kernel")
     sp = None
+    fold_why = S.fold_refusal(arch=arch, head_dim=d, head_dim_v=dv, ratio=hq // hk,
+                              rows=seqlen_q, sink=sink)
     if why is None:
         max_slots = merge.get("max_splits", S.MAX_SLOTS)
         bucket = S.plan_bucket(seqlen_k)  # as the runtime plans it
         sp = S.plan_split(
             ctas=batch * seqlen_q * hk, seqlen_k=bucket, bytes_per_key=(d + dv) * 2,
             page_size=page_size, sink=sink, num_sms=num_sms, setting=setting,
-            max_slots=max_slots, decode_rows=batch * seqlen_q,
+            max_slots=max_slots, decode_rows=batch * seqlen_q, fold=fold_why is None,
         )
         if sp is None:
             why = ("FA4AOT_SPLIT_KV=0" if setting == 0 else
                    f"the cost model: {batch * seqlen_q * hk} CTAs over {seqlen_k} keys gain "
                    f"nothing on {num_sms} SMs")
-            no_fold = setting == 0 or S.fold_refusal(
-                arch=arch, head_dim=d, head_dim_v=dv, ratio=hq // hk, rows=seqlen_q, sink=sink,
-            )
-            if not no_fold:
+            if setting != 0 and fold_why is None:
                 return {"splits": 0, "why": why, "fold": (
                     f"the fold: one chunk per sequence on {kern.describe()} (id {kern.id}), "
                     f"the {hq // hk} query heads of each KV head as its rows, no combine")}

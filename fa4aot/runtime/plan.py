@@ -295,16 +295,16 @@ class Runtime:
 
     def split_for(
         self, dev: int, dtype, ctas: int, seqlen_k: int, d: int, dv: int,
-        page_size: int | None, sink: bool, decode_rows: int = 1,
+        page_size: int | None, sink: bool, decode_rows: int = 1, fold: bool = True,
     ) -> S.Split | None:
         """The split plan of a decode step with `ctas` (sequence, row, KV head) triples, of
         which `decode_rows` (sequence, row) pairs, over at most seqlen_k keys, or None (run it
         unsplit: the cost model says splitting loses, FA4AOT_SPLIT_KV=0, or the store lacks
         the split kernel). Planned for seqlen_k rounded up to 256 keys and cached, so a decode
         loop whose KV grows a key a step replans (and reallocates nothing) once per 256
-        steps."""
+        steps. fold: whether the step, unsplit, runs as the fold (split.fold_refusal)."""
         bucket = S.plan_bucket(seqlen_k)
-        key = (dev, dtype, ctas, bucket, d, dv, page_size, sink, self.split, decode_rows)
+        key = (dev, dtype, ctas, bucket, d, dv, page_size, sink, self.split, decode_rows, fold)
         try:
             return self._split_n[key]
         except KeyError:
@@ -316,6 +316,7 @@ class Runtime:
                 ctas=ctas, seqlen_k=bucket, bytes_per_key=(d + dv) * dtype.itemsize,
                 page_size=page_size, sink=sink, num_sms=self.device(dev)[1],
                 setting=self.split, max_slots=kern.max_slots, decode_rows=decode_rows,
+                fold=fold,
             )
         if len(self._split_n) > 4096:
             self._split_n.clear()

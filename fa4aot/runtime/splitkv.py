@@ -93,14 +93,16 @@ def split_step(
     )
     run = None if capturing else rt._split_runs.get(key)
     if run is None:
+        fold = not S.fold_refusal(arch=rt.device(dev)[0], head_dim=d, head_dim_v=dv,
+                                  ratio=hq // hk, rows=rows, sink=sink is not None)
         sp = rt.split_for(dev, q.dtype, b * rows * hk, seqlen_k, d, dv, page_size,
-                          sink is not None, b * rows)
+                          sink is not None, b * rows, fold=fold)
         if sp is not None:
             run = SplitRun(rt, dev, q, b, rows, hq, hk, d, dv, kind, sp, page_size, causal,
                            seqlen_k, varlen_q, ffi=q.is_cuda)
         else:
-            run = FoldRun.make(rt, dev, q, b, rows, hq, hk, d, dv, kind, page_size, seqlen_k,
-                               sink, varlen_q)
+            run = fold and FoldRun.make(rt, dev, q, b, hq, hk, d, dv, kind, page_size,
+                                        seqlen_k, varlen_q)
         if not capturing:
             if len(rt._split_runs) > _MAX_KEYS or (run and rt._split_scratch >= _MAX_RUNS):
                 rt._split_runs.clear()
@@ -215,13 +217,9 @@ class FoldRun:
                  "lse_rows", "out_shape", "lse_shape")
 
     @classmethod
-    def make(cls, rt, dev, q, b, rows, hq, hk, d, dv, kind, page_size, seqlen_k, sink,
-             varlen_q):
-        """The fold of this step, or False (run it on FA4's exact kernel)."""
-        arch, _ = rt.device(dev)
-        if S.fold_refusal(arch=arch, head_dim=d, head_dim_v=dv, ratio=hq // hk, rows=rows,
-                          sink=sink is not None):
-            return False
+    def make(cls, rt, dev, q, b, hq, hk, d, dv, kind, page_size, seqlen_k, varlen_q):
+        """The fold of a step split.fold_refusal accepts, or False (the stores lack the chunk
+        kernel: run it on FA4's exact kernel)."""
         kern = rt.split_kernel(dev, q.dtype, d, dv, page_size)
         if kern is None:
             return False
