@@ -5,8 +5,9 @@ per (sequence, KV head): a batch-1 step over a long context uses 8 of the H200's
 CTA streams K/V at about 50 GB/s (1334 us for 67 MB in the issue's table). The plan here needs
 no new forward kernel. The KV of each sequence is cut into `n` chunks of `chunk` keys; chunk j of
 sequence i becomes virtual sequence `i * slots + j` of a cached kernel that returns LSE, and
-FA4's own combine kernel (cross-compiled beside that kernel, `compiler.COMBINE_LOG_MAX_SPLITS`)
-merges the partial outputs by LSE into the caller's `out` and `lse`.
+fa4aot's merge kernel (`compiler.trace_merge`, cross-compiled beside that kernel; in stores
+built before it, FA4's own combine) merges the partial outputs by LSE into the caller's `out`
+and `lse`.
 
 Exactness, rule by rule (`split_refusal` refuses the rest):
 - The chunk kernel is the non-causal 1:1 kernel with q in batch form: one query row sees every
@@ -32,7 +33,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-# The combine kernel is compiled for at most 2**7 partials per row (FA4 asserts <= 256).
+# The merge kernel (and FA4's combine, in older stores) is compiled for at most 2**7 partials
+# per row (FA4's combine asserts <= 256).
 MAX_SLOTS = 128
 
 
@@ -224,7 +226,7 @@ class Split:
     slots: int
 
     def describe(self) -> str:
-        s = f"split-KV: {self.n} chunks of {self.chunk} keys, merged by FA4's combine kernel"
+        s = f"split-KV: {self.n} chunks of {self.chunk} keys, merged by LSE"
         if self.slots > self.n:
             s += " (+1 sink slot)"
         return s

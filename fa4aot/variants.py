@@ -121,7 +121,8 @@ class Variant:
     @property
     def split_kernel(self) -> bool:
         """The kernel split-KV plans run chunks on (split.py): 1:1, no mask, q in batch form,
-        K packed or paged, LSE returned, no sink. Built with FA4's combine kernel beside it."""
+        K packed or paged, LSE returned, no sink. Built with fa4aot's merge kernel beside it
+        (compiler.trace_merge; FA4's combine for head dims the merge has no layout for)."""
         return (
             not self.split_kv
             and self.descales is None
