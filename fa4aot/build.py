@@ -448,15 +448,17 @@ def _check_spec_index(store: Store, spec: Spec) -> None:
 
 
 def superseded(art) -> bool:
-    """A split chunk kernel's artifact that merges its chunks with FA4's combine where fa4aot's
-    merge kernel has a layout for its head dim (C.merge_threads): built before that kernel.
-    `fa4aot build` replaces it, as it does a corrupt copy; until then the runtime serves it
-    with FA4's combine (slower at many chunks: compiler.trace_merge)."""
+    """A split chunk kernel's artifact that lacks a helper part this fa4aot builds beside it:
+    fa4aot's merge kernel (where C.merge_threads has a layout for its head dim; FA4's combine
+    otherwise) and the chunk metadata kernel (compiler.trace_merge, trace_chunk_meta), i.e.
+    built before them. `fa4aot build` replaces it, as it does a corrupt copy; until then the
+    runtime serves it with what it has (FA4's combine, torch's element-wise kernels)."""
     rec = art.record
-    if "merge" in rec["parts"] or "combine" not in rec["parts"]:
-        return False
     v = Variant.from_dict(rec["variant"])
-    return v.split_kernel and C.merge_threads(v.head_dim_v, MAX_SLOTS) is not None
+    if not v.split_kernel:
+        return False
+    merge = "merge" if C.merge_threads(v.head_dim_v, MAX_SLOTS) is not None else "combine"
+    return not {merge, "chunk_meta"} <= set(rec["parts"])
 
 
 def _target_copy(store: Store, vid: str):

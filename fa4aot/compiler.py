@@ -295,6 +295,7 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
             helpers["merge"] = merge
         else:  # head dims fa4aot's merge has no thread layout for (C.merge_threads)
             helpers["combine"] = trace_combine(variant)
+        helpers["chunk_meta"] = trace_chunk_meta(variant)
     if variant.split_kv:
         # FA4's native split (Blackwell): its own entry compiled the combine for the call's
         # num_splits (the representative call's is the heuristic's maximum, 128)
@@ -334,6 +335,8 @@ def part_record(name: str, key, arch: str) -> dict:
         rec["tile_m"] = int(key[5])
     if name == "merge":  # MERGE_KEY's fields
         rec["partial_dtype"], rec["max_splits"], rec["threads"] = key[2], int(key[4]), int(key[5])
+    if name == "chunk_meta":  # CHUNK_META_KEY's fields
+        rec["form"] = key[2]
     return rec
 
 
@@ -539,6 +542,92 @@ def _merge_class():
 
     _MERGE_CLASS = SplitMerge
     return SplitMerge
+
+
+# fa4aot's chunk metadata kernel: (name, version, form); bump the version when its code changes
+CHUNK_META_KEY = ("fa4aot_chunk_meta", 1)
+_CHUNK_META_CLASS = None
+
+
+def trace_chunk_meta(variant: Variant) -> list[tuple[Any, Any]]:
+    """Compile the split step's chunk metadata kernel for `variant` (a split chunk kernel):
+    one launch where the step ran two element-wise torch kernels. The runtime calls it as
+    `chunk_meta(src, dst, chunk, slots, rows, causal)` (int32 tensors, then four int32s):
+
+    - form "lengths" (paged K): src the caller's seqused_k (b,), dst (b, rows * slots): the
+      keys each (query row, chunk) sees, clamp(len - j * chunk - back, 0, chunk), back =
+      rows - 1 - row for a causal step of several rows (row r sees len - rows + 1 + r keys),
+      else 0;
+    - form "bounds" (packed K): src the caller's cu_seqlens_k (b + 1,), dst (b + 1, slots):
+      chunk j of sequence i starts at min(cu[i] + j * chunk, cu[i + 1]); the last row holds
+      cu[b] + j * chunk (its first entry ends the last chunk; rows and causal unused).
+
+    The H200's split decode at one row (2026-12-01, paged b1/8K 32:8, page 128: 1.18x the dense
+    step's graph time, whose metadata is a constant) spent its difference on those launches."""
+    import cutlass
+    import cutlass.cute as cute
+    from quack.compile_utils import make_fake_tensor
+
+    form = "lengths" if variant.paged else "bounds"
+    sym = cute.sym_int
+    i32 = cutlass.Int32
+    b, m = sym(), sym()
+    src = make_fake_tensor(i32, (b,), divisibility=1, leading_dim=None)  # (any stride)
+    dst = make_fake_tensor(i32, (b if variant.paged else sym(), m), divisibility=1,
+                           leading_dim=None)
+    fn = cute.compile(
+        _chunk_meta_class()(variant.paged), src, dst, i32(0), i32(0), i32(0), i32(0),
+        cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True), options="--enable-tvm-ffi",
+    )
+    return [((*CHUNK_META_KEY, form), fn)]
+
+
+def _chunk_meta_class():
+    """The chunk metadata kernel's class, defined on first use (cutlass is imported only here)."""
+    global _CHUNK_META_CLASS
+    if _CHUNK_META_CLASS is not None:
+        return _CHUNK_META_CLASS
+    import cutlass
+    import cutlass.cute as cute
+
+    class ChunkMeta:
+        threads = 128
+
+        def __init__(self, lengths: bool):
+            self.lengths = lengths
+
+        # (no annotations: see _merge_class)
+        @cute.jit
+        def __call__(self, mSrc, mDst, chunk, slots, rows, causal, stream):
+            total = mDst.shape[0] * mDst.shape[1]
+            self.kernel(mSrc, mDst, chunk, slots, rows, causal).launch(
+                grid=[cute.ceil_div(total, self.threads), 1, 1], block=[self.threads, 1, 1],
+                stream=stream,
+            )
+
+        @cute.kernel
+        def kernel(self, mSrc, mDst, chunk, slots, rows, causal):
+            tidx, _, _ = cute.arch.thread_idx()
+            bidx, _, _ = cute.arch.block_idx()
+            idx = bidx * self.threads + tidx
+            m = mDst.shape[1]
+            if idx < mDst.shape[0] * m:
+                i = idx // m
+                t = idx - i * m
+                if cutlass.const_expr(self.lengths):
+                    r = t // slots
+                    off = (t - r * slots) * chunk
+                    if causal != 0:
+                        off = off + rows - 1 - r
+                    mDst[i, t] = cutlass.max(cutlass.min(mSrc[i] - off, chunk), 0)
+                else:
+                    v = mSrc[i] + t * chunk
+                    if i < mDst.shape[0] - 1:
+                        v = cutlass.min(v, mSrc[i + 1])
+                    mDst[i, t] = v
+
+    _CHUNK_META_CLASS = ChunkMeta
+    return ChunkMeta
 
 
 def runtime_library_dirs() -> list[str]:

@@ -242,8 +242,8 @@ def test_build_writes_nothing_outside_its_root(tmp_path, stub):
 
 
 def test_superseded_is_a_split_kernel_merging_with_fa4s_combine():
-    """`fa4aot build` replaces a split chunk kernel's artifact built before fa4aot's merge
-    kernel (its chunks merged by FA4's combine); nothing else."""
+    """`fa4aot build` replaces a split chunk kernel's artifact built before fa4aot's merge and
+    chunk metadata kernels (its chunks merged by FA4's combine); nothing else."""
     from types import SimpleNamespace
 
     from fa4aot.variants import split_kernel_variant
@@ -255,7 +255,8 @@ def test_superseded_is_a_split_kernel_merging_with_fa4s_combine():
     split = split_kernel_variant("sm90", "bfloat16", 128, 128, None)
     other = enumerate_variants(parse_spec(TINY, "tiny.toml"), ARCH).variants()
     assert B.superseded(art(split, "combine"))
-    assert not B.superseded(art(split, "merge"))
+    assert B.superseded(art(split, "merge"))
+    assert not B.superseded(art(split, "merge", "chunk_meta"))
     assert not any(B.superseded(art(n.variant, "combine")) for n in other.values())
 
 

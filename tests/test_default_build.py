@@ -91,7 +91,8 @@ def test_default_build_block_sizes():
 
 def test_default_split_kernels_merge_with_fa4aots_merge_kernel():
     """Every split chunk kernel of the default build carries fa4aot's merge kernel (part
-    `merge`, compiler.trace_merge), exported under its entry point, and not FA4's combine."""
+    `merge`, compiler.trace_merge), exported under its entry point, and not FA4's combine; and
+    the chunk metadata kernel of its K form (compiler.trace_chunk_meta)."""
     from fa4aot.variants import Variant
 
     s = _store()
@@ -105,4 +106,7 @@ def test_default_split_kernels_merge_with_fa4aots_merge_kernel():
         assert "combine" not in parts and parts["merge"]["max_splits"] == 128, d.name
         assert parts["merge"]["partial_dtype"] == rec["variant"]["dtype"]
         assert b"fa4aot_merge" in (d / parts["merge"]["file"]).read_bytes()
+        form = "lengths" if rec["variant"]["paged"] else "bounds"
+        assert parts["chunk_meta"]["form"] == form, d.name
+        assert b"fa4aot_chunk_meta" in (d / parts["chunk_meta"]["file"]).read_bytes()
     assert n >= 6

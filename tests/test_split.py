@@ -138,9 +138,37 @@ def fake_combine(op, lp, out, lse, *rest):
     out.copy_(o.to(out.dtype))
 
 
+def fake_chunk_meta(lengths: bool):
+    """compiler.trace_chunk_meta's kernel of one form, in torch (its docstring's arithmetic):
+    lengths (paged K) or bounds (packed K)."""
+
+    def meta(src, dst, chunk, slots, rows, causal):
+        if lengths:  # dst (b, rows * slots)
+            t = torch.arange(dst.shape[1])
+            r = t // slots
+            off = (t - r * slots) * chunk + ((rows - 1 - r) if causal else 0)
+            dst.copy_((src[:, None] - off[None]).clamp(0, chunk))
+        else:  # dst (b + 1, slots)
+            bound = src[:, None] + torch.arange(dst.shape[1])[None] * chunk
+            bound[:-1] = torch.minimum(bound[:-1], src[1:, None])
+            dst.copy_(bound)
+
+    return meta
+
+
+@pytest.fixture(autouse=True, params=[False, True], ids=["torch-metadata", "metadata-kernel"])
+def chunk_meta(request, monkeypatch):
+    """Every split here runs twice: its chunk metadata from torch's element-wise kernels (a
+    store built before the metadata kernel) and from the artifact's kernel (part `chunk_meta`,
+    its stand-in above)."""
+    monkeypatch.setattr(_FakeRuntime, "meta", request.param)
+
+
 class _FakeRuntime:
     """Runtime.split_for's plan for a forced count n (of the exact KV bound), with stand-in
     kernels."""
+
+    meta = False  # (the chunk_meta fixture)
 
     def __init__(self, n):
         self.n = self.split = n
@@ -149,7 +177,8 @@ class _FakeRuntime:
         self._split_scratch = 0
 
     def split_kernel(self, dev, dtype, d, dv, page_size):
-        return R.plan.SplitKernel(fake_fwd, fake_combine, S.MAX_SLOTS, None)
+        meta = fake_chunk_meta(page_size is not None) if self.meta else None
+        return R.plan.SplitKernel(fake_fwd, fake_combine, S.MAX_SLOTS, None, meta=meta)
 
     def plan(self, seqlen_k, page_size, sink):
         return S.make_split(self.n, seqlen_k, page_size=page_size, sink=sink)

@@ -104,6 +104,16 @@ def fa4aot_merge(kernel: Any) -> Callable:
     return combine
 
 
+def fa4aot_chunk_meta(kernel: Any) -> Callable:
+    """fa4aot's split-step chunk metadata kernel (compiler.trace_chunk_meta; the part
+    `chunk_meta` of a split chunk kernel's artifact): two int32 tensors, four int32s."""
+
+    def chunk_meta(src, dst, chunk, slots, rows, causal):
+        kernel(src, dst, chunk, slots, rows, causal)
+
+    return chunk_meta
+
+
 def _sm100_fwd(kernel: Any) -> Callable:
     """FA4 4.0.0b36's sm100/sm103 forward (`abi.launch_sm100`: 25 slots). max_seqlen_q, when
     not given, is what FA4 passes for a call without a hint (`abi.max_seqlen_q_slot`): s_q for q

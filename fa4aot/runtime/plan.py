@@ -55,12 +55,15 @@ class SplitKernel:
     artifact: Artifact | None
     abi: L.Abi = L.SM90
     fa4aot_merge: bool = False
+    meta: Any = None  # the chunk metadata kernel (part `chunk_meta`), None in older artifacts
     launch: Callable = field(init=False)
     merge: Callable = field(init=False)
+    chunk_meta: Callable | None = field(init=False)
 
     def __post_init__(self):
         self.launch = self.abi.fwd(self.fwd)
         self.merge = (L.fa4aot_merge if self.fa4aot_merge else self.abi.combine)(self.combine)
+        self.chunk_meta = None if self.meta is None else L.fa4aot_chunk_meta(self.meta)
 
 
 @dataclass(slots=True)
@@ -278,9 +281,11 @@ class Runtime:
                 name, comb = S.merge_part(art.record["parts"] if art else {}, DTYPES[dtype])
                 if name is not None:
                     if art.id in self._modules:  # the decode fold loaded it (same tile)
-                        (combine,) = self._load(art, name)
+                        combine, meta = self._load(art, name, "chunk_meta")
                     else:
-                        fwd, helper, combine = self._load(art, "fwd", "tile_cumsum", name)
+                        fwd, helper, combine, meta = self._load(
+                            art, "fwd", "tile_cumsum", name, "chunk_meta"
+                        )
                         self._modules[art.id] = (fwd, helper, art)
                     got = SplitKernel(
                         self._modules[art.id][0],
@@ -289,6 +294,7 @@ class Runtime:
                         art,
                         L.abi_for(arch),
                         fa4aot_merge=name == "merge",
+                        meta=meta,
                     )
         self._split_kernels[key] = got
         return got

@@ -139,14 +139,21 @@ def split_step(
         cu_seqlens_k = run.cu_k_f
     elif kind == "varlen":
         # chunk j of sequence i starts at min(cu[i] + j*c, cu[i+1]); the last bound, cu[b],
-        # is row b's first entry (cu[b] + 0): two kernels into scratch, no allocation
-        torch.add(run.offs_col, cu_seqlens_k, out=run.cu_t)
-        torch.minimum(run.cu_t_lo, cu_seqlens_k[1:], out=run.cu_t_lo)
+        # is row b's first entry (cu[b] + 0): into scratch, no allocation; one kernel
+        # (compiler.trace_chunk_meta), or two torch ones where the store has none
+        if run.meta is not None:
+            run.meta(cu_seqlens_k, run.cu_buf_f, *run.meta_args)
+        else:
+            torch.add(run.offs_col, cu_seqlens_k, out=run.cu_t)
+            torch.minimum(run.cu_t_lo, cu_seqlens_k[1:], out=run.cu_t_lo)
         cu_seqlens_k = run.cu_flat_f
     else:
-        # per-chunk lengths clamp(len - offset, 0, c), written transposed into scratch
-        torch.sub(seqused_k, run.offs_col, out=run.len_t)
-        run.len_buf.clamp_(0, run.chunk)
+        # per-chunk lengths clamp(len - offset, 0, c), (sequence, row * slots), likewise
+        if run.meta is not None:
+            run.meta(seqused_k, run.len_buf_f, *run.meta_args)
+        else:
+            torch.sub(seqused_k, run.offs_col, out=run.len_t)
+            run.len_buf.clamp_(0, run.chunk)
         seqused_k = run.len_flat_f
         if run.pt_rows and page_table.size(1) == run.pt_cols and page_table.is_contiguous():
             page_table = page_table.view(run.pt_shape)  # the chunks' pages: a view
@@ -265,7 +272,8 @@ class SplitRun:
         "v_shape", "cu_k", "offs_col", "cu_t", "cu_t_lo", "cu_flat", "len_buf", "len_t",
         "len_flat", "pt_rows", "pt_cols", "pt_shape", "out_as_is", "out_shape", "out_c_shape",
         "lse_shape", "lse_c_size", "lse_c_stride", "ko_f", "kl_f", "op_c_f", "lp_c_f",
-        "lse_scratch_f", "cu_k_f", "cu_flat_f", "len_flat_f",
+        "lse_scratch_f", "cu_k_f", "cu_flat_f", "len_flat_f", "meta", "meta_args", "cu_buf",
+        "cu_buf_f", "len_buf_f",
     )
 
     def __init__(self, rt, dev, q, b, rows, hq, hk, d, dv, kind, sp, page_size, causal,
@@ -276,6 +284,7 @@ class SplitRun:
         kern = rt.split_kernel(dev, q.dtype, d, dv, page_size)
         self.sp, self.chunk = sp, sp.chunk
         self.launch, self.merge = kern.launch, kern.merge
+        self.meta, self.meta_args = kern.chunk_meta, (sp.chunk, slots, rows, int(causal))
         self.scale = float(1.0 / math.sqrt(d))
         self.r = r
         self.one_row = bb == 1
@@ -307,7 +316,7 @@ class SplitRun:
         self.k_shape, self.v_shape = (b * seqlen_k, hk, d), (b * seqlen_k, hk, dv)
         self.pt_rows = self.pt_cols = 0
         self.pt_shape = None
-        self.cu_k = self.cu_flat = self.len_flat = None
+        self.cu_k = self.cu_flat = self.len_flat = self.cu_buf = self.len_buf = None
         self._metadata(rt, dev, q, b, rows, kind, sp, page_size, causal, seqlen_k)
         self._bind(ffi)
 
@@ -327,6 +336,8 @@ class SplitRun:
         self.cu_k_f = self.cu_k if self.cu_k is None else conv(self.cu_k)
         self.cu_flat_f = self.cu_flat if self.cu_flat is None else conv(self.cu_flat)
         self.len_flat_f = self.len_flat if self.len_flat is None else conv(self.len_flat)
+        self.cu_buf_f = self.cu_buf if self.cu_buf is None else conv(self.cu_buf)
+        self.len_buf_f = self.len_buf if self.len_buf is None else conv(self.len_buf)
 
     def _metadata(self, rt, dev, q, b, rows, kind, sp, page_size, causal, seqlen_k):
         """The chunk metadata's buffers and constants, per KV kind."""
@@ -346,7 +357,7 @@ class SplitRun:
         )
         offsets = const(("offsets", dev, slots, sp.chunk), offs)
         if kind == "varlen":
-            cu = torch.empty((b + 1, slots), dtype=torch.int32, device=dvc)
+            cu = self.cu_buf = torch.empty((b + 1, slots), dtype=torch.int32, device=dvc)
             self.offs_col = offsets.view(slots, 1)
             self.cu_t = cu.t()
             self.cu_t_lo = self.cu_t[:, :b]
