@@ -6,7 +6,8 @@ and the fold of the one-row decode steps the plan leaves unsplit onto the same k
 per-call work is what the inputs force: one cache lookup keyed by host-known sizes, the
 kernel-facing views of the caller's tensors (q through a stride-0 chunk mode for one decode
 row, else one broadcast copy; a dense K as packed), the chunk metadata from the caller's KV
-lengths (two element-wise kernels into scratch, for packed and paged K; none for dense K),
+lengths (one metadata kernel into scratch, or two torch element-wise ones in stores built
+before it, for packed and paged K; none for dense K),
 the chunk kernel, the sink slot, the merge. Everything that depends only on the step's
 sizes (the split, scratch buffers and every view of them, chunk offsets, a dense K's chunk
 bounds, output shapes, the default softmax scale, the bound launchers) is made once per
