@@ -358,7 +358,14 @@ def test_explain_decode_fold_then_padding(run, explain_store, monkeypatch, layou
 @pytest.fixture
 def split_store(monkeypatch):
     """explain over a store holding only the split-KV kernels (packed K and page 128), each
-    with its combine part: records only."""
+    with its merge and metadata parts as `fa4aot build` writes them: records only."""
+    _hold_split_kernels(monkeypatch, {
+        "fwd": {}, "merge": {"partial_dtype": "bfloat16", "max_splits": 128, "threads": 256},
+        "chunk_meta": {"form": "lengths"},
+    })
+
+
+def _hold_split_kernels(monkeypatch, parts):
     from types import SimpleNamespace
 
     import fa4aot.cli as cli
@@ -366,7 +373,6 @@ def split_store(monkeypatch):
     from fa4aot.variants import split_kernel_variant
 
     held = [split_kernel_variant("sm90", "bfloat16", 128, 128, p) for p in (None, 128)]
-    parts = {"fwd": {}, "combine": {"partial_dtype": "bfloat16", "tile_m": 16, "max_splits": 128}}
     monkeypatch.setattr(
         cli.explain,
         "_cached_artifacts",
@@ -377,6 +383,21 @@ def split_store(monkeypatch):
             Match(stores=[SimpleNamespace(dir="(test)")]),
         ),
     )
+
+
+def test_explain_names_the_merge_kernel(run, monkeypatch):
+    """The split plan says which kernel merges its chunks: fa4aot's, or FA4's combine in a
+    store built before it (and that a build replaces it)."""
+    args = ["explain", "--head-dim", "128", "--heads", "32:8", "--seqlen-k", "65536", "--json"]
+    _hold_split_kernels(monkeypatch, {
+        "fwd": {}, "merge": {"partial_dtype": "bfloat16", "max_splits": 128, "threads": 256}})
+    doc = json.loads(run(*args).stdout)["split"]
+    assert doc["merge"] == "merge" and doc["plan"].endswith("merged by fa4aot's merge kernel")
+    _hold_split_kernels(monkeypatch, {
+        "fwd": {}, "combine": {"partial_dtype": "bfloat16", "tile_m": 16, "max_splits": 128}})
+    doc = json.loads(run(*args).stdout)["split"]
+    assert doc["merge"] == "combine" and "`fa4aot build` replaces it" in doc["plan"]
+    assert doc["splits"] == 16
 
 
 def test_explain_split_kv(run, split_store):

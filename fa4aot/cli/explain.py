@@ -420,11 +420,15 @@ def _split_plan(
     if sp is None:
         return {"splits": 0, "why": why}
     rows = f", {seqlen_q} query rows unrolled" if seqlen_q > 1 else ""
+    merged = ("fa4aot's merge kernel" if merge_name == "merge" else
+              "FA4's combine (a store built before fa4aot's merge kernel: `fa4aot build` "
+              "replaces it)")
     return {
         "splits": sp.n,
         "chunk": sp.chunk,
         "slots": sp.slots,
         "kernel": kern.id,
+        "merge": merge_name,
         "plan": f"{sp.describe()}{rows}; chunks on {kern.describe()} (id {kern.id}), "
-        f"{batch * seqlen_q * hk * sp.slots} CTAs on {num_sms} SMs",
+        f"{batch * seqlen_q * hk * sp.slots} CTAs on {num_sms} SMs; merged by {merged}",
     }
