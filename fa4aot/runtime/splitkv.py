@@ -7,9 +7,8 @@ per-call work is what the inputs force: one cache lookup keyed by host-known siz
 kernel-facing views of the caller's tensors (q through a stride-0 chunk mode for one decode
 row, else one broadcast copy; a dense K as packed), the chunk metadata from the caller's KV
 lengths (one metadata kernel into scratch, or two torch element-wise ones in stores built
-before it, for packed and paged K; none for dense K),
-the chunk kernel, the sink slot, the merge. Everything that depends only on the step's
-sizes (the split, scratch buffers and every view of them, chunk offsets, a dense K's chunk
+before it, for packed and paged K; none for dense K), the chunk kernel, the sink slot, the
+merge. Everything that depends only on the step's sizes (the split, scratch buffers and every view of them, chunk offsets, a dense K's chunk
 bounds, output shapes, the default softmax scale, the bound launchers) is made once per
 (device, stream, shape) in `SplitRun`.
 
