@@ -435,3 +435,20 @@ def test_one_row_split_reads_q_and_writes_lse_through_offset_views():
     ro, rl = _ref(q, k, v, [900], True, None)
     assert rel_err(got[0], ro) < 1e-2
     assert torch.allclose(lse, rl, atol=1e-3) and wide[0].isnan().all()
+
+
+def test_merge_kernel_thread_layouts():
+    """constraints.merge_threads: (dv / 8) lanes of 16-byte loads times chunk groups, whole
+    warps, at most 256 threads and one per chunk's LSE; None (FA4's combine) where no such
+    count exists."""
+    from fa4aot.constraints import MERGE_MAX_THREADS, merge_threads
+
+    for dv in range(8, 1025, 8):
+        t = merge_threads(dv, S.MAX_SLOTS)
+        if t is None:
+            continue
+        assert t % 32 == 0 and S.MAX_SLOTS <= t <= MERGE_MAX_THREADS and t % (dv // 8) == 0
+    assert {dv: merge_threads(dv, S.MAX_SLOTS) for dv in (64, 96, 128, 256, 512)} == {
+        64: 256, 96: 192, 128: 256, 256: 256, 512: 256}
+    assert merge_threads(100, S.MAX_SLOTS) is None  # not whole 16-byte loads
+    assert merge_threads(8 * 33, S.MAX_SLOTS) is None  # 33 lanes: no whole warps within 256
