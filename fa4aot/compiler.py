@@ -419,7 +419,8 @@ def trace_merge(variant: Variant) -> list[tuple[Any, Any]]:
     chunk is empty, the row's output then 0), and a chunk of scale 0 is skipped, so an empty
     chunk's unwritten partial is never read into the sum."""
     dv = variant.head_dim_v
-    threads = C.merge_threads(dv, 1 << COMBINE_LOG_MAX_SPLITS)
+    max_splits = 1 << COMBINE_LOG_MAX_SPLITS
+    threads = C.merge_threads(dv, max_splits)
     if threads is None:
         return []
     import cutlass
@@ -427,7 +428,6 @@ def trace_merge(variant: Variant) -> list[tuple[Any, Any]]:
     from quack.compile_utils import make_fake_tensor
 
     dt = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}[variant.dtype]
-    max_splits = 1 << COMBINE_LOG_MAX_SPLITS
     key = (*MERGE_KEY, variant.dtype, dv, max_splits, threads)
     sym = cute.sym_int
     ns, batch, seqlen, nh = sym(), sym(), sym(), sym()
