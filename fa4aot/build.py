@@ -450,14 +450,18 @@ def _check_spec_index(store: Store, spec: Spec) -> None:
 def superseded(art) -> bool:
     """A split chunk kernel's artifact that lacks a helper part this fa4aot builds beside it:
     fa4aot's merge kernel (where C.merge_threads has a layout for its head dim; FA4's combine
-    otherwise) and the chunk metadata kernel (compiler.trace_merge, trace_chunk_meta), i.e.
+    otherwise) and the chunk metadata kernel (compiler.trace_merge, trace_chunk_meta), or, on
+    sm90, whose forward does not read q through a chunk mode (compiler.trace_q_broadcast), i.e.
     built before them. `fa4aot build` replaces it, as it does a corrupt copy; until then the
-    runtime serves it with what it has (FA4's combine, torch's element-wise kernels)."""
+    runtime serves it with what it has (FA4's combine, torch's element-wise kernels, a copy of
+    q over the chunks)."""
     rec = art.record
     v = Variant.from_dict(rec["variant"])
     if not v.split_kernel:
         return False
     merge = "merge" if C.merge_threads(v.head_dim_v, MAX_SLOTS) is not None else "combine"
+    if v.arch == "sm90" and not rec["parts"].get("fwd", {}).get("q_broadcast"):
+        return True
     return not {merge, "chunk_meta"} <= set(rec["parts"])
 
 

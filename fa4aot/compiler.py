@@ -243,15 +243,28 @@ def _fwd_direct(q, k, v, kw: dict, extra: dict) -> None:
     I._flash_attn_fwd(q, k, v, window_size_left=wl, window_size_right=wr, **kw, **extra)
 
 
-def trace(call: Call) -> dict[str, list[tuple[Any, Any]]]:
+def trace(call: Call, compiles: list | None = None) -> dict[str, list[tuple[Any, Any]]]:
     """Compile what FA4 compiles for `call`; -> {cache name: [(key, compiled fn)]} of new entries.
 
     FA4's in-process caches are cleared first, so what lands there is exactly this call's set.
+    compiles: a list that receives the (args, kwargs) of every cute.compile FA4 makes.
     """
+    import cutlass.cute as cute
+
     caches = _caches()
     for c in caches.values():
         c.clear()
-    fake_call(call)
+    real = cute.compile
+    if compiles is not None:
+        def spy(*a, **k):
+            compiles.append((a, k))
+            return real(*a, **k)
+
+        cute.compile = spy
+    try:
+        fake_call(call)
+    finally:
+        cute.compile = real
     return {n: list(c.cache.items()) for n, c in caches.items()}
 
 
@@ -269,13 +282,17 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
     risk calling the wrong kernel.
     """
     t0 = time.perf_counter()
-    got = trace(call)
-    seconds = time.perf_counter() - t0
+    compiles: list = []
+    got = trace(call, compiles)
     fwd = got["fwd"]
     if len(fwd) != 1:
         raise RuntimeError(
             f"expected one forward kernel for {variant.describe()}, FA4 compiled {len(fwd)}"
         )
+    q_broadcast = variant.split_kernel and variant.arch == "sm90"
+    if q_broadcast:  # the chunk kernel: FA4's, reading q through a chunk mode (trace_q_broadcast)
+        fwd = [(fwd[0][0], trace_q_broadcast(compiles, fwd[0][1]))]
+    seconds = time.perf_counter() - t0
     if variant.mla is not None and variant_from_fa4_key(fwd[0][0], variant.arch) != variant:
         # an MLA variant comes from a model of FA4's route (variants.mla_features): a kernel
         # that is not the one its id names must not be stored under that id
@@ -316,6 +333,8 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
             if problem:
                 raise RuntimeError(f"{variant.describe()}: {problem}")
             parts[name] = {"object": str(obj), **part_record(name, key, variant.arch)}
+    if q_broadcast:
+        parts["fwd"]["q_broadcast"] = True
     return {"parts": parts, "compile_seconds": seconds, "fa4_key": parts["fwd"]["key"]}
 
 
@@ -396,6 +415,62 @@ def trace_combine(variant: Variant) -> list[tuple[Any, Any]]:
 
 # fa4aot's merge kernel: its key is (name, version, dtype, head dim v, max splits, threads);
 # bump the version when the kernel's code changes
+def trace_q_broadcast(compiles: list, fa4_fn: Any) -> Any:
+    """FA4's sm90 forward, compiled again from the arguments FA4 compiled it with (`compiles`,
+    from trace), behind one change: q's batch mode becomes ((n, b):(0, q's batch stride)),
+    n = out's batch // q's batch, so virtual sequence i * n + j of the kernel reads q row i.
+
+    Why: a split step runs the chunks of sequence i as virtual sequences i * n .. i * n + n - 1
+    of one kernel, and FA4 indexes q and O by the same batch index, so with a plain q the
+    step first copied q over the chunks (one more launch; b1 used a stride-0 batch mode).
+    With the chunk mode every step reads the caller's q in place. Called with q's and out's
+    batches equal (n = 1: the fold, or any call of FA4's own form), it is FA4's kernel exactly.
+    The same compile key as FA4's: the artifact's fwd record says `q_broadcast`. H200,
+    2026-12-01 (CUDA graph, 32:8 hd128, chunk kernel alone): b4/4K in 4 chunks 22.3 -> 18.7
+    us, b2/1K in 8 6.6 -> 4.7, b4/32K 126.2 -> 122.7; outputs and LSE bit-identical."""
+    import cutlass.cute as cute
+    from flash_attn.cute import flash_fwd_sm90 as F90
+
+    if len(compiles) != 1 or not isinstance(compiles[0][0][0], F90.FlashAttentionForwardSm90):
+        raise RuntimeError(
+            f"expected FA4 to compile one sm90 forward, it made {len(compiles)} compiles"
+        )
+    (fa_fwd, *args), kwargs = compiles[0]
+    if len(args) != 19:
+        raise RuntimeError(f"FA4's sm90 forward took {len(args)} arguments, fa4aot knows 19")
+    assume = F90.assume_tensor_aligned
+
+    class QBroadcast:
+        def __init__(self, inner):
+            self.inner = inner
+
+        # (no annotations: see _merge_class)
+        @cute.jit
+        def __call__(self, mQ, mK, mV, mO, mLSE, scale, cu_q, cu_k, used_q, used_k, pages,
+                     wl, wr, sink, sparse, aux, cu_m, cu_sm, stream):  # FA4's sm90 order
+            mQ = assume(mQ)  # (FA4's own first step, on the flat q)
+            b = mQ.shape[0]
+            n = mO.shape[0] // b  # out's batch: the virtual sequences
+            layout = cute.make_layout(
+                ((n, b), mQ.shape[1], mQ.shape[2], mQ.shape[3]),
+                stride=((0, mQ.stride[0]), mQ.stride[1], mQ.stride[2], mQ.stride[3]),
+            )
+            self.inner(cute.make_tensor(mQ.iterator, layout), mK, mV, mO, mLSE, scale, cu_q,
+                       cu_k, used_q, used_k, pages, wl, wr, sink, sparse, aux, cu_m, cu_sm,
+                       stream)
+
+    def assume_flat(t, **kw):  # FA4's alignment step takes flat strides: q's are done above
+        if t is not None and any(isinstance(x, tuple) for x in t.stride):
+            return t
+        return assume(t, **kw)
+
+    F90.assume_tensor_aligned = assume_flat
+    try:
+        return cute.compile(QBroadcast(fa_fwd), *args, **kwargs)
+    finally:
+        F90.assume_tensor_aligned = assume
+
+
 MERGE_KEY = ("fa4aot_merge", 1)
 _MERGE_CLASS = None
 

@@ -46,26 +46,27 @@ class CostModel:
     tile (constraints.split_tile_m) also runs the unsplit step (the fold): 4096 keys of 512
     bytes in 34-36 us at b1-b8, 32:8 (`split_sweep.py --small`, n=1, CUDA graph, H200,
     2026-12-01; FA4's 128-row decode kernel: 49 us, 42 GB/s); hbm_bytes_per_s: what the whole
-    chip streams (cuDNN: 268 MB in 67 us, 34 GB in 7.5 ms); overhead_s: the split's extra
-    launches (q replication, metadata, merge), paid only when the step splits.
-    `benchmarks/decode_split.py` and `benchmarks/split_sweep.py --small` measure them. With
-    the earlier 50 GB/s and 4.0 TB/s, b8/4K split in 2 chunks: 40.3 us in a graph, against
-    36.2 for the fold."""
+    chip streams (cuDNN: 268 MB in 67 us, 34 GB in 7.5 ms); overhead_s: what a split adds to
+    the step besides streaming, paid only when it splits: the merge's launch and its reads
+    (and the metadata kernel's launch for packed or paged K). `benchmarks/decode_split.py` and
+    `benchmarks/split_sweep.py --small` measure them. With the earlier 50 GB/s and 4.0 TB/s,
+    b8/4K split in 2 chunks: 40.3 us in a graph, against 36.2 for the fold. The overhead was
+    7 us while a step of several decode rows also copied q over its chunks (one more launch,
+    before compiler.trace_q_broadcast); without the copy the H200 (2026-12-01, CUDA graph,
+    32:8) ran b1/4K in 16 and 8 chunks at 9.1 and 10.5 us, the fold's 34.3 us streaming 4096
+    keys at ~68 GB/s over a ~3.6 us base: ~3 us above the chunks' streaming."""
 
     cta_bytes_per_s: float = 60e9
     hbm_bytes_per_s: float = 4.3e12
-    overhead_s: float = 7e-6
+    overhead_s: float = 4e-6
     # how fast one CTA of FA4's own decode kernel streams K/V: the unsplit step where the fold
     # does not serve it (fold_refusal: a sink, several query rows, head dims over 128)
     fa4_cta_bytes_per_s: float = 42e9
-    # keys: below this a chunk's fixed cost dominates its streaming, for a step of several
-    # decode rows, whose split copies q over the chunks (one more launch): H200, eager, b4/1K
-    # 32:8 ran 18.2 us unsplit and 23.2 in 4 chunks of 256 (split_sweep --small, 2026-12-01)
-    min_chunk: int = 512
-    # keys: one KV block, for a step of one decode row (its q is read in place, through a
-    # stride-0 mode): b1/1K 32:8 in 8 chunks of 128 ran 8.5 us in a CUDA graph and 13.1 eager
-    # against 15.6 and 18.0 unsplit
-    min_chunk_one_row: int = 128
+    # keys: one KV block, the shortest chunk (q is read in place, compiler.trace_q_broadcast):
+    # H200, split_sweep --small, 2026-12-01, graph/eager: b1/1K 32:8 in 8 chunks of 128 ran
+    # 7.3/12.1 us against 11.5/13.7 unsplit, b2/1K in 8 7.8/13.2 against 11.0/14.7, b4/1K in 4
+    # chunks of 256 8.6/16.2 against 11.7/15.3 (cuDNN: 7.3/12.2, 7.8/13.6, 9.9/17.2)
+    min_chunk: int = 128
 
 
 DEFAULT_MODEL = CostModel()
@@ -73,7 +74,7 @@ DEFAULT_MODEL = CostModel()
 # fills the SMs by itself).
 MAX_ROWS = 16
 # KV lengths at or below this never split (the entry points' first test, on the hot path of
-# every short decode step): under the model a split first wins at about 830 keys for head dim
+# every short decode step): under the model a split first wins at about 600 keys for head dim
 # 128 (one CTA streaming them ~ one 128-key chunk plus overhead_s).
 NEVER_SPLIT_KEYS = 1023
 # Plans are made for the KV bound rounded up to this many keys, so a decode loop whose KV
@@ -136,7 +137,7 @@ def choose_splits(
     term is a ceiling that more concurrent streams approach (H200, b1/64K 32:8: 11 chunks,
     88 CTAs, ran at 3.6 TB/s)."""
     ctas = batch * rows * kv_heads
-    min_chunk = model.min_chunk_one_row if batch * rows == 1 else model.min_chunk
+    min_chunk = model.min_chunk
     if seqlen_k <= min_chunk or ctas >= num_sms:
         return 1
     best_n, best_t = 1, None

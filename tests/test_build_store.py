@@ -241,23 +241,28 @@ def test_build_writes_nothing_outside_its_root(tmp_path, stub):
     assert isinstance(store, Store) and store.root == tmp_path / "a"
 
 
-def test_superseded_is_a_split_kernel_merging_with_fa4s_combine():
+def test_superseded_is_a_split_kernel_merging_with_fa4s_combine_or_copying_q():
     """`fa4aot build` replaces a split chunk kernel's artifact built before fa4aot's merge and
-    chunk metadata kernels (its chunks merged by FA4's combine); nothing else."""
+    chunk metadata kernels (its chunks merged by FA4's combine) or, on sm90, before its
+    forward read q through a chunk mode; nothing else."""
     from types import SimpleNamespace
 
     from fa4aot.variants import split_kernel_variant
 
-    def art(variant, *parts):
-        return SimpleNamespace(record={"variant": variant.to_dict(),
-                                       "parts": {p: {} for p in ("fwd", *parts)}})
+    def art(variant, *parts, q_broadcast=True):
+        rec = {"variant": variant.to_dict(), "parts": {p: {} for p in ("fwd", *parts)}}
+        if q_broadcast:
+            rec["parts"]["fwd"]["q_broadcast"] = True
+        return SimpleNamespace(record=rec)
 
     split = split_kernel_variant("sm90", "bfloat16", 128, 128, None)
     other = enumerate_variants(parse_spec(TINY, "tiny.toml"), ARCH).variants()
     assert B.superseded(art(split, "combine"))
     assert B.superseded(art(split, "merge"))
     assert not B.superseded(art(split, "merge", "chunk_meta"))
-    assert not any(B.superseded(art(n.variant, "combine")) for n in other.values())
+    assert B.superseded(art(split, "merge", "chunk_meta", q_broadcast=False))
+    assert not any(B.superseded(art(n.variant, "combine", q_broadcast=False))
+                   for n in other.values())
 
 
 def test_a_superseded_artifact_is_replaced(tmp_path, stub, monkeypatch):

@@ -360,7 +360,8 @@ def split_store(monkeypatch):
     """explain over a store holding only the split-KV kernels (packed K and page 128), each
     with its merge and metadata parts as `fa4aot build` writes them: records only."""
     _hold_split_kernels(monkeypatch, {
-        "fwd": {}, "merge": {"partial_dtype": "bfloat16", "max_splits": 128, "threads": 256},
+        "fwd": {"q_broadcast": True},
+        "merge": {"partial_dtype": "bfloat16", "max_splits": 128, "threads": 256},
         "chunk_meta": {"form": "lengths"},
     })
 
@@ -398,6 +399,21 @@ def test_explain_names_the_merge_kernel(run, monkeypatch):
     doc = json.loads(run(*args).stdout)["split"]
     assert doc["merge"] == "combine" and "`fa4aot build` replaces it" in doc["plan"]
     assert doc["splits"] == 16
+
+
+def test_explain_says_how_the_split_reads_q(run, monkeypatch):
+    """Several decode rows: q read in place through the chunk mode, or (a store built before
+    it) copied over the chunks; one row reads it in place either way."""
+    args = ["explain", "--head-dim", "128", "--heads", "32:8", "--seqlen-k", "65536", "--json"]
+    merge = {"partial_dtype": "bfloat16", "max_splits": 128, "threads": 256}
+    for q_broadcast in (True, False):
+        _hold_split_kernels(monkeypatch, {"fwd": {"q_broadcast": q_broadcast}, "merge": merge})
+        for batch in ("1", "4"):
+            doc = json.loads(run(*args, "--batch", batch).stdout)["split"]
+            assert doc["q_broadcast"] is q_broadcast and doc["splits"] > 1
+            copied = "q copied over the chunks" in doc["plan"]
+            assert copied == (not q_broadcast and batch == "4"), (q_broadcast, batch)
+            assert copied != ("q read in place" in doc["plan"])
 
 
 def test_explain_split_kv(run, split_store):

@@ -52,16 +52,20 @@ def test_splits_only_where_the_model_says_it_wins():
                 assert S.step_time(n, **kw) < t1
 
 
-def test_short_contexts_split_one_row_steps_into_single_block_chunks():
-    """H200 (split_sweep --small, 2026-12-01): b1/1K 32:8 ran 15.6 us unsplit and 8.5 in 8
-    chunks of 128 keys in a graph (18.0 -> 13.1 eager); several decode rows copy q over the
-    chunks and keep chunks of 512 keys (b4/1K lost eager, 18.2 -> 23.2 us, in 4 chunks)."""
+def test_short_contexts_split_into_single_block_chunks():
+    """H200 (split_sweep --small, 2026-12-01, graph/eager): b1/1K 32:8 ran 11.5/13.7 us as
+    the fold and 7.3/12.1 in 8 chunks of 128 keys; with q read in place (no copy over the
+    chunks: compiler.trace_q_broadcast) several decode rows split alike, b2/1K in 8 chunks
+    7.8/13.2 against 11.0/14.7, b4/1K in 4 8.6/16.2 against 11.7/15.3, b2/2K in 8 8.9/16.3
+    against 10.0/16.4 in 4 (the earlier 512-key floor's choice)."""
     assert _n(1, 8, 1024) == 8
     assert S.make_split(8, 1024, page_size=None, sink=False).chunk == 128
     assert _n(1, 8, 2048) == 16
-    assert _n(2, 8, 1024) == 1 and _n(4, 8, 1024) == 1
-    assert _n(1, 2, 1024, rows=2) == 1  # two unrolled rows copy q as two sequences do
-    assert _n(2, 8, 2048) == 4  # as with 512-key chunks before
+    assert _n(2, 8, 1024) == 8 and _n(4, 8, 1024) == 4
+    assert _n(1, 2, 1024, rows=2) == 8  # unrolled rows split as sequences do
+    assert _n(2, 8, 2048) == 8 and _n(4, 8, 2048) == 4
+    assert _n(8, 8, 1024) == 1 and _n(16, 8, 1024) == 1  # the fold (b8/1K: 11.8 against
+    # 10.8 in 2 chunks in a graph, but 17.8 against 21.6 eager)
     # b8/4K runs unsplit as the fold (36.2 us in a graph against 40.3 in 2 chunks: sweep
     # --small, 2026-12-01); where the fold cannot serve it, FA4's slower kernel would, and it
     # splits in 2
@@ -72,7 +76,8 @@ def test_short_contexts_split_one_row_steps_into_single_block_chunks():
     one = dict(seqlen_k=1024, bytes_per_key=512, page_size=None, sink=False, num_sms=132,
                setting=-1)
     assert S.plan_split(ctas=8, decode_rows=1, **one).n == 8
-    assert S.plan_split(ctas=16, decode_rows=2, **one) is None
+    assert S.plan_split(ctas=16, decode_rows=2, **one).n == 8
+    assert S.plan_split(ctas=64, decode_rows=8, **one) is None
 
 
 def test_chunks_cover_the_kv_and_align():
@@ -106,7 +111,8 @@ def fake_fwd(q, k, v, out, lse, scale, cu_q, cu_k, used_q, used_k, pt, wl, wr, s
     """FA4's 1:1 non-causal kernel, q in batch form (B, M, H, d), K packed (cu_seqlens_k) or
     paged (page_table + seqused_k); empty sequences give out 0 and lse -inf."""
     assert cu_q is None and used_q is None and sink is None and wl is None and wr is None
-    B, M, H, d = q.shape
+    B, M, H, d = out.shape[:3] + q.shape[-1:]
+    per_q = B // q.shape[0]  # trace_q_broadcast's chunk mode: sequence s reads q[s // per_q]
     for s in range(B):
         if pt is not None:
             n = int(used_k[s])
@@ -119,7 +125,7 @@ def fake_fwd(q, k, v, out, lse, scale, cu_q, cu_k, used_q, used_k, pt, wl, wr, s
             out[s] = 0
             lse[s] = float("-inf")
             continue
-        sc = torch.einsum("mhd,nhd->hmn", q[s].float(), kk.float()) * scale
+        sc = torch.einsum("mhd,nhd->hmn", q[s // per_q].float(), kk.float()) * scale
         lse[s] = torch.logsumexp(sc, -1)
         out[s] = torch.einsum("hmn,nhd->mhd", torch.softmax(sc, -1), vv.float()).to(out.dtype)
 
@@ -156,19 +162,23 @@ def fake_chunk_meta(lengths: bool):
     return meta
 
 
-@pytest.fixture(autouse=True, params=[False, True], ids=["torch-metadata", "metadata-kernel"])
-def chunk_meta(request, monkeypatch):
-    """Every split here runs twice: its chunk metadata from torch's element-wise kernels (a
-    store built before the metadata kernel) and from the artifact's kernel (part `chunk_meta`,
-    its stand-in above)."""
-    monkeypatch.setattr(_FakeRuntime, "meta", request.param)
+@pytest.fixture(autouse=True, params=[(False, False), (True, False), (True, True)],
+                ids=["torch-metadata", "metadata-kernel", "q-broadcast"])
+def split_kernels(request, monkeypatch):
+    """Every split here runs three times, with the kernels of the stores built over time: its
+    chunk metadata from torch's element-wise kernels and q copied over the chunks (a store
+    built before the metadata kernel), then from the artifact's kernel (part `chunk_meta`, its
+    stand-in above), then with a forward that reads q through a chunk mode as well
+    (compiler.trace_q_broadcast)."""
+    monkeypatch.setattr(_FakeRuntime, "meta", request.param[0])
+    monkeypatch.setattr(_FakeRuntime, "q_broadcast", request.param[1])
 
 
 class _FakeRuntime:
     """Runtime.split_for's plan for a forced count n (of the exact KV bound), with stand-in
     kernels."""
 
-    meta = False  # (the chunk_meta fixture)
+    meta = q_broadcast = False  # (the split_kernels fixture)
 
     def __init__(self, n):
         self.n = self.split = n
@@ -178,7 +188,8 @@ class _FakeRuntime:
 
     def split_kernel(self, dev, dtype, d, dv, page_size):
         meta = fake_chunk_meta(page_size is not None) if self.meta else None
-        return R.plan.SplitKernel(fake_fwd, fake_combine, S.MAX_SLOTS, None, meta=meta)
+        return R.plan.SplitKernel(fake_fwd, fake_combine, S.MAX_SLOTS, None, meta=meta,
+                                  q_broadcast=self.q_broadcast)
 
     def plan(self, seqlen_k, page_size, sink):
         return S.make_split(self.n, seqlen_k, page_size=page_size, sink=sink)
@@ -452,3 +463,51 @@ def test_merge_kernel_thread_layouts():
         64: 256, 96: 192, 128: 256, 256: 256, 512: 256}
     assert merge_threads(100, S.MAX_SLOTS) is None  # not whole 16-byte loads
     assert merge_threads(8 * 33, S.MAX_SLOTS) is None  # 33 lanes: no whole warps within 256
+
+
+@pytest.mark.parametrize("form", ["batch", "packed", "rows", "rows-unmerged"])
+def test_q_broadcast_kernel_reads_the_callers_q_in_place(form):
+    """With a forward that reads q through a chunk mode (compiler.trace_q_broadcast), the
+    kernel gets the caller's q itself, (decode rows, r, hk, d): no copy over the chunks, for
+    q in batch form, packed, and with speculative rows (whose rows merge into one stride); a
+    q whose rows do not merge (here batch-strided through a wider buffer) goes as one copy."""
+    sq = 1 if form in ("batch", "packed") else 2
+    lens = [300, 1000, 5]
+    b, hq, hk, d, page = len(lens), 8, 2, 16, 64
+    q, k, v = _inputs(b, sq, hq, hk, d, lens, seed=11)
+    if form == "rows-unmerged":
+        wide = torch.full((b, sq + 1, hq, d), float("nan")).bfloat16()
+        wide[:, :sq] = q
+        q_in = wide[:, :sq]
+    else:
+        q_in = q.reshape(b * sq, hq, d) if form == "packed" else q.clone()
+    seen = []
+
+    class Rt(_FakeRuntime):
+        def split_kernel(self, dev, dtype, d_, dv, page_size):
+            def fwd(qk, *a):
+                seen.append(qk)
+                fake_fwd(qk, *a)
+
+            return R.plan.SplitKernel(fwd, fake_combine, S.MAX_SLOTS, None,
+                                      meta=fake_chunk_meta(True), q_broadcast=True)
+
+    maxp = -(-max(lens) // page)
+    table = torch.arange(b * maxp, dtype=torch.int32).view(b, maxp)
+    kpool = torch.zeros(b * maxp, page, hk, d).bfloat16()
+    vpool = torch.zeros_like(kpool)
+    for i, n_ in enumerate(lens):
+        kpool.view(b, maxp * page, hk, d)[i, :n_] = k[i, :n_]
+        vpool.view(b, maxp * page, hk, d)[i, :n_] = v[i, :n_]
+    used = torch.tensor(lens, dtype=torch.int32)
+    got = R.splitkv.split_step(
+        Rt(4), 0, q_in, kpool, vpool, "paged", None, used, table, b, sq, hq, hk, d, d,
+        maxp * page, page, True, None, None, None, None, False, form == "packed",
+    )
+    assert got is not None and len(seen) == 1
+    qk = seen[0]
+    assert qk.shape == (b * sq, hq // hk, hk, d)
+    same = qk.untyped_storage().data_ptr() == q_in.untyped_storage().data_ptr()
+    assert same == (form != "rows-unmerged")
+    ro, _ = _ref(q, k, v, lens, True, None)
+    assert rel_err(got[0].view(b, sq, hq, d), ro) < 1e-2

@@ -423,12 +423,18 @@ def _split_plan(
     merged = ("fa4aot's merge kernel" if merge_name == "merge" else
               "FA4's combine (a store built before fa4aot's merge kernel: `fa4aot build` "
               "replaces it)")
+    q_broadcast = bool(rec["parts"]["fwd"].get("q_broadcast"))
+    q_read = ("q read in place through a chunk mode" if q_broadcast or batch * seqlen_q == 1
+              else "q copied over the chunks (a store built before the chunk mode: "
+              "`fa4aot build` replaces it)")
     return {
         "splits": sp.n,
         "chunk": sp.chunk,
         "slots": sp.slots,
         "kernel": kern.id,
         "merge": merge_name,
+        "q_broadcast": q_broadcast,
         "plan": f"{sp.describe()}{rows}; chunks on {kern.describe()} (id {kern.id}), "
-        f"{batch * seqlen_q * hk * sp.slots} CTAs on {num_sms} SMs; merged by {merged}",
+        f"{batch * seqlen_q * hk * sp.slots} CTAs on {num_sms} SMs, {q_read}; merged by "
+        f"{merged}",
     }

@@ -56,6 +56,8 @@ class SplitKernel:
     abi: L.Abi = L.SM90
     fa4aot_merge: bool = False
     meta: Any = None  # the chunk metadata kernel (part `chunk_meta`), None in older artifacts
+    # the forward reads q through a chunk mode (compiler.trace_q_broadcast): no copy of q
+    q_broadcast: bool = False
     launch: Callable = field(init=False)
     merge: Callable = field(init=False)
     chunk_meta: Callable | None = field(init=False)
@@ -295,6 +297,7 @@ class Runtime:
                         L.abi_for(arch),
                         fa4aot_merge=name == "merge",
                         meta=meta,
+                        q_broadcast=bool(art.record["parts"]["fwd"].get("q_broadcast")),
                     )
         self._split_kernels[key] = got
         return got

@@ -127,7 +127,15 @@ def split_step(
                 out_c = out.view(run.out_c_shape)
             except RuntimeError:
                 return None  # a caller's out whose rows do not merge
-    if run.one_row:
+    if run.q_broadcast:
+        # the kernel reads decode row i's q for its chunks i * slots + j through a chunk mode
+        # (compiler.trace_q_broadcast): q as (decode rows, r, hk, d), a view
+        sr, sh = q.stride(0) if varlen_q or rows == 1 else q.stride(1), q.stride(-2)
+        if not varlen_q and rows > 1 and q.stride(0) != rows * sr:
+            q = q.reshape(run.q_rows_shape)  # (rows whose strides do not merge: one copy)
+            sr, sh = q.stride(0), q.stride(1)
+        kq = torch.as_strided(q, run.kq_size, (sr, sh, run.r * sh, 1))
+    elif run.one_row:
         # one decode row: every chunk reads the same q through a stride-0 batch mode, no copy
         # (the kernel took it and matched the copied q bit for bit on the H200, 2026-11-30)
         sh = q.stride(-2)
@@ -267,7 +275,8 @@ class SplitRun:
     fold = False
 
     __slots__ = (
-        "sp", "chunk", "launch", "merge", "scale", "r", "one_row", "kq_size", "q_dst", "kq",
+        "sp", "chunk", "launch", "merge", "scale", "r", "one_row", "q_broadcast", "q_rows_shape",
+        "kq_size", "q_dst", "kq",
         "ko", "kl", "lp_sink", "op_c", "lp_c", "lse_scratch", "lse_rows", "k_shape",
         "v_shape", "cu_k", "offs_col", "cu_t", "cu_t_lo", "cu_flat", "len_buf", "len_t",
         "len_flat", "pt_rows", "pt_cols", "pt_shape", "out_as_is", "out_shape", "out_c_shape",
@@ -288,12 +297,18 @@ class SplitRun:
         self.scale = float(1.0 / math.sqrt(d))
         self.r = r
         self.one_row = bb == 1
-        self.kq_size = (slots, r, hk, d)
-        qr = q.new_empty((bb, slots, hq, d))
-        # the caller's q, (b, rows, hq, d) or (b*rows, hq, d), broadcast over the slots
-        self.q_dst = (qr.view(bb, slots, hq, d).transpose(0, 1) if varlen_q
-                      else qr.view(b, rows, slots, hq, d).permute(2, 0, 1, 3, 4))
-        self.kq = qr.view(nv, hk, r, d).transpose(1, 2)  # GQA folded: r rows of a 1:1 kernel
+        self.q_broadcast = kern.q_broadcast
+        self.q_rows_shape = (bb, hq, d)
+        self.q_dst = self.kq = None
+        if self.q_broadcast:
+            self.kq_size = (bb, r, hk, d)  # GQA folded: r rows of a 1:1 kernel
+        else:  # (stores built before the chunk mode: a stride-0 mode at one row, else a copy)
+            self.kq_size = (slots, r, hk, d)
+            qr = q.new_empty((bb, slots, hq, d))
+            # the caller's q, (b, rows, hq, d) or (b*rows, hq, d), broadcast over the slots
+            self.q_dst = (qr.view(bb, slots, hq, d).transpose(0, 1) if varlen_q
+                          else qr.view(b, rows, slots, hq, d).permute(2, 0, 1, 3, 4))
+            self.kq = qr.view(nv, hk, r, d).transpose(1, 2)
         op = q.new_empty((bb, slots, hq, dv))
         self.ko = op.view(nv, hk, r, dv).transpose(1, 2)
         lp = torch.empty((bb, slots, hq), dtype=torch.float32, device=dvc)
