@@ -289,9 +289,9 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
         raise RuntimeError(
             f"expected one forward kernel for {variant.describe()}, FA4 compiled {len(fwd)}"
         )
-    q_broadcast = variant.split_kernel and variant.arch == "sm90"
-    if q_broadcast:  # the chunk kernel: FA4's, reading q through a chunk mode (trace_q_broadcast)
-        fwd = [(fwd[0][0], trace_q_broadcast(compiles, fwd[0][1]))]
+    chunk_modes = variant.split_kernel and variant.arch == "sm90"
+    if chunk_modes:  # the chunk kernel: FA4's, reading q and KV lengths in chunk modes
+        fwd = [(fwd[0][0], trace_chunk_modes(compiles))]
     seconds = time.perf_counter() - t0
     if variant.mla is not None and variant_from_fa4_key(fwd[0][0], variant.arch) != variant:
         # an MLA variant comes from a model of FA4's route (variants.mla_features): a kernel
@@ -333,8 +333,10 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
             if problem:
                 raise RuntimeError(f"{variant.describe()}: {problem}")
             parts[name] = {"object": str(obj), **part_record(name, key, variant.arch)}
-    if q_broadcast:
+    if chunk_modes:  # (trace_chunk_modes)
         parts["fwd"]["q_broadcast"] = True
+        if variant.paged:
+            parts["fwd"]["chunk_lengths"] = True
     return {"parts": parts, "compile_seconds": seconds, "fa4_key": parts["fwd"]["key"]}
 
 
@@ -415,21 +417,29 @@ def trace_combine(variant: Variant) -> list[tuple[Any, Any]]:
 
 # fa4aot's merge kernel: its key is (name, version, dtype, head dim v, max splits, threads);
 # bump the version when the kernel's code changes
-def trace_q_broadcast(compiles: list, fa4_fn: Any) -> Any:
+def trace_chunk_modes(compiles: list) -> Any:
     """FA4's sm90 forward, compiled again from the arguments FA4 compiled it with (`compiles`,
-    from trace), behind one change: q's batch mode becomes ((n, b):(0, q's batch stride)),
-    n = out's batch // q's batch, so virtual sequence i * n + j of the kernel reads q row i.
+    from trace), with two of its inputs read through chunk modes; otherwise FA4's kernel:
+
+    - q: its batch mode becomes ((n, b):(0, q's batch stride)), n = out's batch // q's batch,
+      so virtual sequence i * n + j reads q row i (record: `q_broadcast`);
+    - seqused_k, where the kernel is paged: virtual sequence v of u = out's batch // the
+      lengths' count sees clamp(seqused_k[v // u] - (v % u) * c, 0, c) keys, c = the page
+      table's columns * page size (record: `chunk_lengths`).
 
     Why: a split step runs the chunks of sequence i as virtual sequences i * n .. i * n + n - 1
-    of one kernel, and FA4 indexes q and O by the same batch index, so with a plain q the
-    step first copied q over the chunks (one more launch; b1 used a stride-0 batch mode).
-    With the chunk mode every step reads the caller's q in place. Called with q's and out's
-    batches equal (n = 1: the fold, or any call of FA4's own form), it is FA4's kernel exactly.
-    The same compile key as FA4's: the artifact's fwd record says `q_broadcast`. H200,
-    2026-12-01 (CUDA graph, 32:8 hd128, chunk kernel alone): b4/4K in 4 chunks 22.3 -> 18.7
-    us, b2/1K in 8 6.6 -> 4.7, b4/32K 126.2 -> 122.7; outputs and LSE bit-identical."""
+    of one kernel, and FA4 indexes q, O and the KV lengths by the same batch index, so the
+    step first copied q over the chunks and wrote each chunk's length with a metadata kernel
+    (two launches; at one decode row q went through a stride-0 mode). With the chunk modes it
+    passes the caller's q and seqused_k as they are. Called in FA4's own form (q's, out's and
+    the lengths' batches equal: u = n = 1, and c spans the page table), it is FA4's kernel
+    exactly. The same compile key as FA4's. H200, 2026-12-01 (CUDA graph, 32:8 hd128, the
+    chunk kernel with the q copy against it alone): b4/4K in 4 chunks 22.3 -> 18.7 us, b2/1K
+    in 8 6.6 -> 4.7, b4/32K 126.2 -> 122.7; outputs and LSE bit-identical."""
+    import cutlass
     import cutlass.cute as cute
     from flash_attn.cute import flash_fwd_sm90 as F90
+    from flash_attn.cute.seqlen_info import SeqlenInfoQK
 
     if len(compiles) != 1 or not isinstance(compiles[0][0][0], F90.FlashAttentionForwardSm90):
         raise RuntimeError(
@@ -438,9 +448,9 @@ def trace_q_broadcast(compiles: list, fa4_fn: Any) -> Any:
     (fa_fwd, *args), kwargs = compiles[0]
     if len(args) != 19:
         raise RuntimeError(f"FA4's sm90 forward took {len(args)} arguments, fa4aot knows 19")
-    assume = F90.assume_tensor_aligned
+    assume, create = F90.assume_tensor_aligned, SeqlenInfoQK.create
 
-    class QBroadcast:
+    class ChunkModes:
         def __init__(self, inner):
             self.inner = inner
 
@@ -455,20 +465,45 @@ def trace_q_broadcast(compiles: list, fa4_fn: Any) -> Any:
                 ((n, b), mQ.shape[1], mQ.shape[2], mQ.shape[3]),
                 stride=((0, mQ.stride[0]), mQ.stride[1], mQ.stride[2], mQ.stride[3]),
             )
+            if cutlass.const_expr(pages is not None and used_k is not None):
+                bu = used_k.shape[0]
+                used_k = cute.make_tensor(used_k.iterator, cute.make_layout(
+                    ((mO.shape[0] // bu, bu), pages.shape[1] * mK.shape[1]),
+                    stride=((0, used_k.stride[0]), 0),
+                ))
             self.inner(cute.make_tensor(mQ.iterator, layout), mK, mV, mO, mLSE, scale, cu_q,
                        cu_k, used_q, used_k, pages, wl, wr, sink, sparse, aux, cu_m, cu_sm,
                        stream)
+
+    class ChunkLengths:
+        """What FA4's SeqlenInfoQK.create reads as seqused_k[v]: chunk v % u's keys."""
+
+        def __init__(self, t):
+            self.t = t
+
+        def __getitem__(self, v):
+            u, c = self.t.shape[0][0], self.t.shape[1]
+            return cutlass.min(cutlass.max(self.t[v, 0] - (v % u) * c, 0), c)
 
     def assume_flat(t, **kw):  # FA4's alignment step takes flat strides: q's are done above
         if t is not None and any(isinstance(x, tuple) for x in t.stride):
             return t
         return assume(t, **kw)
 
+    def create_chunked(batch_idx, seqlen_q_static, seqlen_k_static, mCuSeqlensQ=None,
+                       mCuSeqlensK=None, mSeqUsedQ=None, mSeqUsedK=None, **kw):
+        if mSeqUsedK is not None and cute.rank(mSeqUsedK) == 2:  # the chunk-length mode
+            mSeqUsedK = ChunkLengths(mSeqUsedK)
+        return create(batch_idx, seqlen_q_static, seqlen_k_static, mCuSeqlensQ, mCuSeqlensK,
+                      mSeqUsedQ, mSeqUsedK, **kw)
+
     F90.assume_tensor_aligned = assume_flat
+    SeqlenInfoQK.create = staticmethod(create_chunked)
     try:
-        return cute.compile(QBroadcast(fa_fwd), *args, **kwargs)
+        return cute.compile(ChunkModes(fa_fwd), *args, **kwargs)
     finally:
         F90.assume_tensor_aligned = assume
+        SeqlenInfoQK.create = staticmethod(create)
 
 
 MERGE_KEY = ("fa4aot_merge", 1)

@@ -52,7 +52,7 @@ class CostModel:
     `benchmarks/split_sweep.py --small` measure them. With the earlier 50 GB/s and 4.0 TB/s,
     b8/4K split in 2 chunks: 40.3 us in a graph, against 36.2 for the fold. The overhead was
     7 us while a step of several decode rows also copied q over its chunks (one more launch,
-    before compiler.trace_q_broadcast); without the copy the H200 (2026-12-01, CUDA graph,
+    before compiler.trace_chunk_modes); without the copy the H200 (2026-12-01, CUDA graph,
     32:8) ran b1/4K in 16 and 8 chunks at 9.1 and 10.5 us, the fold's 34.3 us streaming 4096
     keys at ~68 GB/s over a ~3.6 us base: ~3 us above the chunks' streaming."""
 
@@ -62,7 +62,7 @@ class CostModel:
     # how fast one CTA of FA4's own decode kernel streams K/V: the unsplit step where the fold
     # does not serve it (fold_refusal: a sink, several query rows, head dims over 128)
     fa4_cta_bytes_per_s: float = 42e9
-    # keys: one KV block, the shortest chunk (q is read in place, compiler.trace_q_broadcast):
+    # keys: one KV block, the shortest chunk (q is read in place, compiler.trace_chunk_modes):
     # H200, split_sweep --small, 2026-12-01, graph/eager: b1/1K 32:8 in 8 chunks of 128 ran
     # 7.3/12.1 us against 11.5/13.7 unsplit, b2/1K in 8 7.8/13.2 against 11.0/14.7, b4/1K in 4
     # chunks of 256 8.6/16.2 against 11.7/15.3 (cuDNN: 7.3/12.2, 7.8/13.6, 9.9/17.2)

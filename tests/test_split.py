@@ -5,6 +5,7 @@ torch stand-ins for the two kernels, checked against an fp32 reference attention
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import pytest
 import torch
@@ -55,7 +56,7 @@ def test_splits_only_where_the_model_says_it_wins():
 def test_short_contexts_split_into_single_block_chunks():
     """H200 (split_sweep --small, 2026-12-01, graph/eager): b1/1K 32:8 ran 11.5/13.7 us as
     the fold and 7.3/12.1 in 8 chunks of 128 keys; with q read in place (no copy over the
-    chunks: compiler.trace_q_broadcast) several decode rows split alike, b2/1K in 8 chunks
+    chunks: compiler.trace_chunk_modes) several decode rows split alike, b2/1K in 8 chunks
     7.8/13.2 against 11.0/14.7, b4/1K in 4 8.6/16.2 against 11.7/15.3, b2/2K in 8 8.9/16.3
     against 10.0/16.4 in 4 (the earlier 512-key floor's choice)."""
     assert _n(1, 8, 1024) == 8
@@ -107,15 +108,21 @@ def test_refusals_name_the_reason():
 
 
 def fake_fwd(q, k, v, out, lse, scale, cu_q, cu_k, used_q, used_k, pt, wl, wr, sink, bs, aux,
-             cu_total, cu_splits):
+             cu_total, cu_splits, chunk_lengths=False):
     """FA4's 1:1 non-causal kernel, q in batch form (B, M, H, d), K packed (cu_seqlens_k) or
-    paged (page_table + seqused_k); empty sequences give out 0 and lse -inf."""
+    paged (page_table + seqused_k); empty sequences give out 0 and lse -inf. In the chunk
+    modes of compiler.trace_chunk_modes: sequence s reads q[s // (B / q's batch)] and, with
+    chunk_lengths, sees clamp(used_k[s // u] - (s % u) * c, 0, c) keys, u = B / used_k's
+    count, c = the page table's columns * page size (else used_k holds one length a row)."""
     assert cu_q is None and used_q is None and sink is None and wl is None and wr is None
     B, M, H, d = out.shape[:3] + q.shape[-1:]
-    per_q = B // q.shape[0]  # trace_q_broadcast's chunk mode: sequence s reads q[s // per_q]
+    per_q = B // q.shape[0]
+    if pt is not None and not chunk_lengths:
+        assert used_k.shape == (B,)
     for s in range(B):
         if pt is not None:
-            n = int(used_k[s])
+            u, c = B // used_k.shape[0], pt.shape[1] * k.shape[1]
+            n = min(max(int(used_k[s // u]) - (s % u) * c, 0), c)
             kk = k[pt[s].long()].reshape(-1, H, d)[:n]
             vv = v[pt[s].long()].reshape(-1, H, v.shape[-1])[:n]
         else:
@@ -163,22 +170,22 @@ def fake_chunk_meta(lengths: bool):
 
 
 @pytest.fixture(autouse=True, params=[(False, False), (True, False), (True, True)],
-                ids=["torch-metadata", "metadata-kernel", "q-broadcast"])
+                ids=["torch-metadata", "metadata-kernel", "chunk-modes"])
 def split_kernels(request, monkeypatch):
     """Every split here runs three times, with the kernels of the stores built over time: its
     chunk metadata from torch's element-wise kernels and q copied over the chunks (a store
     built before the metadata kernel), then from the artifact's kernel (part `chunk_meta`, its
-    stand-in above), then with a forward that reads q through a chunk mode as well
-    (compiler.trace_q_broadcast)."""
+    stand-in above), then with a forward that reads q, and a paged K's lengths, through chunk
+    modes as well (compiler.trace_chunk_modes)."""
     monkeypatch.setattr(_FakeRuntime, "meta", request.param[0])
-    monkeypatch.setattr(_FakeRuntime, "q_broadcast", request.param[1])
+    monkeypatch.setattr(_FakeRuntime, "chunk_modes", request.param[1])
 
 
 class _FakeRuntime:
     """Runtime.split_for's plan for a forced count n (of the exact KV bound), with stand-in
     kernels."""
 
-    meta = q_broadcast = False  # (the split_kernels fixture)
+    meta = chunk_modes = False  # (the split_kernels fixture)
 
     def __init__(self, n):
         self.n = self.split = n
@@ -188,8 +195,10 @@ class _FakeRuntime:
 
     def split_kernel(self, dev, dtype, d, dv, page_size):
         meta = fake_chunk_meta(page_size is not None) if self.meta else None
-        return R.plan.SplitKernel(fake_fwd, fake_combine, S.MAX_SLOTS, None, meta=meta,
-                                  q_broadcast=self.q_broadcast)
+        chunked = self.chunk_modes and page_size is not None
+        return R.plan.SplitKernel(partial(fake_fwd, chunk_lengths=chunked), fake_combine,
+                                  S.MAX_SLOTS, None, meta=meta, q_broadcast=self.chunk_modes,
+                                  chunk_lengths=chunked)
 
     def plan(self, seqlen_k, page_size, sink):
         return S.make_split(self.n, seqlen_k, page_size=page_size, sink=sink)
@@ -466,11 +475,13 @@ def test_merge_kernel_thread_layouts():
 
 
 @pytest.mark.parametrize("form", ["batch", "packed", "rows", "rows-unmerged"])
-def test_q_broadcast_kernel_reads_the_callers_q_in_place(form):
-    """With a forward that reads q through a chunk mode (compiler.trace_q_broadcast), the
-    kernel gets the caller's q itself, (decode rows, r, hk, d): no copy over the chunks, for
-    q in batch form, packed, and with speculative rows (whose rows merge into one stride); a
-    q whose rows do not merge (here batch-strided through a wider buffer) goes as one copy."""
+def test_chunk_mode_kernel_reads_the_callers_q_and_lengths_in_place(form):
+    """With a forward that reads q and a paged K's lengths through chunk modes
+    (compiler.trace_chunk_modes), the kernel gets the caller's q itself, (decode rows, r, hk,
+    d): no copy over the chunks, for q in batch form, packed, and with speculative rows (whose
+    rows merge into one stride); a q whose rows do not merge (here batch-strided through a
+    wider buffer) goes as one copy. At one decode row it gets the caller's seqused_k too (no
+    metadata launch); at several, each unrolled row's length."""
     sq = 1 if form in ("batch", "packed") else 2
     lens = [300, 1000, 5]
     b, hq, hk, d, page = len(lens), 8, 2, 16, 64
@@ -486,11 +497,12 @@ def test_q_broadcast_kernel_reads_the_callers_q_in_place(form):
     class Rt(_FakeRuntime):
         def split_kernel(self, dev, dtype, d_, dv, page_size):
             def fwd(qk, *a):
-                seen.append(qk)
-                fake_fwd(qk, *a)
+                seen.append((qk, a[8]))
+                fake_fwd(qk, *a, chunk_lengths=True)
 
             return R.plan.SplitKernel(fwd, fake_combine, S.MAX_SLOTS, None,
-                                      meta=fake_chunk_meta(True), q_broadcast=True)
+                                      meta=fake_chunk_meta(True), q_broadcast=True,
+                                      chunk_lengths=True)
 
     maxp = -(-max(lens) // page)
     table = torch.arange(b * maxp, dtype=torch.int32).view(b, maxp)
@@ -505,7 +517,9 @@ def test_q_broadcast_kernel_reads_the_callers_q_in_place(form):
         maxp * page, page, True, None, None, None, None, False, form == "packed",
     )
     assert got is not None and len(seen) == 1
-    qk = seen[0]
+    qk, used_k = seen[0]
+    # the caller's lengths at one row (no metadata launch), each unrolled row's at several
+    assert (used_k is used) == (sq == 1) and used_k.shape == (b * sq,)
     assert qk.shape == (b * sq, hq // hk, hk, d)
     same = qk.untyped_storage().data_ptr() == q_in.untyped_storage().data_ptr()
     assert same == (form != "rows-unmerged")

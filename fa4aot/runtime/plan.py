@@ -56,8 +56,10 @@ class SplitKernel:
     abi: L.Abi = L.SM90
     fa4aot_merge: bool = False
     meta: Any = None  # the chunk metadata kernel (part `chunk_meta`), None in older artifacts
-    # the forward reads q through a chunk mode (compiler.trace_q_broadcast): no copy of q
+    # the forward reads q through a chunk mode (compiler.trace_chunk_modes): no copy of q
     q_broadcast: bool = False
+    # it cuts a paged K's lengths into chunks itself (the same): no metadata launch at one row
+    chunk_lengths: bool = False
     launch: Callable = field(init=False)
     merge: Callable = field(init=False)
     chunk_meta: Callable | None = field(init=False)
@@ -298,6 +300,7 @@ class Runtime:
                         fa4aot_merge=name == "merge",
                         meta=meta,
                         q_broadcast=bool(art.record["parts"]["fwd"].get("q_broadcast")),
+                        chunk_lengths=bool(art.record["parts"]["fwd"].get("chunk_lengths")),
                     )
         self._split_kernels[key] = got
         return got

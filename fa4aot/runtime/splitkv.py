@@ -129,7 +129,7 @@ def split_step(
                 return None  # a caller's out whose rows do not merge
     if run.q_broadcast:
         # the kernel reads decode row i's q for its chunks i * slots + j through a chunk mode
-        # (compiler.trace_q_broadcast): q as (decode rows, r, hk, d), a view
+        # (compiler.trace_chunk_modes): q as (decode rows, r, hk, d), a view
         sr, sh = q.stride(0) if varlen_q or rows == 1 else q.stride(1), q.stride(-2)
         if not varlen_q and rows > 1 and q.stride(0) != rows * sr:
             q = q.reshape(run.q_rows_shape)  # (rows whose strides do not merge: one copy)
@@ -156,13 +156,20 @@ def split_step(
             torch.minimum(run.cu_t_lo, cu_seqlens_k[1:], out=run.cu_t_lo)
         cu_seqlens_k = run.cu_flat_f
     else:
-        # per-chunk lengths clamp(len - offset, 0, c), (sequence, row * slots), likewise
-        if run.meta is not None:
+        # per-chunk lengths clamp(len - offset, 0, c), (sequence, row * slots), likewise; a
+        # kernel that cuts lengths into chunks itself (compiler.trace_chunk_modes) takes the
+        # caller's at one decode row, and each unrolled row's (one metadata launch) at several
+        if run.chunk_lengths:
+            if rows > 1:
+                run.meta(seqused_k, run.len_buf_f, *run.meta_args)
+                seqused_k = run.len_flat_f
+        elif run.meta is not None:
             run.meta(seqused_k, run.len_buf_f, *run.meta_args)
         else:
             torch.sub(seqused_k, run.offs_col, out=run.len_t)
             run.len_buf.clamp_(0, run.chunk)
-        seqused_k = run.len_flat_f
+        if not run.chunk_lengths:
+            seqused_k = run.len_flat_f
         if run.pt_rows and page_table.size(1) == run.pt_cols and page_table.is_contiguous():
             page_table = page_table.view(run.pt_shape)  # the chunks' pages: a view
         else:
@@ -282,7 +289,7 @@ class SplitRun:
         "len_flat", "pt_rows", "pt_cols", "pt_shape", "out_as_is", "out_shape", "out_c_shape",
         "lse_shape", "lse_c_size", "lse_c_stride", "ko_f", "kl_f", "op_c_f", "lp_c_f",
         "lse_scratch_f", "cu_k_f", "cu_flat_f", "len_flat_f", "meta", "meta_args", "cu_buf",
-        "cu_buf_f", "len_buf_f",
+        "cu_buf_f", "len_buf_f", "chunk_lengths",
     )
 
     def __init__(self, rt, dev, q, b, rows, hq, hk, d, dv, kind, sp, page_size, causal,
@@ -294,6 +301,8 @@ class SplitRun:
         self.sp, self.chunk = sp, sp.chunk
         self.launch, self.merge = kern.launch, kern.merge
         self.meta, self.meta_args = kern.chunk_meta, (sp.chunk, slots, rows, int(causal))
+        # the kernel cuts a paged K's lengths into chunks (compiler.trace_chunk_modes)
+        self.chunk_lengths = kind == "paged" and kern.chunk_lengths and self.meta is not None
         self.scale = float(1.0 / math.sqrt(d))
         self.r = r
         self.one_row = bb == 1
@@ -378,6 +387,18 @@ class SplitRun:
             self.cu_t_lo = self.cu_t[:, :b]
             self.cu_flat = cu.view(-1)[: b * slots + 1]
             return
+        # split.chunk_page_table's free case: the table holds exactly slots * pages-per-chunk
+        # pages per row (and one row per sequence)
+        pp = sp.chunk // page_size
+        self.pt_rows = int(rows == 1)
+        self.pt_cols = slots * pp
+        self.pt_shape = (b * slots, pp)
+        if self.chunk_lengths:
+            if rows > 1:  # each unrolled row's length (one chunk of 2**30 keys), (b, rows)
+                self.meta_args = (1 << 30, 1, rows, int(causal))
+                self.len_buf = torch.empty((b, rows), dtype=torch.int32, device=dvc)
+                self.len_flat = self.len_buf.view(-1)
+            return
         if rows > 1:
             # unrolled row t of a causal step sees len - rows + 1 + t keys; a non-causal one
             # all of them: per (row, chunk) offsets
@@ -387,12 +408,6 @@ class SplitRun:
         self.len_buf = torch.empty((b, rows * slots), dtype=torch.int32, device=dvc)
         self.len_t = self.len_buf.t()
         self.len_flat = self.len_buf.view(-1)
-        # split.chunk_page_table's free case: the table holds exactly slots * pages-per-chunk
-        # pages per row (and one row per sequence)
-        pp = sp.chunk // page_size
-        self.pt_rows = int(rows == 1)
-        self.pt_cols = slots * pp
-        self.pt_shape = (b * slots, pp)
 
 
 def _to_ffi(t):
