@@ -42,9 +42,12 @@ class _Art:
     def __init__(self, vid):
         self.id = vid
         self.record = {
-            "parts": {
-                "fwd": {},
+            "parts": {  # as `fa4aot build` writes a split chunk kernel's (stores before it:
+                # FA4's combine, no metadata kernel, no chunk modes)
+                "fwd": {"q_broadcast": True, "chunk_lengths": True},
+                "merge": {"partial_dtype": "bfloat16", "max_splits": 128, "threads": 256},
                 "combine": {"partial_dtype": "bfloat16", "tile_m": 16, "max_splits": 128},
+                "chunk_meta": {},
             }
         }
         self.dir = Path("/nonexistent") / vid
