@@ -452,9 +452,9 @@ def superseded(art) -> bool:
     fa4aot's merge kernel (where C.merge_threads has a layout for its head dim; FA4's combine
     otherwise) and the chunk metadata kernel (compiler.trace_merge, trace_chunk_meta), or, on
     sm90, whose forward does not read q (and a paged K's lengths) through chunk modes
-    (compiler.trace_chunk_modes), i.e. built before them. `fa4aot build` replaces it, as it does a corrupt copy; until then the
-    runtime serves it with what it has (FA4's combine, torch's element-wise kernels, a copy of
-    q over the chunks)."""
+    (compiler.trace_chunk_modes), i.e. built before them. `fa4aot build` replaces it, as it
+    does a corrupt copy; until then the runtime serves it with what it has (FA4's combine,
+    torch's element-wise kernels, a copy of q over the chunks)."""
     rec = art.record
     v = Variant.from_dict(rec["variant"])
     if not v.split_kernel:

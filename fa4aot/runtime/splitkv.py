@@ -158,17 +158,16 @@ def split_step(
     else:
         # per-chunk lengths clamp(len - offset, 0, c), (sequence, row * slots), likewise; a
         # kernel that cuts lengths into chunks itself (compiler.trace_chunk_modes) takes the
-        # caller's at one decode row, and each unrolled row's (one metadata launch) at several
-        if run.chunk_lengths:
-            if rows > 1:
-                run.meta(seqused_k, run.len_buf_f, *run.meta_args)
-                seqused_k = run.len_flat_f
+        # caller's at one decode row, and each unrolled row's (the metadata kernel's
+        # meta_args say so: one chunk of 2**30 keys) at several
+        if run.chunk_lengths and rows == 1:
+            pass
         elif run.meta is not None:
             run.meta(seqused_k, run.len_buf_f, *run.meta_args)
+            seqused_k = run.len_flat_f
         else:
             torch.sub(seqused_k, run.offs_col, out=run.len_t)
             run.len_buf.clamp_(0, run.chunk)
-        if not run.chunk_lengths:
             seqused_k = run.len_flat_f
         if run.pt_rows and page_table.size(1) == run.pt_cols and page_table.is_contiguous():
             page_table = page_table.view(run.pt_shape)  # the chunks' pages: a view
