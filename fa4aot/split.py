@@ -15,7 +15,8 @@ Exactness, rule by rule (`split_refusal` refuses the rest):
   causal or not) sees all of its sequence's keys. A step of s_q > 1 rows (speculative
   decoding) is unrolled into s_q decode rows, row t seeing `len - s_q + 1 + t` keys when
   causal (all of them otherwise): only a paged KV can give those rows the same pages with
-  their own lengths (cu_seqlens_k ranges cannot overlap), so s_q > 1 splits on pages only.
+  their own lengths (cu_seqlens_k ranges cannot overlap), so s_q > 1 splits on pages only,
+  a dense KV viewed as pages included (dense_page_size).
 - GQA is folded (`select.py`): the r query heads of a KV head are r query rows of the 1:1
   kernel, so one kernel serves every head ratio.
 - Learnable sinks count once: the chunks run without them, and one extra, empty slot per
@@ -191,6 +192,21 @@ def merge_part(parts: dict, dtype: str) -> tuple[str | None, dict]:
     return None, {}
 
 
+# Page sizes a dense KV of several query rows is viewed in (dense_page_size), largest first.
+DENSE_PAGES = (128, 64, 16)
+
+
+def dense_page_size(seqlen_k: int, have) -> int | None:
+    """The page size a dense K of seqlen_k keys per sequence is split through when a step has
+    several query rows, or None: the first of DENSE_PAGES that divides seqlen_k (so every
+    sequence starts on a page: the K is its own page pool, the page table a constant) and
+    for which `have(page_size)` (a paged split kernel is cached)."""
+    for p in DENSE_PAGES:
+        if seqlen_k % p == 0 and have(p):
+            return p
+    return None
+
+
 def split_refusal(
     *,
     causal: bool,
@@ -201,7 +217,8 @@ def split_refusal(
     softcap: bool = False,
 ) -> str | None:
     """Why a decode call cannot be split exactly (None: it can). The plan then runs unsplit.
-    (The runtime's entry points test the same conditions inline, on their hot path.)"""
+    (The runtime's entry points test the same conditions inline, on their hot path.) paged:
+    the KV is paged, or dense and viewed as pages (dense_page_size)."""
     if window:
         return "windowed: the kernel already reads only the window's keys"
     if softcap:
@@ -210,9 +227,10 @@ def split_refusal(
         return "the query rows per sequence are not host-known (pass max_seqlen_q)"
     if seqlen_q > 1 and not paged:
         return (
-            f"{seqlen_q} query rows over a dense or packed KV (unrolled into decode rows, "
-            f"{'causal ones see different keys; ' if causal else ''}only a paged KV gives "
-            "each row the same pages with its own length)"
+            f"{seqlen_q} query rows over a packed KV, or a dense one whose length no cached "
+            f"paged split kernel's page size divides (unrolled into decode rows, "
+            f"{'causal ones see different keys; ' if causal else ''}only pages give each row "
+            "the same keys with its own length)"
         )
     return None
 

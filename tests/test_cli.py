@@ -432,12 +432,17 @@ def test_explain_split_kv(run, split_store):
     # each refusal names its reason, and nothing else serves these calls
     for extra, why in (
         (["--window", "128"], "windowed"),
-        (["--seqlen-q", "4"], "paged KV"),
+        (["--seqlen-q", "4", "--seqlen-k", "65520"], "only pages give"),  # 128 does not divide
         (["--seqlen-k", "600"], "never split"),
     ):
         args = ["--heads", "32:8", "--seqlen-k", "65536", *extra]
         r = run(*base, *args)
         assert r.exit_code == 1 and why in json.loads(r.stdout)["split"]["why"], (extra, r.stdout)
+    # several query rows over a dense K whose length a cached page size divides: its own pages
+    r = run(*base, "--heads", "32:8", "--seqlen-k", "65536", "--seqlen-q", "4")
+    doc = json.loads(r.stdout)["split"]
+    assert r.exit_code == 0 and doc["splits"] > 1, r.stdout
+    assert "4 query rows unrolled, the dense K viewed as pages of 128" in doc["plan"]
     with settings.scope(split_kv="0"):
         r = run(*base, "--heads", "32:8", "--seqlen-k", "65536")
     assert r.exit_code == 1 and json.loads(r.stdout)["split"]["why"] == "FA4AOT_SPLIT_KV=0"

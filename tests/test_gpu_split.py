@@ -145,6 +145,41 @@ def test_dense_decode(monkeypatch, hq, hk, d, sinks, n, lse):
             _lse_err(l1, rl) if lse else None)
 
 
+@pytest.mark.parametrize("hq,hk,d,sinks", LAYERS)
+@pytest.mark.parametrize("sq,sk,causal", [(2, 4096, True), (4, 4096, True), (3, 4096, False),
+                                          (2, 4100, True)])
+@pytest.mark.parametrize("lse", [False, True])
+def test_dense_speculative_rows(monkeypatch, hq, hk, d, sinks, sq, sk, causal, lse):
+    """Several query rows over a dense KV (speculative decoding) split with the KV as its own
+    page pool where a cached paged split kernel's page size divides its length (4096; 4100:
+    none does, so it runs unsplit, exact), each row seeing its causal keys."""
+    import fa4aot
+    import fa4aot.runtime.splitkv as SK
+
+    spy = _Spy(monkeypatch)
+    b = 3
+    q = torch.randn(b, sq, hq, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    sink = torch.randn(hq, device="cuda", dtype=torch.float32) if sinks else None
+
+    def call():
+        kw = dict(out=_poison((b, sq, hq, d)), causal=causal, learnable_sink=sink)
+        if lse:
+            kw["lse"] = _poison((b, hq, sq), torch.float32)
+        return fa4aot.flash_attn_func(q, k, v, **kw)
+
+    want = SK._dense_page(_rt(-1), 0, torch.bfloat16, d, d, sk) > 0
+    assert want == (sk % 16 == 0), f"the default store has no paged split kernel for hd{d}"
+    (o1, l1), (o0, l0) = _both(call, 7, spy, want)
+    ro, rl = attention_ref(q, k, v, torch.full((b,), sq, device="cuda"),
+                           torch.full((b,), sk, device="cuda"), causal=causal, sink=sink)
+    assert not o1.isnan().any()
+    _record(f"dense {hq}:{hk} hd{d} sq{sq} sk{sk}{'' if causal else ' noncausal'}",
+            rel_err(o1, ro), None if o0 is None else rel_err(o0, ro),
+            _lse_err(l1, rl) if lse else None)
+
+
 def _paged(lk, page, hk, d):
     npg = [max(1, -(-n // page)) for n in lk]
     pool = sum(npg) + 2

@@ -256,6 +256,47 @@ def test_dense_decode_split_matches_reference(n, hq, hk, sink):
     assert torch.allclose(lse, rl, atol=1e-3)
 
 
+@pytest.mark.parametrize("sq,causal", [(2, True), (4, True), (3, False)])
+@pytest.mark.parametrize("sk", [1024, 1040])
+def test_dense_speculative_rows_split_as_pages(sq, causal, sk):
+    """A dense K of several query rows splits as its own page pool (split.dense_page_size: the
+    largest cached page size dividing its length; 1040 keys: pages of 16) with every row's
+    causal length; q, out and LSE in the caller's batch form."""
+    b, hq, hk, d = 2, 8, 2, 16
+    q, k, v = _inputs(b, sq, hq, hk, d, [sk] * b, seed=sq * 5 + sk)
+    out = torch.full((b, sq, hq, d), float("nan")).bfloat16()
+    lse = torch.full((b, hq, sq), float("nan"))
+    seen = []
+
+    class Rt(_FakeRuntime):
+        def split_kernel(self, dev, dtype, d_, dv, page_size):
+            seen.append(page_size)
+            return super().split_kernel(dev, dtype, d_, dv, page_size)
+
+    got = _split(Rt(3), q, k, v, "dense", (None, None, None), sk, None, causal, None, out, lse,
+                 True, False)
+    assert got is not None and got[0] is out and got[1] is lse
+    assert seen[0] == (128 if sk % 128 == 0 else 16)
+    ro, rl = _ref(q, k, v, [sk] * b, causal, None)
+    assert rel_err(out, ro) < 1e-2
+    assert torch.allclose(lse, rl, atol=1e-3)
+
+
+def test_dense_speculative_rows_whose_length_no_page_divides_run_unsplit():
+    class Rt(_FakeRuntime):
+        def split_kernel(self, dev, dtype, d, dv, page_size):  # packed K and pages of 128 only
+            return None if page_size not in (None, 128) else super().split_kernel(
+                dev, dtype, d, dv, page_size)
+
+    q, k, v = _inputs(2, 2, 8, 2, 16, [1040, 1040], seed=1)  # 1040 = 8 * 130: not 128 * m
+    assert _split(Rt(3), q, k, v, "dense", (None, None, None), 1040, None, True, None, None,
+                  None, False, False) is None
+    # a K that is not contiguous across batch and sequence has no page view either
+    kk = torch.cat([k, k], dim=1)[:, :1024]
+    assert _split(Rt(3), q, kk, kk, "dense", (None, None, None), 1024, None, True, None, None,
+                  None, False, False) is None
+
+
 @pytest.mark.parametrize("n", [2, 7])
 @pytest.mark.parametrize("lse_wanted", [False, True])
 def test_varlen_decode_split_with_empty_and_one_token_sequences(n, lse_wanted):

@@ -384,9 +384,20 @@ def _split_plan(
 
     setting = settings.split_kv()
     setting = -1 if setting == "auto" else setting
+    dense_pages = ""
+    if layout == "dense" and seqlen_q > 1:  # several rows: a dense K split as its own pages
+
+        def cached(p):
+            v = split_kernel_variant(arch, dtype, d, dv, p)
+            rec = next((a.record for a in arts if a.id == v.id), None)
+            return S.merge_part(rec["parts"] if rec else {}, dtype)[0] is not None
+
+        page_size = S.dense_page_size(seqlen_k, cached)
+        if page_size:
+            dense_pages = f", the dense K viewed as pages of {page_size}"
     why = S.split_refusal(
-        causal=causal, window=window is not None, seqlen_q=seqlen_q, paged=layout == "paged",
-        max_seqlen_q_known=True,
+        causal=causal, window=window is not None, seqlen_q=seqlen_q,
+        paged=layout == "paged" or bool(dense_pages), max_seqlen_q_known=True,
     )
     if why is None and seqlen_q > S.MAX_ROWS:
         why = f"{seqlen_q} query rows: split-KV plans take decode steps of at most {S.MAX_ROWS}"
@@ -419,7 +430,7 @@ def _split_plan(
                     f"the {hq // hk} query heads of each KV head as its rows, no combine")}
     if sp is None:
         return {"splits": 0, "why": why}
-    rows = f", {seqlen_q} query rows unrolled" if seqlen_q > 1 else ""
+    rows = f", {seqlen_q} query rows unrolled{dense_pages}" if seqlen_q > 1 else ""
     merged = ("fa4aot's merge kernel" if merge_name == "merge" else
               "FA4's combine (a store built before fa4aot's merge kernel: `fa4aot build` "
               "replaces it)")

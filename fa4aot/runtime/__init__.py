@@ -110,11 +110,11 @@ def flash_attn_func(
         q, k, v = _prep(q, "q", pad_ok), _prep(k, "k", pad_ok), _prep(v, "v", pad_ok)
     # the split's chunk kernels carry no softcap (split.py): a capped call runs unsplit
     if (
-        sq == 1 and rt.split and wl is None and wr is None and cap is None and sk > _SPLIT_MIN
-        and b and dq >= 0
+        0 < sq <= _SPLIT_ROWS and rt.split and wl is None and wr is None and cap is None
+        and sk > _SPLIT_MIN and b and dq >= 0
     ):
         got = SK.split_step(
-            rt, dq, q, k, v, "dense", None, None, None, b, 1, hq, hk, d, dv, sk, None, causal,
+            rt, dq, q, k, v, "dense", None, None, None, b, sq, hq, hk, d, dv, sk, None, causal,
             learnable_sink, softmax_scale, out, lse, return_lse, False,
         )
         if got is not None:

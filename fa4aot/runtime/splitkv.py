@@ -78,8 +78,14 @@ def split_step(
     "dense" | "varlen" | "paged" K; seqlen_k: a host bound on every KV length (a dense K's
     exact length); out / lse: the caller's buffers or None (lse laid out as the entry point
     returns it)."""
+    dense_pages = rows > 1 and kind == "dense"
     if rows > 1 and kind != "paged":
-        return None  # split.split_refusal: only pages can give unrolled rows the same keys
+        # split.split_refusal: only pages can give unrolled rows the same keys; a dense K
+        # whose length a cached paged split kernel's page size divides is its own page pool
+        page_size = dense_pages and _dense_page(rt, dev, q.dtype, d, dv, seqlen_k)
+        if not page_size:
+            return None
+        kind = "paged"
     if q.is_cuda:
         capturing = _keep_nothing(True)
         stream = _raw_stream(dev)
@@ -111,6 +117,11 @@ def split_step(
             rt._split_scratch += run is not False
     if run is False:
         return None
+    if dense_pages:
+        k, v, page_table, seqused_k = _dense_as_pages(rt, dev, q, k, v, b, hk, d, dv, seqlen_k,
+                                                      page_size)
+        if k is None:
+            return None
     if kind == "dense":
         try:
             k, v = k.view(run.k_shape), v.view(run.v_shape)
@@ -192,6 +203,36 @@ def split_step(
     if lse is not None and rows > 1:
         lse.copy_(run.lse_rows)
     return out, lse
+
+
+def _dense_page(rt, dev, dtype, d, dv, seqlen_k) -> int:
+    """The page size a dense K of seqlen_k keys is split through at several query rows
+    (split.dense_page_size over the cached paged split kernels), 0 for none; once per shape."""
+    key = ("dense_page", dev, dtype, d, dv, seqlen_k)
+    page = rt._split_consts.get(key)
+    if page is None:
+        page = S.dense_page_size(
+            seqlen_k, lambda p: rt.split_kernel(dev, dtype, d, dv, p) is not None
+        ) or 0
+        rt._split_consts[key] = page
+    return page
+
+
+def _dense_as_pages(rt, dev, q, k, v, b, hk, d, dv, seqlen_k, page):
+    """A dense K/V (b, seqlen_k, hk, .) as a paged one: (K and V as pages of `page` keys,
+    views of the caller's; the page table, an arange; seqused_k, all seqlen_k: constants per
+    shape), or (None,) * 4 when K/V do not view as pages."""
+    n = b * seqlen_k // page
+    try:
+        k, v = k.view(n, page, hk, d), v.view(n, page, hk, dv)
+    except RuntimeError:
+        return None, None, None, None  # K/V strided across batch and sequence
+    dvc = q.device
+    table = _const(rt, ("dense_pages", dev, b, seqlen_k, page), dvc, lambda: torch.arange(
+        n, dtype=torch.int32, device=dvc).view(b, seqlen_k // page))
+    used = _const(rt, ("dense_used", dev, b, seqlen_k), dvc, lambda: torch.full(
+        (b,), seqlen_k, dtype=torch.int32, device=dvc))
+    return k, v, table, used
 
 
 def _fold_step(run, q, k, v, kind, cu_seqlens_k, seqused_k, page_table, softmax_scale, out,
