@@ -4,13 +4,16 @@ and the fold of the one-row decode steps the plan leaves unsplit onto the same k
 
 `split_step` serves a decode step split, or returns None (the caller runs it unsplit). Its
 per-call work is what the inputs force: one cache lookup keyed by host-known sizes, the
-kernel-facing views of the caller's tensors (q through a stride-0 chunk mode for one decode
-row, else one broadcast copy; a dense K as packed), the chunk metadata from the caller's KV
-lengths (one metadata kernel into scratch, or two torch element-wise ones in stores built
-before it, for packed and paged K; none for dense K), the chunk kernel, the sink slot, the
-merge. Everything that depends only on the step's sizes (the split, scratch buffers and every view of them, chunk offsets, a dense K's chunk
-bounds, output shapes, the default softmax scale, the bound launchers) is made once per
-(device, stream, shape) in `SplitRun`.
+kernel-facing views of the caller's tensors (q as it is, read through the chunk kernel's chunk
+mode, compiler.trace_chunk_modes; in stores built before it, a stride-0 mode at one decode
+row, else one broadcast copy; a dense K as packed, or, at several query rows, as pages), the
+chunk metadata from the caller's KV lengths (one metadata kernel into scratch for a packed K
+and for a paged K at several rows; none for a dense K, nor for a paged one at one row, whose
+kernel cuts the lengths itself; two torch element-wise kernels in stores built before the
+metadata kernel), the chunk kernel, the sink slot, the merge. Everything that depends only
+on the step's sizes (the split, scratch buffers and every view of them, chunk offsets, a dense
+K's chunk bounds or page table, output shapes, the default softmax scale, the bound launchers)
+is made once per (device, stream, shape) in `SplitRun` (or as a cached constant).
 
 No host sync; CUDA graphs: steps on one stream are ordered, so a step never overwrites
 scratch an earlier one still reads. While a graph is captured nothing is reused or kept: the
