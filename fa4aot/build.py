@@ -456,6 +456,8 @@ def superseded(art) -> bool:
     does a corrupt copy; until then the runtime serves it with what it has (FA4's combine,
     torch's element-wise kernels, a copy of q over the chunks)."""
     rec = art.record
+    if rec.get("stub"):
+        return False  # (a placeholder: never loaded, nothing to supersede)
     v = Variant.from_dict(rec["variant"])
     if not v.split_kernel:
         return False

@@ -95,6 +95,7 @@ def report(layers: list[Layer] | None = None) -> dict[str, Any]:
         for s in stores:
             arts = list(s.iter_artifacts())
             corrupt = _corrupt(arts)
+            old = _superseded(arts)
             problems += [f"corrupt artifact {d}: {e}" for d, e in corrupt]
             diff = mismatches(s.toolchain, expected or here)
             layer["stores"].append(
@@ -106,6 +107,9 @@ def report(layers: list[Layer] | None = None) -> dict[str, Any]:
                     "artifacts": sum(not isinstance(a, Exception) for _, a in arts),
                     "unreadable": sum(isinstance(a, Exception) for _, a in arts),
                     "corrupt": [f"{d}: {e}" for d, e in corrupt],
+                    # split kernels an earlier fa4aot built (build.superseded): they serve, the
+                    # slower way, until `fa4aot build` replaces them
+                    "superseded": old,
                     "compatible": not diff,
                     "mismatches": diff,
                     # sm100/sm103 stores: compiled and checked, never run (not a problem here:
@@ -144,6 +148,19 @@ def report(layers: list[Layer] | None = None) -> dict[str, Any]:
         "compiler_installed": versions["flash-attn-4"] is not None,
         "problems": problems,
     }
+
+
+def _superseded(arts) -> int:
+    """How many of `arts` are split kernels an earlier fa4aot built (build.superseded)."""
+    from .build import superseded
+
+    n = 0
+    for _, a in arts:
+        try:
+            n += not isinstance(a, Exception) and superseded(a)
+        except (KeyError, TypeError, ValueError):
+            continue  # (an unreadable variant: _corrupt reports what is wrong with it)
+    return n
 
 
 def _corrupt(arts) -> list[tuple[str, str]]:
@@ -188,6 +205,12 @@ def format_text(r: dict[str, Any]) -> str:
             lines.append(f"    {s['dir']}: {s['artifacts']} artifacts, {ok}")
             if s.get("not_run"):
                 lines.append(f"    note: {s['not_run']}")
+            if s.get("superseded"):
+                lines.append(
+                    f"    note: {s['superseded']} split kernels built by an earlier fa4aot: "
+                    "they serve, with the older, slower split steps, until `fa4aot build` "
+                    "replaces them"
+                )
             lines += [f"    corrupt: {c}" for c in s["corrupt"]]
         lines += [f"    broken: {b}" for b in layer["broken"]]
     if r["serving"] is not None:

@@ -268,6 +268,9 @@ def test_superseded_is_a_split_kernel_merging_with_fa4s_combine_or_copying_q():
     assert B.superseded(art(paged, "merge", "chunk_meta", chunk_lengths=False))
     assert not any(B.superseded(art(n.variant, "combine", q_broadcast=False))
                    for n in other.values())
+    stub = art(split, q_broadcast=False)
+    stub.record["stub"] = True
+    assert not B.superseded(stub)  # a placeholder: never loaded, not rebuilt each build
 
 
 def test_a_superseded_artifact_is_replaced(tmp_path, stub, monkeypatch):

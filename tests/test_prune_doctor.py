@@ -178,6 +178,24 @@ def test_doctor_reports_layers_and_compatibility(root, tmp_path):
     assert "store layers (lookup order):" in text.stdout and store.dir.name in text.stdout
 
 
+def test_doctor_counts_superseded_split_kernels(root, monkeypatch, capsys):
+    """Split kernels an earlier fa4aot built (build.superseded) are counted per store and named
+    in the text report, with what replaces them; they are not problems (they serve)."""
+    import fa4aot.build as B
+    from fa4aot import doctor
+    from fa4aot.store import Layer
+
+    r, store, old = root
+    some = {a.id for _, a in list(store.iter_artifacts())[:2]}
+    monkeypatch.setattr(B, "superseded", lambda art: art.id in some)
+    doc = doctor.report([Layer(r, "test")])
+    by_dir = {s["dir"]: s for s in doc["layers"][0]["stores"]}
+    assert by_dir[store.dir.name]["superseded"] == 2
+    text = doctor.format_text(doc)
+    assert "note: 2 split kernels built by an earlier fa4aot" in text and "`fa4aot build`" in text
+    assert not any("superseded" in p or "earlier fa4aot" in p for p in doc["problems"])
+
+
 def test_doctor_names_a_missing_runtime_library(tmp_path):
     env = stub_env(FA4AOT_RUNTIME_LIB=str(tmp_path / "nope.so"), FA4AOT_CACHE_DIR=str(tmp_path))
     res = cli("doctor", "--json", env=env)
