@@ -8,6 +8,7 @@ export it (`export_to_c`) as an object file with the cubin embedded.
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 import time
@@ -449,6 +450,13 @@ def trace_chunk_modes(compiles: list) -> Any:
     if len(args) != 19:
         raise RuntimeError(f"FA4's sm90 forward took {len(args)} arguments, fa4aot knows 19")
     assume, create = F90.assume_tensor_aligned, SeqlenInfoQK.create
+    names = ("mCuSeqlensQ", "mCuSeqlensK", "mSeqUsedQ", "mSeqUsedK")
+    missing = set(names) - set(inspect.signature(create).parameters)
+    if missing:
+        raise RuntimeError(f"FA4's SeqlenInfoQK.create has no {sorted(missing)}: fa4aot's "
+                           "chunk-length mode reads seqused_k through it")
+    paged = args[9] is not None and args[10] is not None  # seqused_k and a page table
+    applied = []  # chunk-length reads traced: a paged kernel that made none must not ship
 
     class ChunkModes:
         def __init__(self, inner):
@@ -490,20 +498,25 @@ def trace_chunk_modes(compiles: list) -> Any:
             return t
         return assume(t, **kw)
 
-    def create_chunked(batch_idx, seqlen_q_static, seqlen_k_static, mCuSeqlensQ=None,
-                       mCuSeqlensK=None, mSeqUsedQ=None, mSeqUsedK=None, **kw):
+    def create_chunked(*a, mSeqUsedK=None, **kw):
         if mSeqUsedK is not None and cute.rank(mSeqUsedK) == 2:  # the chunk-length mode
             mSeqUsedK = ChunkLengths(mSeqUsedK)
-        return create(batch_idx, seqlen_q_static, seqlen_k_static, mCuSeqlensQ, mCuSeqlensK,
-                      mSeqUsedQ, mSeqUsedK, **kw)
+            applied.append(True)
+        return create(*a, mSeqUsedK=mSeqUsedK, **kw)
 
     F90.assume_tensor_aligned = assume_flat
     SeqlenInfoQK.create = staticmethod(create_chunked)
     try:
-        return cute.compile(ChunkModes(fa_fwd), *args, **kwargs)
+        fn = cute.compile(ChunkModes(fa_fwd), *args, **kwargs)
     finally:
         F90.assume_tensor_aligned = assume
         SeqlenInfoQK.create = staticmethod(create)
+    if paged and not applied:
+        # the runtime passes each sequence's length, one per q row: a kernel reading it per
+        # virtual sequence would read past it
+        raise RuntimeError("FA4's paged sm90 forward did not read seqused_k through "
+                           "SeqlenInfoQK.create(mSeqUsedK=...): the chunk-length mode cannot apply")
+    return fn
 
 
 MERGE_KEY = ("fa4aot_merge", 1)

@@ -105,6 +105,7 @@ def test_default_split_kernels_merge_with_fa4aots_merge_kernel():
         parts = rec["parts"]
         assert "combine" not in parts and parts["merge"]["max_splits"] == 128, d.name
         assert parts["fwd"]["q_broadcast"] is True, d.name
+        assert parts["fwd"].get("chunk_lengths", False) is rec["variant"]["paged"], d.name
         assert parts["merge"]["partial_dtype"] == rec["variant"]["dtype"]
         assert b"fa4aot_merge" in (d / parts["merge"]["file"]).read_bytes()
         form = "lengths" if rec["variant"]["paged"] else "bounds"

@@ -1,0 +1,64 @@
+"""compiler.trace_chunk_modes, on the CPU: FA4's sm90 chunk kernel compiled behind the chunk
+modes, and its guards against an FA4 whose internals it no longer matches.
+
+In a fresh interpreter (it imports flash_attn and configures the cross-compile target). The
+GPU tests (tests/test_gpu_split.py) check the kernels' numbers on the H200."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("flash_attn.cute")
+
+_DRIVER = r"""
+import json
+from fa4aot import compiler
+compiler.configure("sm90", 132)
+from fa4aot import variants as V
+from flash_attn.cute.seqlen_info import SeqlenInfoQK
+
+out = {}
+v = V.split_kernel_variant("sm90", "bfloat16", 64, 64, 128)
+compiles = []
+compiler.trace(V.representative_call(v), compiles)
+out["compiled"] = compiler.trace_chunk_modes(compiles) is not None
+
+# an FA4 whose SeqlenInfoQK.create no longer takes seqused_k by that name
+real = SeqlenInfoQK.create
+SeqlenInfoQK.create = staticmethod(lambda batch_idx, seqlen_q_static, seqlen_k_static, **kw: None)
+try:
+    compiler.trace_chunk_modes(compiles)
+    out["renamed"] = "compiled"
+except RuntimeError as e:
+    out["renamed"] = str(e)
+SeqlenInfoQK.create = real
+
+# an FA4 that stopped reading seqused_k through create (here: create ignores the call's
+# mSeqUsedK): the paged kernel would read a length per virtual sequence, past the caller's
+def create(*a, mSeqUsedK=None, **kw):
+    return real(*a, mSeqUsedK=None, **kw)
+import flash_attn.cute.flash_fwd_sm90 as F90
+class Proxy:
+    create = staticmethod(create)
+F90.SeqlenInfoQK = Proxy
+try:
+    compiler.trace_chunk_modes(compiles)
+    out["bypassed"] = "compiled"
+except RuntimeError as e:
+    out["bypassed"] = str(e)
+print(json.dumps(out))
+"""
+
+
+def test_chunk_modes_compile_and_refuse_an_fa4_they_do_not_match():
+    r = subprocess.run([sys.executable, "-c", _DRIVER], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(r.stdout.strip().splitlines()[-1])
+    assert doc["compiled"] is True
+    assert "has no ['mCuSeqlensK', 'mCuSeqlensQ', 'mSeqUsedK', 'mSeqUsedQ']" in doc["renamed"]
+    assert "did not read seqused_k" in doc["bypassed"]
