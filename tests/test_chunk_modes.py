@@ -6,13 +6,17 @@ GPU tests (tests/test_gpu_split.py) check the kernels' numbers on the H200."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 
 import pytest
 
-pytest.importorskip("flash_attn.cute")
+# (not imported here: flash_attn fixes its target arch on import, and the in-process build
+# tests configure theirs first)
+if importlib.util.find_spec("flash_attn") is None:
+    pytest.skip("flash-attn-4 is not installed", allow_module_level=True)
 
 _DRIVER = r"""
 import json
