@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -279,12 +280,15 @@ def test_a_superseded_artifact_is_replaced(tmp_path, stub, monkeypatch):
     spec = parse_spec(TINY, "tiny.toml")
     store, _, results = B.build([spec], arch=ARCH, root=tmp_path)
     vid = results[0].id
-    inode = (store.artifact_dir(vid) / "record.json").stat().st_ino
+    # held open, the old record's inode cannot be reused by the new copy's (it was, once)
+    old = open(store.artifact_dir(vid) / "record.json", "rb")  # noqa: SIM115
+    inode = os.fstat(old.fileno()).st_ino
     monkeypatch.setattr(B, "superseded", lambda art: (art.dir / "record.json").stat().st_ino == inode)
     _, _, again = B.build([spec], arch=ARCH, root=tmp_path)
     assert {r.id: r.status for r in again} == {r.id: ("rebuilt" if r.id == vid else "cached")
                                                for r in results}
     assert (store.artifact_dir(vid) / "record.json").stat().st_ino != inode  # a new copy
+    old.close()
     assert store.get(vid) is not None and not list((store.dir / "tmp").iterdir())
     _, _, third = B.build([spec], arch=ARCH, root=tmp_path)
     assert all(r.status == "cached" for r in third)
