@@ -52,25 +52,34 @@ _ROWS_CAP = 257
 def varlen(
     rt, q, k, v, qv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
     seqused_k, page_table, softmax_scale, causal, window_size, learnable_sink, return_lse, out,
-    lse, padding, softcap, pack_gqa, q_descale, k_descale, v_descale,
+    lse, padding, softcap, pack_gqa, q_descale, k_descale, v_descale, checked=None,
 ):  # fmt: skip
-    """flash_attn_varlen_func with qv (see the module docstring) -> (out, lse)."""
-    if cu_seqlens_q is None:
-        raise UnsupportedVariant(BATCH_FORM)
-    (dev, batch, total_q, _, seqlen_k, hq, hk, d, dv, page_size, wl, wr, sink_dt, cap, _,
-     aligned) = V.check_varlen(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_q, seqused_k, page_table,
-        window_size, learnable_sink, return_lse, None, None, softcap, pack_gqa,
-    )  # fmt: skip
-    return_lse = V.check_mla(q, qv, dv, dev, out, lse) or bool(return_lse)
-    ds = None
-    if q_descale is not None or k_descale is not None or v_descale is not None:
-        ds = V.descale_set(q.dtype, q_descale, k_descale, v_descale)
-    pad_ok = rt.padding if padding is None else bool(padding)
-    if not aligned:
-        q, k, v = V._prep(q, "q", pad_ok), V._prep(k, "k", pad_ok), V._prep(v, "v", pad_ok)
-    if not V._aligned(qv):
-        qv = V._prep(qv, "qv", pad_ok)
+    """flash_attn_varlen_func with qv (see the module docstring) -> (out, lse). checked: the
+    padded call's re-entry from _padded, (dev, batch, total_q, seqlen_k, hk, d, dv,
+    page_size) of the outer call, whose checks hold for it (fresh, contiguous padded q and
+    qv; no out or lse; no window, sink, softcap, seqused_q or descales: the outer call's plan
+    had none, as mla_features refuses them): not checked twice."""
+    if checked is None:
+        if cu_seqlens_q is None:
+            raise UnsupportedVariant(BATCH_FORM)
+        (dev, batch, total_q, _, seqlen_k, hq, hk, d, dv, page_size, wl, wr, sink_dt, cap, _,
+         aligned) = V.check_varlen(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_q, seqused_k,
+            page_table, window_size, learnable_sink, return_lse, None, None, softcap, pack_gqa,
+        )  # fmt: skip
+        return_lse = V.check_mla(q, qv, dv, dev, out, lse) or bool(return_lse)
+        ds = None
+        if q_descale is not None or k_descale is not None or v_descale is not None:
+            ds = V.descale_set(q.dtype, q_descale, k_descale, v_descale)
+        pad_ok = rt.padding if padding is None else bool(padding)
+        if not aligned:
+            q, k, v = V._prep(q, "q", pad_ok), V._prep(k, "k", pad_ok), V._prep(v, "v", pad_ok)
+        if not V._aligned(qv):
+            qv = V._prep(qv, "qv", pad_ok)
+    else:
+        dev, batch, total_q, seqlen_k, hk, d, dv, page_size = checked
+        hq, return_lse, pad_ok = q.shape[1], bool(return_lse), False
+        wl = wr = sink_dt = cap = ds = None
     got = rt._devices.get(dev)
     if got is None:
         V.require_cuda(dev, q)
@@ -106,7 +115,8 @@ def varlen(
             rt, plan.pad.ratio, q, k, v, qv, hk, out, lse,
             dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                  max_seqlen_k=max_seqlen_k, seqused_k=seqused_k, page_table=page_table,
-                 softmax_scale=softmax_scale, causal=causal, return_lse=return_lse),
+                 softmax_scale=softmax_scale, causal=causal, return_lse=return_lse,
+                 checked=(dev, batch, total_q, seqlen_k, hk, d, dv, page_size)),
         )  # fmt: skip
     if total_q == 0 or seqlen_k == 0 or batch == 0:
         if out is None:
@@ -129,8 +139,9 @@ def varlen(
 def _padded(rt, ratio2, q, k, v, qv, hk, out, lse, kw):
     """The call with each latent group's query heads padded from r to `ratio2` with zero heads
     (q and qv; zeros, as SGLang pads: a zero row attends uniformly and stays finite), run on the
-    padded ratio's exact kernel (padding=False: the re-entry must not pad again), then O
-    (total_q, h, 512) and LSE (total_q, h) cropped into the caller's buffers, or fresh ones."""
+    padded ratio's exact kernel (the re-entry, `checked`, does not pad again nor check again),
+    then O (total_q, h, 512) and LSE (total_q, h) cropped into the caller's buffers, or fresh
+    ones."""
     from ..select import pad_heads
 
     total_q, hq, dv = q.shape[0], q.shape[1], qv.shape[-1]
