@@ -122,6 +122,10 @@ def _calls(pkg):
                   (r(1, 32, 128), r(8192, 8, 128), r(8192, 8, 128)),
                   dict(cu_seqlens_q=i32([0, 1]), cu_seqlens_k=i32([0, 8192]), max_seqlen_q=1,
                        max_seqlen_k=8192, causal=True)))
+    # speculative decoding over a dense K (4 query rows): split with the K as its own pages
+    cases.append(("split dense b1 sk8192 sq4", "flash_attn_func",
+                  (r(1, 4, 32, 128), r(1, 8192, 8, 128), r(1, 8192, 8, 128)),
+                  dict(causal=True)))
     have += [split_v("sm90", "bfloat16", 128, 128, p) for p in (None, 128)]
     return cases, have
 
