@@ -232,6 +232,20 @@ def _inputs(b, sq, hq, hk, d, lens, seed):
     return q, k, v
 
 
+def _page_pool(k, v, lens, page):
+    """K/V (b, sk, hk, d) of ragged `lens` as a page pool in sequence order: (k pool, v pool,
+    the (b, pages) table)."""
+    b, _, hk, d = k.shape
+    maxp = -(-max(lens) // page)
+    table = torch.arange(b * maxp, dtype=torch.int32).view(b, maxp)
+    kpool = torch.zeros(b * maxp, page, hk, d).bfloat16()
+    vpool = torch.zeros_like(kpool)
+    for i, n_ in enumerate(lens):
+        kpool.view(b, maxp * page, hk, d)[i, :n_] = k[i, :n_]
+        vpool.view(b, maxp * page, hk, d)[i, :n_] = v[i, :n_]
+    return kpool, vpool, table
+
+
 def _ref(q, k, v, lens, causal, sink):
     b, sq = q.shape[:2]
     return attention_ref(
@@ -395,14 +409,8 @@ def test_unsplit_one_row_step_runs_as_one_chunk_per_sequence(kind, lse_mode):
         kv, bound, page = (cu, None, None), max(lens), None
     else:
         page = 64
-        maxp = -(-max(lens) // page)
-        table = torch.arange(b * maxp, dtype=torch.int32).view(b, maxp)
-        kk = torch.zeros(b * maxp, page, hk, d).bfloat16()
-        vv = torch.zeros_like(kk)
-        for i, n_ in enumerate(lens):
-            kk.view(b, maxp * page, hk, d)[i, :n_] = k[i, :n_]
-            vv.view(b, maxp * page, hk, d)[i, :n_] = v[i, :n_]
-        kv, bound = (None, torch.tensor(lens, dtype=torch.int32), table), maxp * page
+        kk, vv, table = _page_pool(k, v, lens, page)
+        kv, bound = (None, torch.tensor(lens, dtype=torch.int32), table), table.shape[1] * page
     out = torch.full((*qq.shape[:-1], d), float("nan")).bfloat16()
     lse = None
     if lse_mode == "given":
@@ -545,17 +553,11 @@ def test_chunk_mode_kernel_reads_the_callers_q_and_lengths_in_place(form):
                                       meta=fake_chunk_meta(True), q_broadcast=True,
                                       chunk_lengths=True)
 
-    maxp = -(-max(lens) // page)
-    table = torch.arange(b * maxp, dtype=torch.int32).view(b, maxp)
-    kpool = torch.zeros(b * maxp, page, hk, d).bfloat16()
-    vpool = torch.zeros_like(kpool)
-    for i, n_ in enumerate(lens):
-        kpool.view(b, maxp * page, hk, d)[i, :n_] = k[i, :n_]
-        vpool.view(b, maxp * page, hk, d)[i, :n_] = v[i, :n_]
+    kpool, vpool, table = _page_pool(k, v, lens, page)
     used = torch.tensor(lens, dtype=torch.int32)
     got = R.splitkv.split_step(
         Rt(4), 0, q_in, kpool, vpool, "paged", None, used, table, b, sq, hq, hk, d, d,
-        maxp * page, page, True, None, None, None, None, False, form == "packed",
+        table.shape[1] * page, page, True, None, None, None, None, False, form == "packed",
     )
     assert got is not None and len(seen) == 1
     qk, used_k = seen[0]

@@ -353,7 +353,7 @@ def _native_split_plan(
         n, sv = native_split_variant(
             arch, num_sms, c.variant, f, batch, seqlen_q, seqlen_k, wl, wr, setting
         )
-        rec = None if sv is None else next((a.record for a in arts if a.id == sv.id), None)
+        rec = None if sv is None else _record(arts, sv.id)
         if n <= 1:
             why = (f"{how}: one split ({batch} x {feat['num_heads_kv']} KV heads over "
                    f"{seqlen_k} keys on {num_sms} SMs)")
@@ -370,6 +370,11 @@ def _native_split_plan(
         "plan": f"FA4's native split-KV, {n} splits ({how}): {sv.describe()} (id {sv.id}), "
         "float32 partials merged by its combine kernel",
     }
+
+
+def _record(arts, vid: str) -> dict | None:
+    """The record of cached artifact `vid` among `arts`, or None."""
+    return next((a.record for a in arts if a.id == vid), None)
 
 
 def _split_plan(
@@ -389,7 +394,7 @@ def _split_plan(
 
         def cached(p):
             v = split_kernel_variant(arch, dtype, d, dv, p)
-            rec = next((a.record for a in arts if a.id == v.id), None)
+            rec = _record(arts, v.id)
             return S.merge_part(rec["parts"] if rec else {}, dtype)[0] is not None
 
         page_size = S.dense_page_size(seqlen_k, cached)
@@ -404,7 +409,7 @@ def _split_plan(
     if why is None and seqlen_k <= S.NEVER_SPLIT_KEYS:
         why = f"{seqlen_k} keys: at most {S.NEVER_SPLIT_KEYS} never split"
     kern = split_kernel_variant(arch, dtype, d, dv, page_size)
-    rec = next((a.record for a in arts if a.id == kern.id), None)
+    rec = _record(arts, kern.id)
     merge_name, merge = S.merge_part(rec["parts"] if rec else {}, dtype)
     if why is None and merge_name is None:
         why = (f"the split kernel {kern.describe()} (id {kern.id}) is not cached with its "
