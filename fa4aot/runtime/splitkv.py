@@ -419,13 +419,13 @@ class SplitRun:
                 lambda: S.dense_cu_seqlens_k(torch, b, seqlen_k, sp, dvc),
             )
             return
-        offs = lambda: torch.arange(  # noqa: E731
-            0, slots * sp.chunk, sp.chunk, dtype=torch.int32, device=dvc
-        )
-        offsets = const(("offsets", dev, slots, sp.chunk), offs)
+        def offsets():  # the chunks' first keys (not needed where the kernel cuts lengths)
+            return const(("offsets", dev, slots, sp.chunk), lambda: torch.arange(
+                0, slots * sp.chunk, sp.chunk, dtype=torch.int32, device=dvc))
+
         if kind == "varlen":
             cu = self.cu_buf = torch.empty((b + 1, slots), dtype=torch.int32, device=dvc)
-            self.offs_col = offsets.view(slots, 1)
+            self.offs_col = offsets().view(slots, 1)
             self.cu_t = cu.t()
             self.cu_t_lo = self.cu_t[:, :b]
             self.cu_flat = cu.view(-1)[: b * slots + 1]
@@ -442,12 +442,13 @@ class SplitRun:
                 self.len_buf = torch.empty((b, rows), dtype=torch.int32, device=dvc)
                 self.len_flat = self.len_buf.view(-1)
             return
+        offs = offsets()
         if rows > 1:
             # unrolled row t of a causal step sees len - rows + 1 + t keys; a non-causal one
             # all of them: per (row, chunk) offsets
             back = torch.arange(rows - 1, -1, -1, dtype=torch.int32, device=dvc)
-            offsets = ((back[:, None] if causal else back[:, None] * 0) + offsets).flatten()
-        self.offs_col = offsets.view(-1, 1)
+            offs = ((back[:, None] if causal else back[:, None] * 0) + offs).flatten()
+        self.offs_col = offs.view(-1, 1)
         self.len_buf = torch.empty((b, rows * slots), dtype=torch.int32, device=dvc)
         self.len_t = self.len_buf.t()
         self.len_flat = self.len_buf.view(-1)
