@@ -451,10 +451,11 @@ def superseded(art) -> bool:
     """A split chunk kernel's artifact that lacks a helper part this fa4aot builds beside it:
     fa4aot's merge kernel (where C.merge_threads has a layout for its head dim; FA4's combine
     otherwise) and the chunk metadata kernel (compiler.trace_merge, trace_chunk_meta), or, on
-    sm90, whose forward does not read q (and a paged K's lengths) through chunk modes
-    (compiler.trace_chunk_modes), i.e. built before them. `fa4aot build` replaces it, as it
-    does a corrupt copy; until then the runtime serves it with what it has (FA4's combine,
-    torch's element-wise kernels, a copy of q over the chunks)."""
+    sm90, whose forward does not read q (and a paged K's lengths, a packed K's chunk bounds:
+    part `fwd_bounds`) through chunk modes (compiler.trace_chunk_modes), i.e. built before
+    them. `fa4aot build` replaces it, as it does a corrupt copy; until then the runtime serves
+    it with what it has (FA4's combine, torch's element-wise kernels, a copy of q over the
+    chunks, the metadata kernel)."""
     rec = art.record
     if rec.get("stub"):
         return False  # (a placeholder: never loaded, nothing to supersede)
@@ -463,8 +464,8 @@ def superseded(art) -> bool:
         return False
     merge = "merge" if C.merge_threads(v.head_dim_v, MAX_SLOTS) is not None else "combine"
     fwd = rec["parts"].get("fwd", {})
-    if v.arch == "sm90" and not (fwd.get("q_broadcast") and (fwd.get("chunk_lengths")
-                                                             or not v.paged)):
+    modes = fwd.get("chunk_lengths") if v.paged else "fwd_bounds" in rec["parts"]
+    if v.arch == "sm90" and not (fwd.get("q_broadcast") and modes):
         return True
     return not {merge, "chunk_meta"} <= set(rec["parts"])
 

@@ -291,8 +291,11 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
             f"expected one forward kernel for {variant.describe()}, FA4 compiled {len(fwd)}"
         )
     chunk_modes = variant.split_kernel and variant.arch == "sm90"
+    bounds = []
     if chunk_modes:  # the chunk kernel: FA4's, reading q and KV lengths in chunk modes
         fwd = [(fwd[0][0], trace_chunk_modes(compiles))]
+        if not variant.paged:  # and a packed K's chunk bounds (its own ABI: part fwd_bounds)
+            bounds = [(fwd[0][0], trace_chunk_modes(compiles, bounds=True))]
     seconds = time.perf_counter() - t0
     if variant.mla is not None and variant_from_fa4_key(fwd[0][0], variant.arch) != variant:
         # an MLA variant comes from a model of FA4's route (variants.mla_features): a kernel
@@ -324,6 +327,8 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
             )
         helpers["combine"] = got["combine"]
     parts: dict[str, Any] = {}
+    if bounds:
+        helpers["fwd_bounds"] = bounds
     for name, entries in [("fwd", fwd), *helpers.items()]:
         for key, fn in entries:
             obj = outdir / f"{name}.o"
@@ -418,7 +423,7 @@ def trace_combine(variant: Variant) -> list[tuple[Any, Any]]:
 
 # fa4aot's merge kernel: its key is (name, version, dtype, head dim v, max splits, threads);
 # bump the version when the kernel's code changes
-def trace_chunk_modes(compiles: list) -> Any:
+def trace_chunk_modes(compiles: list, bounds: bool = False) -> Any:
     """FA4's sm90 forward, compiled again from the arguments FA4 compiled it with (`compiles`,
     from trace), with two of its inputs read through chunk modes; otherwise FA4's kernel:
 
@@ -426,7 +431,12 @@ def trace_chunk_modes(compiles: list) -> Any:
       so virtual sequence i * n + j reads q row i (record: `q_broadcast`);
     - seqused_k, where the kernel is paged: virtual sequence v of u = out's batch // the
       lengths' count sees clamp(seqused_k[v // u] - (v % u) * c, 0, c) keys, c = the page
-      table's columns * page size (record: `chunk_lengths`).
+      table's columns * page size (record: `chunk_lengths`);
+    - with `bounds` (a packed K; the artifact's part `fwd_bounds`, its own ABI): cu_seqlens_k
+      comes as (b + 1, c) with strides (s, 0), c the chunk's keys (only its shape is read), and
+      virtual sequence v of u = out's batch // b starts at min(cu[v // u] + (v % u) * c,
+      cu[v // u + 1]) and ends where v + 1 starts (FA4 reads cu[v] and cu[v + 1]): the chunk
+      bounds the metadata kernel wrote, with no launch.
 
     Why: a split step runs the chunks of sequence i as virtual sequences i * n .. i * n + n - 1
     of one kernel, and FA4 indexes q, O and the KV lengths by the same batch index, so the
@@ -456,7 +466,15 @@ def trace_chunk_modes(compiles: list) -> Any:
         raise RuntimeError(f"FA4's SeqlenInfoQK.create has no {sorted(missing)}: fa4aot's "
                            "chunk-length mode reads seqused_k through it")
     paged = args[9] is not None and args[10] is not None  # seqused_k and a page table
-    applied = []  # chunk-length reads traced: a paged kernel that made none must not ship
+    applied = []  # chunk-mode reads traced: a kernel that made none must not ship
+    if bounds:
+        if args[7] is None or paged:
+            raise RuntimeError("the chunk-bounds mode is for a packed K's kernel")
+        args = list(args)
+        args[7] = cute.runtime.make_fake_tensor(  # cu_seqlens_k as (b + 1, chunk keys)
+            cutlass.Int32, (cute.sym_int(), cute.sym_int()),
+            stride=(cute.sym_int64(divisibility=1), 0), assumed_align=4,
+        )
 
     class ChunkModes:
         def __init__(self, inner):
@@ -479,6 +497,12 @@ def trace_chunk_modes(compiles: list) -> Any:
                     ((mO.shape[0] // bu, bu), pages.shape[1] * mK.shape[1]),
                     stride=((0, used_k.stride[0]), 0),
                 ))
+            if cutlass.const_expr(cu_k is not None and cute.rank(cu_k) == 2):
+                b1 = cu_k.shape[0]
+                cu_k = cute.make_tensor(cu_k.iterator, cute.make_layout(
+                    ((mO.shape[0] // (b1 - 1), b1), cu_k.shape[1]),
+                    stride=((0, cu_k.stride[0]), 0),
+                ))
             self.inner(cute.make_tensor(mQ.iterator, layout), mK, mV, mO, mLSE, scale, cu_q,
                        cu_k, used_q, used_k, pages, wl, wr, sink, sparse, aux, cu_m, cu_sm,
                        stream)
@@ -493,16 +517,31 @@ def trace_chunk_modes(compiles: list) -> Any:
             u, c = self.t.shape[0][0], self.t.shape[1]
             return cutlass.min(cutlass.max(self.t[v, 0] - (v % u) * c, 0), c)
 
+    class ChunkBounds:
+        """What FA4's SeqlenInfoQK.create reads as cu_seqlens_k[v]: chunk v % u's start."""
+
+        def __init__(self, t):
+            self.t = t
+
+        def __getitem__(self, v):
+            u, c, last = self.t.shape[0][0], self.t.shape[1], self.t.shape[0][1] - 1
+            i = v // u
+            nxt = self.t[cutlass.min(i + 1, last) * u, 0]
+            return cutlass.min(self.t[i * u, 0] + (v - i * u) * c, nxt)
+
     def assume_flat(t, **kw):  # FA4's alignment step takes flat strides: q's are done above
         if t is not None and any(isinstance(x, tuple) for x in t.stride):
             return t
         return assume(t, **kw)
 
-    def create_chunked(*a, mSeqUsedK=None, **kw):
+    def create_chunked(*a, mCuSeqlensK=None, mSeqUsedK=None, **kw):
         if mSeqUsedK is not None and cute.rank(mSeqUsedK) == 2:  # the chunk-length mode
             mSeqUsedK = ChunkLengths(mSeqUsedK)
             applied.append(True)
-        return create(*a, mSeqUsedK=mSeqUsedK, **kw)
+        if mCuSeqlensK is not None and cute.rank(mCuSeqlensK) == 2:  # the chunk-bounds mode
+            mCuSeqlensK = ChunkBounds(mCuSeqlensK)
+            applied.append(True)
+        return create(*a, mCuSeqlensK=mCuSeqlensK, mSeqUsedK=mSeqUsedK, **kw)
 
     F90.assume_tensor_aligned = assume_flat
     SeqlenInfoQK.create = staticmethod(create_chunked)
@@ -511,11 +550,14 @@ def trace_chunk_modes(compiles: list) -> Any:
     finally:
         F90.assume_tensor_aligned = assume
         SeqlenInfoQK.create = staticmethod(create)
-    if paged and not applied:
-        # the runtime passes each sequence's length, one per q row: a kernel reading it per
-        # virtual sequence would read past it
-        raise RuntimeError("FA4's paged sm90 forward did not read seqused_k through "
-                           "SeqlenInfoQK.create(mSeqUsedK=...): the chunk-length mode cannot apply")
+    if (paged or bounds) and not applied:
+        # the runtime passes each sequence's length (or bounds), one per q row: a kernel
+        # reading them per virtual sequence would read past them
+        raise RuntimeError(
+            f"FA4's {'paged' if paged else 'packed-K'} sm90 forward did not read "
+            f"{'seqused_k' if paged else 'cu_seqlens_k'} through SeqlenInfoQK.create: the "
+            "chunk mode cannot apply"
+        )
     return fn
 
 

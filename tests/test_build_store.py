@@ -250,12 +250,14 @@ def test_superseded_is_a_split_kernel_merging_with_fa4s_combine_or_copying_q():
 
     from fa4aot.variants import split_kernel_variant
 
-    def art(variant, *parts, q_broadcast=True, chunk_lengths=True):
+    def art(variant, *parts, q_broadcast=True, chunk_lengths=True, bounds=True):
         rec = {"variant": variant.to_dict(), "parts": {p: {} for p in ("fwd", *parts)}}
         if q_broadcast:
             rec["parts"]["fwd"]["q_broadcast"] = True
         if chunk_lengths and variant.paged:
             rec["parts"]["fwd"]["chunk_lengths"] = True
+        if bounds and variant.split_kernel and not variant.paged:
+            rec["parts"]["fwd_bounds"] = {}
         return SimpleNamespace(record=rec)
 
     split = split_kernel_variant("sm90", "bfloat16", 128, 128, None)
@@ -264,6 +266,7 @@ def test_superseded_is_a_split_kernel_merging_with_fa4s_combine_or_copying_q():
     assert B.superseded(art(split, "merge"))
     assert not B.superseded(art(split, "merge", "chunk_meta"))
     assert B.superseded(art(split, "merge", "chunk_meta", q_broadcast=False))
+    assert B.superseded(art(split, "merge", "chunk_meta", bounds=False))
     paged = split_kernel_variant("sm90", "bfloat16", 128, 128, 128)
     assert not B.superseded(art(paged, "merge", "chunk_meta"))
     assert B.superseded(art(paged, "merge", "chunk_meta", chunk_lengths=False))

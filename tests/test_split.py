@@ -125,6 +125,12 @@ def fake_fwd(q, k, v, out, lse, scale, cu_q, cu_k, used_q, used_k, pt, wl, wr, s
             n = min(max(int(used_k[s // u]) - (s % u) * c, 0), c)
             kk = k[pt[s].long()].reshape(-1, H, d)[:n]
             vv = v[pt[s].long()].reshape(-1, H, v.shape[-1])[:n]
+        elif cu_k.dim() == 2:  # compiler.trace_chunk_modes(bounds=True): (b + 1, chunk)
+            u, c, last = B // (cu_k.shape[0] - 1), cu_k.shape[1], cu_k.shape[0] - 1
+            i, j = s // u, s % u
+            a = min(int(cu_k[i, 0]) + j * c, int(cu_k[min(i + 1, last), 0]))
+            e = min(int(cu_k[i, 0]) + (j + 1) * c, int(cu_k[min(i + 1, last), 0]))
+            kk, vv = k[a:e], v[a:e]
         else:
             a, e = int(cu_k[s]), int(cu_k[s + 1])
             kk, vv = k[a:e], v[a:e]
@@ -196,9 +202,11 @@ class _FakeRuntime:
     def split_kernel(self, dev, dtype, d, dv, page_size):
         meta = fake_chunk_meta(page_size is not None) if self.meta else None
         chunked = self.chunk_modes and page_size is not None
-        return R.plan.SplitKernel(partial(fake_fwd, chunk_lengths=chunked), fake_combine,
-                                  S.MAX_SLOTS, None, meta=meta, q_broadcast=self.chunk_modes,
-                                  chunk_lengths=chunked)
+        bounds = self.chunk_modes and page_size is None
+        fwd = partial(fake_fwd, chunk_lengths=chunked)
+        return R.plan.SplitKernel(fwd, fake_combine, S.MAX_SLOTS, None, meta=meta,
+                                  q_broadcast=self.chunk_modes, chunk_lengths=chunked,
+                                  fwd_bounds=fwd if bounds else None)
 
     def plan(self, seqlen_k, page_size, sink):
         return S.make_split(self.n, seqlen_k, page_size=page_size, sink=sink)

@@ -60,12 +60,17 @@ class SplitKernel:
     q_broadcast: bool = False
     # it cuts a paged K's lengths into chunks itself (the same): no metadata launch at one row
     chunk_lengths: bool = False
+    # a packed K's: the forward that reads its chunk bounds from cu_seqlens_k as (b + 1, chunk)
+    # (part `fwd_bounds`, compiler.trace_chunk_modes(bounds=True)), None in older artifacts
+    fwd_bounds: Any = None
     launch: Callable = field(init=False)
     merge: Callable = field(init=False)
     chunk_meta: Callable | None = field(init=False)
+    launch_bounds: Callable | None = field(init=False)
 
     def __post_init__(self):
         self.launch = self.abi.fwd(self.fwd)
+        self.launch_bounds = None if self.fwd_bounds is None else self.abi.fwd(self.fwd_bounds)
         self.merge = (L.fa4aot_merge if self.fa4aot_merge else self.abi.combine)(self.combine)
         self.chunk_meta = None if self.meta is None else L.fa4aot_chunk_meta(self.meta)
 
@@ -285,10 +290,10 @@ class Runtime:
                 name, comb = S.merge_part(art.record["parts"] if art else {}, DTYPES[dtype])
                 if name is not None:
                     if art.id in self._modules:  # the decode fold loaded it (same tile)
-                        combine, meta = self._load(art, name, "chunk_meta")
+                        combine, meta, bounds = self._load(art, name, "chunk_meta", "fwd_bounds")
                     else:
-                        fwd, helper, combine, meta = self._load(
-                            art, "fwd", "tile_cumsum", name, "chunk_meta"
+                        fwd, helper, combine, meta, bounds = self._load(
+                            art, "fwd", "tile_cumsum", name, "chunk_meta", "fwd_bounds"
                         )
                         self._modules[art.id] = (fwd, helper, art)
                     got = SplitKernel(
@@ -301,6 +306,7 @@ class Runtime:
                         meta=meta,
                         q_broadcast=bool(art.record["parts"]["fwd"].get("q_broadcast")),
                         chunk_lengths=bool(art.record["parts"]["fwd"].get("chunk_lengths")),
+                        fwd_bounds=bounds,
                     )
         self._split_kernels[key] = got
         return got

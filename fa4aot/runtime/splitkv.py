@@ -7,10 +7,10 @@ per-call work is what the inputs force: one cache lookup keyed by host-known siz
 kernel-facing views of the caller's tensors (q as it is, read through the chunk kernel's chunk
 mode, compiler.trace_chunk_modes; in stores built before it, a stride-0 mode at one decode
 row, else one broadcast copy; a dense K as packed, or, at several query rows, as pages), the
-chunk metadata from the caller's KV lengths (one metadata kernel into scratch for a packed K
-and for a paged K at several rows; none for a dense K, nor for a paged one at one row, whose
-kernel cuts the lengths itself; two torch element-wise kernels in stores built before the
-metadata kernel), the chunk kernel, the sink slot, the merge. Everything that depends only
+chunk metadata from the caller's KV lengths (one metadata kernel into scratch for a paged K
+at several rows; none for a dense K, nor for a packed or paged one at one row, whose kernel
+reads the bounds or cuts the lengths itself; in older stores the metadata kernel for every
+packed and paged step, or two torch element-wise kernels), the chunk kernel, the sink slot, the merge. Everything that depends only
 on the step's sizes (the split, scratch buffers and every view of them, chunk offsets, a dense
 K's chunk bounds or page table, output shapes, the default softmax scale, the bound launchers)
 is made once per (device, stream, shape) in `SplitRun` (or as a cached constant).
@@ -157,18 +157,26 @@ def split_step(
     else:
         run.q_dst.copy_(q)  # q broadcast over the chunk slots
         kq = run.kq
+    launch = run.launch
     if kind == "dense":
         cu_seqlens_k = run.cu_k_f
     elif kind == "varlen":
         # chunk j of sequence i starts at min(cu[i] + j*c, cu[i+1]); the last bound, cu[b],
-        # is row b's first entry (cu[b] + 0): into scratch, no allocation; one kernel
-        # (compiler.trace_chunk_meta), or two torch ones where the store has none
-        if run.meta is not None:
+        # is row b's first entry (cu[b] + 0): read by the kernel itself from the caller's
+        # cu_seqlens_k, passed as (b + 1, c) (compiler.trace_chunk_modes(bounds=True)), or
+        # written into scratch, no allocation, by one kernel (compiler.trace_chunk_meta), or
+        # two torch ones where the store has neither
+        if run.launch_bounds is not None:
+            launch = run.launch_bounds
+            cu_seqlens_k = torch.as_strided(cu_seqlens_k, run.cu_bounds_size,
+                                            (cu_seqlens_k.stride(0), 0))
+        elif run.meta is not None:
             run.meta(cu_seqlens_k, run.cu_buf_f, *run.meta_args)
+            cu_seqlens_k = run.cu_flat_f
         else:
             torch.add(run.offs_col, cu_seqlens_k, out=run.cu_t)
             torch.minimum(run.cu_t_lo, cu_seqlens_k[1:], out=run.cu_t_lo)
-        cu_seqlens_k = run.cu_flat_f
+            cu_seqlens_k = run.cu_flat_f
     else:
         # per-chunk lengths clamp(len - offset, 0, c), (sequence, row * slots), likewise; a
         # kernel that cuts lengths into chunks itself (compiler.trace_chunk_modes) takes the
@@ -187,7 +195,7 @@ def split_step(
             page_table = page_table.view(run.pt_shape)  # the chunks' pages: a view
         else:
             page_table = S.chunk_page_table(torch, page_table, run.sp, page_size, rows)
-    run.launch(
+    launch(
         kq, k, v, run.ko_f, run.kl_f, run.scale if softmax_scale is None else float(softmax_scale),
         None, cu_seqlens_k, None, seqused_k, page_table,
     )
@@ -332,7 +340,7 @@ class SplitRun:
         "len_flat", "pt_rows", "pt_cols", "pt_shape", "out_as_is", "out_shape", "out_c_shape",
         "lse_shape", "lse_c_size", "lse_c_stride", "ko_f", "kl_f", "op_c_f", "lp_c_f",
         "lse_scratch_f", "cu_k_f", "cu_flat_f", "len_flat_f", "meta", "meta_args", "cu_buf",
-        "cu_buf_f", "len_buf_f", "chunk_lengths",
+        "cu_buf_f", "len_buf_f", "chunk_lengths", "launch_bounds", "cu_bounds_size",
     )
 
     def __init__(self, rt, dev, q, b, rows, hq, hk, d, dv, kind, sp, page_size, causal,
@@ -343,6 +351,9 @@ class SplitRun:
         kern = rt.split_kernel(dev, q.dtype, d, dv, page_size)
         self.sp, self.chunk = sp, sp.chunk
         self.launch, self.merge = kern.launch, kern.merge
+        # a packed K's chunk bounds read by the kernel (compiler.trace_chunk_modes(bounds=True))
+        self.launch_bounds = kern.launch_bounds if kind == "varlen" else None
+        self.cu_bounds_size = (b + 1, sp.chunk)
         self.meta, self.meta_args = kern.chunk_meta, (sp.chunk, slots, rows, int(causal))
         # the kernel cuts a paged K's lengths into chunks (compiler.trace_chunk_modes)
         self.chunk_lengths = kind == "paged" and kern.chunk_lengths and self.meta is not None
