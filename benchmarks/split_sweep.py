@@ -8,6 +8,8 @@ through `Runtime.split`): CUDA-graph replay time (5 calls per graph; host exclud
 do_bench median, and torch SDPA's cuDNN backend on the same inputs. "auto" is the cost model's
 n. Prints, per shape, the best n in a graph and how far auto's graph time is from it.
 --small: short contexts (1K-4K), where the split's fixed costs decide.
+--large: batches that (nearly) fill the SMs unsplit (b16-b128), where the plan never splits and
+the fold runs at parity with cuDNN: does any split count beat it?
 """
 
 from __future__ import annotations
@@ -33,12 +35,17 @@ SHAPES = [  # (batch, s_k, hq, hk)
 COUNTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128)
 # --small: short contexts, where the split's fixed costs decide (chunks down to 128 keys)
 SMALL = [(b, sk, 32, 8) for sk in (1024, 2048, 4096) for b in (1, 2, 4, 8, 16)]
+# --large: the grid cells above cuDNN in 2026-12-01-s9-c (the fold, 0.1-1.6% behind)
+LARGE = [(16, 65536, 32, 8), (16, 131072, 32, 8), (32, 16384, 32, 8), (32, 65536, 32, 8),
+         (32, 4096, 32, 8), (32, 1024, 32, 8), (64, 1024, 32, 8), (128, 1024, 32, 8)]
+LARGE_COUNTS = (1, 2, 3, 4, 8, 16, 32)
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     ap.add_argument("--small", action="store_true", help="the SMALL shapes instead")
+    ap.add_argument("--large", action="store_true", help="the LARGE shapes instead")
     a = ap.parse_args()
     import torch
 
@@ -54,7 +61,10 @@ def main():
     sdpa = torch.nn.functional.scaled_dot_product_attention
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    for b, sk, hq, hk in SMALL if a.small else SHAPES:
+    shapes, counts = (SMALL, COUNTS) if a.small else (SHAPES, COUNTS)
+    if a.large:
+        shapes, counts = LARGE, LARGE_COUNTS
+    for b, sk, hq, hk in shapes:
         torch.cuda.empty_cache()
         q = torch.randn(b, 1, hq, d, device="cuda", dtype=dt)
         k = torch.randn(b, sk, hk, d, device="cuda", dtype=dt)
@@ -66,7 +76,7 @@ def main():
         auto = sp.n if sp else 1
         ref = call()[0].clone()
         row = {"b": b, "sk": sk, "hq": hq, "hk": hk, "auto": auto, "graph": {}, "eager": {}}
-        for n in ("auto",) + COUNTS:
+        for n in ("auto",) + counts:
             rt.split = -1 if n == "auto" else n
             if n != "auto":
                 sp = rt.split_for(0, dt, b * hk, sk, d, d, None, False, b)

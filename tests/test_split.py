@@ -285,9 +285,6 @@ def test_dense_speculative_rows_split_as_pages(sq, causal, sk):
     largest cached page size dividing its length; 1040 keys: pages of 16) with every row's
     causal length; q, out and LSE in the caller's batch form."""
     b, hq, hk, d = 2, 8, 2, 16
-    q, k, v = _inputs(b, sq, hq, hk, d, [sk] * b, seed=sq * 5 + sk)
-    out = torch.full((b, sq, hq, d), float("nan")).bfloat16()
-    lse = torch.full((b, hq, sq), float("nan"))
     seen = []
 
     class Rt(_FakeRuntime):
@@ -295,13 +292,19 @@ def test_dense_speculative_rows_split_as_pages(sq, causal, sk):
             seen.append(page_size)
             return super().split_kernel(dev, dtype, d_, dv, page_size)
 
-    got = _split(Rt(3), q, k, v, "dense", (None, None, None), sk, None, causal, None, out, lse,
-                 True, False)
-    assert got is not None and got[0] is out and got[1] is lse
-    assert seen[0] == (128 if sk % 128 == 0 else 16)
-    ro, rl = _ref(q, k, v, [sk] * b, causal, None)
-    assert rel_err(out, ro) < 1e-2
-    assert torch.allclose(lse, rl, atol=1e-3)
+    rt = Rt(3)
+    for step in range(2):  # the second step reads the lengths and chunked table as constants
+        q, k, v = _inputs(b, sq, hq, hk, d, [sk] * b, seed=sq * 5 + sk + step)
+        out = torch.full((b, sq, hq, d), float("nan")).bfloat16()
+        lse = torch.full((b, hq, sq), float("nan"))
+        got = _split(rt, q, k, v, "dense", (None, None, None), sk, None, causal, None, out,
+                     lse, True, False)
+        assert got is not None and got[0] is out and got[1] is lse
+        assert seen[0] == (128 if sk % 128 == 0 else 16)
+        ro, rl = _ref(q, k, v, [sk] * b, causal, None)
+        assert rel_err(out, ro) < 1e-2
+        assert torch.allclose(lse, rl, atol=1e-3)
+    assert any(key[0] == "dense_meta" for key in rt._split_consts)
 
 
 def test_dense_speculative_rows_whose_length_no_page_divides_run_unsplit():

@@ -182,7 +182,15 @@ def split_step(
         # kernel that cuts lengths into chunks itself (compiler.trace_chunk_modes) takes the
         # caller's at one decode row, and each unrolled row's (the metadata kernel's
         # meta_args say so: one chunk of 2**30 keys) at several
-        if run.chunk_lengths and rows == 1:
+        if dense_pages:
+            # a dense K as pages (_dense_as_pages): its lengths and page table are constants,
+            # and so are their chunked forms (no metadata launch, no table copy per call)
+            seqused_k, page_table = _const(
+                rt, ("dense_meta", dev, b, seqlen_k, page_size, rows, causal, run.sp,
+                     run.chunk_lengths), q.device,
+                lambda: _dense_meta(run, seqused_k, page_table, b, rows, causal, page_size),
+            )
+        elif run.chunk_lengths and rows == 1:
             pass
         elif run.meta is not None:
             run.meta(seqused_k, run.len_buf_f, *run.meta_args)
@@ -191,7 +199,9 @@ def split_step(
             torch.sub(seqused_k, run.offs_col, out=run.len_t)
             run.len_buf.clamp_(0, run.chunk)
             seqused_k = run.len_flat_f
-        if run.pt_rows and page_table.size(1) == run.pt_cols and page_table.is_contiguous():
+        if dense_pages:
+            pass
+        elif run.pt_rows and page_table.size(1) == run.pt_cols and page_table.is_contiguous():
             page_table = page_table.view(run.pt_shape)  # the chunks' pages: a view
         else:
             page_table = S.chunk_page_table(torch, page_table, run.sp, page_size, rows)
@@ -244,6 +254,22 @@ def _dense_as_pages(rt, dev, q, k, v, b, hk, d, dv, seqlen_k, page):
     used = _const(rt, ("dense_used", dev, b, seqlen_k), dvc, lambda: torch.full(
         (b,), seqlen_k, dtype=torch.int32, device=dvc))
     return k, v, table, used
+
+
+def _dense_meta(run, used, table, b, rows, causal, page_size):
+    """The kernel-facing lengths and chunked page table of a dense K viewed as pages
+    (_dense_as_pages: every sequence holds all its keys), computed in torch once per shape:
+    what the metadata kernel (or its torch fallback) and split.chunk_page_table make per call
+    for a caller's paged K, for these constant inputs. Lengths: each unrolled row's, (b *
+    rows,), where the kernel cuts them into chunks itself (run.chunk_lengths), else each (row,
+    chunk)'s, clamp(len - offset, 0, c), (b * rows * slots,)."""
+    if run.chunk_lengths:
+        back = torch.arange(rows - 1, -1, -1, dtype=torch.int32, device=used.device)
+        lens = (used[:, None] - (back if causal else back * 0)).clamp_(min=0)
+    else:
+        lens = (used[:, None] - run.offs_col.view(1, -1)).clamp_(0, run.chunk)
+    return (lens.reshape(-1).contiguous(),
+            S.chunk_page_table(torch, table, run.sp, page_size, rows).contiguous())
 
 
 def _fold_step(run, q, k, v, kind, cu_seqlens_k, seqused_k, page_table, softmax_scale, out,
@@ -435,6 +461,8 @@ class SplitRun:
                 0, slots * sp.chunk, sp.chunk, dtype=torch.int32, device=dvc))
 
         if kind == "varlen":
+            if self.launch_bounds is not None:
+                return  # the kernel reads the chunk bounds from the caller's cu_seqlens_k
             cu = self.cu_buf = torch.empty((b + 1, slots), dtype=torch.int32, device=dvc)
             self.offs_col = offsets().view(slots, 1)
             self.cu_t = cu.t()
