@@ -296,6 +296,10 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
         fwd = [(fwd[0][0], trace_chunk_modes(compiles))]
         if not variant.paged:  # and a packed K's chunk bounds (its own ABI: part fwd_bounds)
             bounds = [(fwd[0][0], trace_chunk_modes(compiles, bounds=True))]
+            wide = C.wide_fold(variant.arch, variant.head_dim, variant.head_dim_v,
+                               variant.tile_m)
+            if wide is not None:  # and the fold's kernel for a full chip (part fwd_wide)
+                bounds.append((fwd[0][0], trace_wide_fold(compiles, wide)))
     seconds = time.perf_counter() - t0
     if variant.mla is not None and variant_from_fa4_key(fwd[0][0], variant.arch) != variant:
         # an MLA variant comes from a model of FA4's route (variants.mla_features): a kernel
@@ -328,7 +332,9 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
         helpers["combine"] = got["combine"]
     parts: dict[str, Any] = {}
     if bounds:
-        helpers["fwd_bounds"] = bounds
+        helpers["fwd_bounds"] = bounds[:1]
+        if len(bounds) > 1:
+            helpers["fwd_wide"] = bounds[1:]
     for name, entries in [("fwd", fwd), *helpers.items()]:
         for key, fn in entries:
             obj = outdir / f"{name}.o"
@@ -339,6 +345,15 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
             if problem:
                 raise RuntimeError(f"{variant.describe()}: {problem}")
             parts[name] = {"object": str(obj), **part_record(name, key, variant.arch)}
+            if name == "fwd_wide":  # its occupancy took effect: ptxas held the registers
+                wide = C.wide_fold(variant.arch, variant.head_dim, variant.head_dim_v,
+                                   variant.tile_m)
+                regs, cap = cubin.register_counts(obj), 65536 // (256 * wide.ctas_per_sm)
+                if not regs or max(regs) > cap:
+                    raise RuntimeError(f"{variant.describe()}: the wide fold kernel has {regs} "
+                                       f"registers per thread, not at most {cap}")
+                parts[name].update(tile_n=wide.tile_n, ctas_per_sm=wide.ctas_per_sm,
+                                   registers=max(regs))
     if chunk_modes:  # (trace_chunk_modes)
         parts["fwd"]["q_broadcast"] = True
         if variant.paged:
@@ -557,6 +572,67 @@ def trace_chunk_modes(compiles: list, bounds: bool = False) -> Any:
             f"FA4's {'paged' if paged else 'packed-K'} sm90 forward did not read "
             f"{'seqused_k' if paged else 'cu_seqlens_k'} through SeqlenInfoQK.create: the "
             "chunk mode cannot apply"
+        )
+    return fn
+
+
+def trace_wide_fold(compiles: list, wide: "C.WideFold") -> Any:
+    """The decode fold's kernel for a chip full of CTAs (constraints.WideFold; the packed split
+    kernel's part `fwd_wide`, FA4's forward ABI): FA4's sm90 forward compiled again from the
+    arguments FA4 compiled the packed chunk kernel with (`compiles`, from trace; its 64-row M
+    tile), with N tiles of wide.tile_n keys (FA4's pipeline, two stages) and launched
+    wide.ctas_per_sm CTAs per SM: the launch's minimum CTAs per SM (ptxas then holds each
+    thread to 65536 / (threads * ctas_per_sm) registers at launch), a full shared-memory
+    carveout, and the two warpgroups' setmaxnreg split rebalanced to fit (FA4's 256 / 56 for
+    one MMA warpgroup assume one CTA per SM). FA4 4.0.0b36 takes neither through its
+    interface (its launch spells min_blocks_per_mp=1; the register split is a table in
+    __call__): the compile sets them for this kernel only. Values as FA4's kernel, but keys
+    reduced in other blocks: not bit-identical to it (H200: max difference 9.8e-4 at 1K keys,
+    error to an fp32 reference the same)."""
+    import copy
+    import dataclasses
+
+    import cutlass.cute as cute
+    from cutlass.cutlass_dsl.cutlass import CutlassBaseDSL
+    from flash_attn.cute import flash_fwd_sm90 as F90
+
+    if len(compiles) != 1 or not isinstance(compiles[0][0][0], F90.FlashAttentionForwardSm90):
+        raise RuntimeError(
+            f"expected FA4 to compile one sm90 forward, it made {len(compiles)} compiles"
+        )
+    (fa_fwd, *args), kwargs = compiles[0]
+    if fa_fwd.tile_m != 64 or not hasattr(fa_fwd, "num_stages"):
+        raise RuntimeError(f"the wide fold builds on the 64-row chunk kernel, FA4 compiled "
+                           f"tile_m={fa_fwd.tile_m}")
+
+    class Wide(type(fa_fwd)):
+        # FA4's __call__ assigns its register table's split: these hold the rebalanced one
+        num_mma_regs = property(lambda self: wide.mma_regs, lambda self, v: None)
+        num_producer_regs = property(lambda self: wide.producer_regs, lambda self, v: None)
+
+    w = copy.copy(fa_fwd)
+    w.__class__ = Wide
+    w.tile_n = wide.tile_n
+    launches = []
+    attrs = CutlassBaseDSL._generate_kernel_attrs
+
+    def occupancy(self, config):
+        launches.append(config.min_blocks_per_mp)
+        return attrs(self, dataclasses.replace(
+            config, min_blocks_per_mp=wide.ctas_per_sm, preferred_smem_carveout=100))
+
+    CutlassBaseDSL._generate_kernel_attrs = occupancy
+    try:
+        fn = cute.compile(w, *args, **kwargs)
+    finally:
+        CutlassBaseDSL._generate_kernel_attrs = attrs
+    threads = getattr(w, "num_threads", None)
+    regs = 128 * (wide.mma_regs + wide.producer_regs)  # two warpgroups: MMA and producer
+    if launches != [1] or threads != 256 or regs > 65536 // wide.ctas_per_sm:
+        # one kernel, which FA4 launched one CTA per SM, of two warpgroups whose split fits
+        raise RuntimeError(
+            f"FA4's sm90 forward no longer launches as the wide fold assumes (launch minimums "
+            f"{launches}, {threads} threads)"
         )
     return fn
 

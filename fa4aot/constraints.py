@@ -236,6 +236,43 @@ def split_tile_m(arch: str, head_dim: int, head_dim_v: int) -> int | None:
     return None
 
 
+class WideFold(NamedTuple):
+    """The decode fold's kernel for a chip full of CTAs (compiler.trace_wide_fold, the packed
+    split kernel's part `fwd_wide`): the chunk kernel with N tiles of tile_n keys, launched
+    ctas_per_sm CTAs per SM (its two warpgroups' registers split mma_regs / producer_regs by
+    setmaxnreg, within 65536 / ctas_per_sm per CTA), so one CTA's prologue and epilogue overlap
+    another's streaming. H200, 2026-12-01 (`2026-12-01-s10-occ-probe.txt`, the fold on 32:8
+    hd128, CUDA graphs, against FA4's tiles at one CTA per SM): b32/1K 35.8 -> 33.8 us, b64/1K
+    67.4 -> 64.6, b16/16K 243.9 -> 239.0, b16/128K 1931.8 -> 1907.2, no cell slower from b16;
+    at b8 slower (1K 11.0 -> 12.1, 4K 36.0 -> 44.2: with 64 CTAs each streams alone)."""
+
+    tile_n: int = 64
+    ctas_per_sm: int = 2
+    mma_regs: int = 232
+    producer_regs: int = 24
+
+
+WIDE_FOLD = WideFold()
+
+
+def wide_fold(
+    arch: str, head_dim: int, head_dim_v: int, tile_m: int | None
+) -> WideFold | None:
+    """The wide fold kernel's shape where fa4aot builds one beside a packed split kernel of M
+    tile `tile_m` (a variant's; None: FA4's): on the 64-row chunk kernel (split_tile_m: sm90,
+    head dims up to 128, one MMA warpgroup), else None."""
+    if tile_m == 64 and split_tile_m(arch, head_dim, head_dim_v) == 64:
+        return WIDE_FOLD
+    return None
+
+
+def wide_fold_serves(ctas: int, num_sms: int) -> bool:
+    """Whether a decode step's fold of `ctas` (sequence, KV head) CTAs runs on the wide fold
+    kernel: where they (nearly) fill the SMs (>= 7/8 of them), so HBM, not one CTA's streaming
+    rate, bounds it (the H200's b16 32:8, 128 CTAs, gained; b8, 64, lost)."""
+    return ctas * 8 >= num_sms * 7
+
+
 MERGE_MAX_THREADS = 256
 
 

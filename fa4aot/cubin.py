@@ -82,3 +82,35 @@ def target_problem(path: str | Path, expected: str) -> str | None:
     if wrong:
         return f"{path}: cubin target {', '.join(wrong)}, expected {expected}"
     return None
+
+
+EIATTR_REGCOUNT = 0x2F  # .nv.info attribute: (symbol index u32, registers per thread u32)
+
+
+def register_counts(path: str | Path) -> list[int]:
+    """Registers per thread at launch of every kernel in the cubins embedded in `path`
+    (EIATTR_REGCOUNT of their .nv.info sections; cuobjdump --dump-resource-usage prints it as
+    REG). With min CTAs per SM m, ptxas holds it to 65536 / (threads * m): the build's check
+    that an occupancy asked for took effect (compiler.trace_wide_fold)."""
+    data = Path(path).read_bytes()
+    counts = []
+    for c in embedded_cubins(data):
+        img = data[c.offset: c.offset + c.size]
+        (shoff,) = struct.unpack_from("<Q", img, 0x28)
+        shes, shnum, shstrndx = struct.unpack_from("<HHH", img, 0x3A)
+        secs = [struct.unpack_from("<IIQQQQIIQQ", img, shoff + i * shes) for i in range(shnum)]
+        names = secs[shstrndx][4]
+        for name_off, _, _, _, off, size, *_ in secs:
+            if not img[names + name_off:].startswith(b".nv.info"):
+                continue
+            i = off
+            while i + 2 <= off + size:  # records: format u8, attribute u8, then by format
+                fmt, attr = img[i], img[i + 1]
+                if fmt == 4:  # u16 length, then that many bytes
+                    (n,) = struct.unpack_from("<H", img, i + 2)
+                    if attr == EIATTR_REGCOUNT and n == 8:
+                        counts.append(struct.unpack_from("<I", img, i + 8)[0])
+                    i += 4 + n
+                else:  # 1: no value, 2: a u8, 3: a u16, in the record's last two bytes
+                    i += 4
+    return counts

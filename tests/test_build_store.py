@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -250,7 +251,7 @@ def test_superseded_is_a_split_kernel_merging_with_fa4s_combine_or_copying_q():
 
     from fa4aot.variants import split_kernel_variant
 
-    def art(variant, *parts, q_broadcast=True, chunk_lengths=True, bounds=True):
+    def art(variant, *parts, q_broadcast=True, chunk_lengths=True, bounds=True, wide=True):
         rec = {"variant": variant.to_dict(), "parts": {p: {} for p in ("fwd", *parts)}}
         if q_broadcast:
             rec["parts"]["fwd"]["q_broadcast"] = True
@@ -258,6 +259,8 @@ def test_superseded_is_a_split_kernel_merging_with_fa4s_combine_or_copying_q():
             rec["parts"]["fwd"]["chunk_lengths"] = True
         if bounds and variant.split_kernel and not variant.paged:
             rec["parts"]["fwd_bounds"] = {}
+        if wide and variant.split_kernel and not variant.paged and variant.tile_m == 64:
+            rec["parts"]["fwd_wide"] = {}
         return SimpleNamespace(record=rec)
 
     split = split_kernel_variant("sm90", "bfloat16", 128, 128, None)
@@ -267,6 +270,13 @@ def test_superseded_is_a_split_kernel_merging_with_fa4s_combine_or_copying_q():
     assert not B.superseded(art(split, "merge", "chunk_meta"))
     assert B.superseded(art(split, "merge", "chunk_meta", q_broadcast=False))
     assert B.superseded(art(split, "merge", "chunk_meta", bounds=False))
+    # the packed 64-row chunk kernel carries the wide fold (compiler.trace_wide_fold); the
+    # decode fold's 1:1 kernel (FA4's M tile) and head dims over 128 (FA4's tile) do not
+    assert B.superseded(art(split, "merge", "chunk_meta", wide=False))
+    fa4_tile = replace(split, tile_m=None)
+    assert not B.superseded(art(fa4_tile, "merge", "chunk_meta", wide=False))
+    big = split_kernel_variant("sm90", "bfloat16", 192, 128, None)
+    assert big.tile_m is None and not B.superseded(art(big, "merge", "chunk_meta", wide=False))
     paged = split_kernel_variant("sm90", "bfloat16", 128, 128, 128)
     assert not B.superseded(art(paged, "merge", "chunk_meta"))
     assert B.superseded(art(paged, "merge", "chunk_meta", chunk_lengths=False))

@@ -66,3 +66,42 @@ def test_chunk_modes_compile_and_refuse_an_fa4_they_do_not_match():
     assert doc["compiled"] is True
     assert "has no ['mCuSeqlensK', 'mCuSeqlensQ', 'mSeqUsedK', 'mSeqUsedQ']" in doc["renamed"]
     assert "did not read seqused_k" in doc["bypassed"]
+
+
+_WIDE = r"""
+import json, sys, tempfile
+from pathlib import Path
+from fa4aot import compiler, cubin
+compiler.configure("sm90", 132)
+from fa4aot import variants as V
+
+out = {}
+v = V.split_kernel_variant("sm90", "bfloat16", 64, 64, None)
+rec = compiler.compile_variant(V.representative_call(v), v, Path(tempfile.mkdtemp()))
+parts = rec["parts"]
+out["wide"] = {k: x for k, x in parts["fwd_wide"].items() if k not in ("object", "key")}
+out["regs"] = {n: cubin.register_counts(parts[n]["object"]) for n in ("fwd", "fwd_wide")}
+# the wide fold builds only on the 64-row chunk kernel: FA4's own decode kernel (128 rows)
+call = V.representative_call(V.split_kernel_variant("sm90", "bfloat16", 64, 64, None))
+import dataclasses
+compiles = []
+compiler.trace(dataclasses.replace(call, tile_m=None), compiles)
+try:
+    compiler.trace_wide_fold(compiles, compiler.C.WIDE_FOLD)
+    out["tile128"] = "compiled"
+except RuntimeError as e:
+    out["tile128"] = str(e)
+print(json.dumps(out))
+"""
+
+
+def test_wide_fold_compiles_two_ctas_per_sm_and_refuses_other_tiles():
+    """The packed split kernel's part fwd_wide: 64-key tiles, and ptxas held its threads to
+    128 registers (two 256-thread CTAs per SM), where FA4's launch lets them take 255."""
+    r = subprocess.run([sys.executable, "-c", _WIDE], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(r.stdout.strip().splitlines()[-1])
+    assert doc["wide"] == {"tile_n": 64, "ctas_per_sm": 2, "registers": 128}
+    assert doc["regs"] == {"fwd": [255], "fwd_wide": [128]}
+    assert "builds on the 64-row chunk kernel" in doc["tile128"]

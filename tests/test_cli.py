@@ -416,6 +416,27 @@ def test_explain_says_how_the_split_reads_q(run, monkeypatch):
             assert copied != ("q read in place" in doc["plan"])
 
 
+def test_explain_says_which_kernel_the_fold_runs_on(run, monkeypatch):
+    """A one-row step left unsplit over a packed or dense K: on the wide fold kernel (part
+    fwd_wide) where its CTAs nearly fill the SMs and the store holds it; else on the chunk
+    kernel. A paged K never (the wide kernel is the packed one's)."""
+    merge = {"partial_dtype": "bfloat16", "max_splits": 128, "threads": 256}
+    wide = {"tile_n": 64, "ctas_per_sm": 2}
+    args = ["explain", "--head-dim", "128", "--heads", "32:8", "--seqlen-k", "2048", "--json"]
+    for held in (True, False):
+        parts = {"fwd": {"q_broadcast": True}, "merge": merge}
+        if held:
+            parts["fwd_wide"] = wide
+        _hold_split_kernels(monkeypatch, parts)
+        for batch, want in (("8", False), ("16", held), ("64", held)):
+            doc = json.loads(run(*args, "--batch", batch).stdout)["split"]
+            assert doc["splits"] == 0 and doc["wide"] is want, (held, batch, doc)
+            assert ("the wide fold kernel (64-key tiles, 2 CTAs per SM" in doc["fold"]) is want
+    doc = json.loads(run(*args, "--batch", "64", "--layout", "paged", "--page-size", "128")
+                     .stdout)["split"]
+    assert doc["wide"] is False and "wide" not in doc["fold"]
+
+
 def test_explain_split_kv(run, split_store):
     base = ["explain", "--head-dim", "128", "--json"]
     r = run(*base, "--heads", "32:8", "--seqlen-k", "65536")

@@ -252,6 +252,80 @@ def test_varlen_and_paged(monkeypatch, hq, hk, d, sinks, layout, sq, lse):
             None if o0 is None else rel_err(o0, ro), lerr)
 
 
+@pytest.mark.parametrize("layout", ["dense", "varlen", 128])
+@pytest.mark.parametrize("b,sk", [(16, 1024), (64, 3000)])
+@pytest.mark.parametrize("lse", [False, True])
+def test_fold_over_a_full_chip(monkeypatch, layout, b, sk, lse):
+    """A one-row step the plan leaves unsplit whose (sequence, KV head) CTAs nearly fill the
+    SMs (32:8: 128 and 512 CTAs): the fold, on the wide fold kernel (64-key tiles, two CTAs per
+    SM: compiler.trace_wide_fold) for a dense or packed K, on the chunk kernel for a paged one;
+    against the fp32 reference and FA4's kernel (FA4AOT_SPLIT_KV=0). Ragged packed and paged
+    lengths, with an empty and a one-token sequence."""
+    import fa4aot
+
+    hq, hk, d, dt = 32, 8, 128, torch.bfloat16
+    spy = _Spy(monkeypatch)
+    lse_kw = {}
+    if layout == "dense":
+        lk = [sk] * b
+        q = torch.randn(b, 1, hq, d, device="cuda", dtype=dt)
+        k = torch.randn(b, sk, hk, d, device="cuda", dtype=dt)
+        v = torch.randn_like(k)
+        kp, vp = k, v
+
+        def call():
+            if lse:
+                lse_kw["lse"] = _poison((b, hq, 1), torch.float32)
+            return fa4aot.flash_attn_func(q, k, v, causal=True, out=_poison((b, 1, hq, d)),
+                                          **lse_kw)
+    else:
+        lk = [0, 1, sk] + torch.randint(0, sk + 1, (b - 3,)).tolist()
+        q = torch.randn(b, hq, d, device="cuda", dtype=dt)
+        kw = dict(cu_seqlens_q=torch.arange(b + 1, device="cuda", dtype=torch.int32),
+                  max_seqlen_q=1, max_seqlen_k=max(lk), causal=True)
+        if layout == "varlen":
+            cu_k = torch.tensor([0] + list(torch.tensor(lk).cumsum(0)), device="cuda",
+                                dtype=torch.int32)
+            k = torch.randn(int(cu_k[-1]), hk, d, device="cuda", dtype=dt)
+            v = torch.randn_like(k)
+            kp = torch.zeros(b, sk, hk, d, device="cuda", dtype=dt)
+            vp = torch.zeros_like(kp)
+            for i, n in enumerate(lk):
+                kp[i, :n], vp[i, :n] = k[cu_k[i] : cu_k[i] + n], v[cu_k[i] : cu_k[i] + n]
+            kw["cu_seqlens_k"] = cu_k
+        else:
+            k, v, table, kp, vp = _paged(lk, layout, hk, d)
+            kw.update(page_table=table,
+                      seqused_k=torch.tensor(lk, device="cuda", dtype=torch.int32))
+
+        def call():
+            if lse:
+                lse_kw["lse"] = _poison((hq, b), torch.float32)
+            return fa4aot.flash_attn_varlen_func(q, k, v, **kw, out=_poison((b, hq, d)),
+                                                 **lse_kw)
+
+    rt = _rt(-1)
+    rt._split_runs.clear()
+    o1, l1 = call()
+    runs = [r for r in rt._split_runs.values() if r]
+    assert spy.split == 1 and len(runs) == 1 and runs[0].fold, runs
+    assert runs[0].wide == (layout != 128)
+    _rt(0)
+    o0, l0 = call()
+    _rt(-1)
+    ro, rl = attention_ref(q.view(b, 1, hq, d), kp, vp,
+                           torch.ones(b, device="cuda", dtype=torch.long),
+                           torch.tensor(lk, device="cuda"), causal=True)
+    assert not o1.isnan().any()
+    if layout != "dense":
+        ro, rl = ro.view(b, hq, d), rl.permute(1, 0, 2).reshape(hq, b)
+    lerr = None
+    if lse:
+        lerr = _lse_err(l1, rl)
+        assert _lse_err(l0, rl) < 1e-3
+    _record(f"fold {layout} b{b} {hq}:{hk} hd{d}", rel_err(o1, ro), rel_err(o0, ro), lerr)
+
+
 def test_window_is_not_split(monkeypatch):
     import fa4aot
 

@@ -430,8 +430,13 @@ def _split_plan(
                    f"the cost model: {batch * seqlen_q * hk} CTAs over {seqlen_k} keys gain "
                    f"nothing on {num_sms} SMs")
             if setting != 0 and fold_why is None:
-                return {"splits": 0, "why": why, "fold": (
-                    f"the fold: one chunk per sequence on {kern.describe()} (id {kern.id}), "
+                w = rec["parts"].get("fwd_wide")  # (runtime/splitkv.FoldRun, likewise)
+                wide = layout != "paged" and bool(w) and C.wide_fold_serves(batch * hk, num_sms)
+                on = (f"the wide fold kernel ({w['tile_n']}-key tiles, "
+                      f"{w['ctas_per_sm']} CTAs per SM: {batch * hk} CTAs fill the "
+                      f"{num_sms} SMs) of {kern.describe()}" if wide else kern.describe())
+                return {"splits": 0, "why": why, "wide": wide, "fold": (
+                    f"the fold: one chunk per sequence on {on} (id {kern.id}), "
                     f"the {hq // hk} query heads of each KV head as its rows, no combine")}
     if sp is None:
         return {"splits": 0, "why": why}

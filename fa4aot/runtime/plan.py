@@ -63,14 +63,19 @@ class SplitKernel:
     # a packed K's: the forward that reads its chunk bounds from cu_seqlens_k as (b + 1, chunk)
     # (part `fwd_bounds`, compiler.trace_chunk_modes(bounds=True)), None in older artifacts
     fwd_bounds: Any = None
+    # a packed K's: the fold's kernel for a chip full of CTAs (part `fwd_wide`,
+    # compiler.trace_wide_fold: FA4's ABI), None in older artifacts and other head dims
+    fwd_wide: Any = None
     launch: Callable = field(init=False)
     merge: Callable = field(init=False)
     chunk_meta: Callable | None = field(init=False)
     launch_bounds: Callable | None = field(init=False)
+    launch_wide: Callable | None = field(init=False)
 
     def __post_init__(self):
         self.launch = self.abi.fwd(self.fwd)
         self.launch_bounds = None if self.fwd_bounds is None else self.abi.fwd(self.fwd_bounds)
+        self.launch_wide = None if self.fwd_wide is None else self.abi.fwd(self.fwd_wide)
         self.merge = (L.fa4aot_merge if self.fa4aot_merge else self.abi.combine)(self.combine)
         self.chunk_meta = None if self.meta is None else L.fa4aot_chunk_meta(self.meta)
 
@@ -290,10 +295,12 @@ class Runtime:
                 name, comb = S.merge_part(art.record["parts"] if art else {}, DTYPES[dtype])
                 if name is not None:
                     if art.id in self._modules:  # the decode fold loaded it (same tile)
-                        combine, meta, bounds = self._load(art, name, "chunk_meta", "fwd_bounds")
+                        combine, meta, bounds, wide = self._load(
+                            art, name, "chunk_meta", "fwd_bounds", "fwd_wide")
                     else:
-                        fwd, helper, combine, meta, bounds = self._load(
-                            art, "fwd", "tile_cumsum", name, "chunk_meta", "fwd_bounds"
+                        fwd, helper, combine, meta, bounds, wide = self._load(
+                            art, "fwd", "tile_cumsum", name, "chunk_meta", "fwd_bounds",
+                            "fwd_wide",
                         )
                         self._modules[art.id] = (fwd, helper, art)
                     got = SplitKernel(
@@ -307,6 +314,7 @@ class Runtime:
                         q_broadcast=bool(art.record["parts"]["fwd"].get("q_broadcast")),
                         chunk_lengths=bool(art.record["parts"]["fwd"].get("chunk_lengths")),
                         fwd_bounds=bounds,
+                        fwd_wide=wide,
                     )
         self._split_kernels[key] = got
         return got

@@ -29,6 +29,7 @@ from contextlib import contextmanager
 
 import torch
 
+from .. import constraints as C
 from .. import split as S
 
 _PLAN_KEYS = S.PLAN_KEYS
@@ -311,7 +312,7 @@ class FoldRun:
     Blackwell)."""
 
     fold = True
-    __slots__ = ("launch", "scale", "r", "q4", "o4", "k_shape", "v_shape", "cu_k", "cu_k_f",
+    __slots__ = ("launch", "wide", "scale", "r", "q4", "o4", "k_shape", "v_shape", "cu_k", "cu_k_f",
                  "kl_shape", "kl_stride", "lse_as_is", "lse_scratch", "lse_scratch_f",
                  "lse_rows", "out_shape", "lse_shape")
 
@@ -326,7 +327,11 @@ class FoldRun:
 
     def __init__(self, rt, dev, q, b, hq, hk, d, dv, kind, kern, seqlen_k, varlen_q):
         r, dvc = hq // hk, q.device
-        self.launch = kern.launch
+        # a packed K's fold over (nearly) every SM runs on the wide fold kernel, where cached
+        # (constraints.WideFold: 64-key tiles, two CTAs per SM); FA4's ABI, the same arguments
+        self.wide = (kind != "paged" and kern.launch_wide is not None
+                     and C.wide_fold_serves(b * hk, rt.device(dev)[1]))
+        self.launch = kern.launch_wide if self.wide else kern.launch
         self.scale = float(1.0 / math.sqrt(d))
         self.r = r
         self.q4, self.o4 = (b, r, hk, d), (b, r, hk, dv)  # r query heads as rows of a 1:1 kernel
