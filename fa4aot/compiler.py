@@ -291,15 +291,14 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
             f"expected one forward kernel for {variant.describe()}, FA4 compiled {len(fwd)}"
         )
     chunk_modes = variant.split_kernel and variant.arch == "sm90"
-    bounds = []
+    bounds, wide_fwd = [], []
     if chunk_modes:  # the chunk kernel: FA4's, reading q and KV lengths in chunk modes
         fwd = [(fwd[0][0], trace_chunk_modes(compiles))]
         if not variant.paged:  # and a packed K's chunk bounds (its own ABI: part fwd_bounds)
             bounds = [(fwd[0][0], trace_chunk_modes(compiles, bounds=True))]
-            wide = C.wide_fold(variant.arch, variant.head_dim, variant.head_dim_v,
-                               variant.tile_m)
-            if wide is not None:  # and the fold's kernel for a full chip (part fwd_wide)
-                bounds.append((fwd[0][0], trace_wide_fold(compiles, wide)))
+        wide = C.wide_fold(variant.arch, variant.head_dim, variant.head_dim_v, variant.tile_m)
+        if wide is not None:  # and the fold's kernel for a full chip (part fwd_wide)
+            wide_fwd = [(fwd[0][0], trace_wide_fold(compiles, wide, variant.paged))]
     seconds = time.perf_counter() - t0
     if variant.mla is not None and variant_from_fa4_key(fwd[0][0], variant.arch) != variant:
         # an MLA variant comes from a model of FA4's route (variants.mla_features): a kernel
@@ -332,9 +331,9 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
         helpers["combine"] = got["combine"]
     parts: dict[str, Any] = {}
     if bounds:
-        helpers["fwd_bounds"] = bounds[:1]
-        if len(bounds) > 1:
-            helpers["fwd_wide"] = bounds[1:]
+        helpers["fwd_bounds"] = bounds
+    if wide_fwd:
+        helpers["fwd_wide"] = wide_fwd
     for name, entries in [("fwd", fwd), *helpers.items()]:
         for key, fn in entries:
             obj = outdir / f"{name}.o"
@@ -576,11 +575,12 @@ def trace_chunk_modes(compiles: list, bounds: bool = False) -> Any:
     return fn
 
 
-def trace_wide_fold(compiles: list, wide: "C.WideFold") -> Any:
-    """The decode fold's kernel for a chip full of CTAs (constraints.WideFold; the packed split
+def trace_wide_fold(compiles: list, wide: "C.WideFold", paged: bool) -> Any:
+    """The decode fold's kernel for a chip full of CTAs (constraints.WideFold; a split chunk
     kernel's part `fwd_wide`, FA4's forward ABI): FA4's sm90 forward compiled again from the
-    arguments FA4 compiled the packed chunk kernel with (`compiles`, from trace; its 64-row M
-    tile), with N tiles of wide.tile_n keys (FA4's pipeline, two stages) and launched
+    arguments FA4 compiled the chunk kernel with (`compiles`, from trace; its 64-row M tile),
+    with N tiles of wide.tile_n keys (FA4's pipeline, two stages; for a paged K, FA4's non-TMA
+    path, which takes any page size, as its TMA path takes only pages of one tile) and launched
     wide.ctas_per_sm CTAs per SM: the launch's minimum CTAs per SM (ptxas then holds each
     thread to 65536 / (threads * ctas_per_sm) registers at launch), a full shared-memory
     carveout, and the two warpgroups' setmaxnreg split rebalanced to fit (FA4's 256 / 56 for
@@ -613,6 +613,8 @@ def trace_wide_fold(compiles: list, wide: "C.WideFold") -> Any:
     w = copy.copy(fa_fwd)
     w.__class__ = Wide
     w.tile_n = wide.tile_n
+    if paged:  # FA4's TMA paged path takes pages of exactly its tile_n keys: its other path
+        w.use_tma_KV = False  # (one artifact serves every page size but FA4's tile_n, 128)
     launches = []
     attrs = CutlassBaseDSL._generate_kernel_attrs
 

@@ -259,7 +259,7 @@ def test_superseded_is_a_split_kernel_merging_with_fa4s_combine_or_copying_q():
             rec["parts"]["fwd"]["chunk_lengths"] = True
         if bounds and variant.split_kernel and not variant.paged:
             rec["parts"]["fwd_bounds"] = {}
-        if wide and variant.split_kernel and not variant.paged and variant.tile_m == 64:
+        if wide and variant.split_kernel and variant.tile_m == 64:
             rec["parts"]["fwd_wide"] = {}
         return SimpleNamespace(record=rec)
 
@@ -279,6 +279,7 @@ def test_superseded_is_a_split_kernel_merging_with_fa4s_combine_or_copying_q():
     assert big.tile_m is None and not B.superseded(art(big, "merge", "chunk_meta", wide=False))
     paged = split_kernel_variant("sm90", "bfloat16", 128, 128, 128)
     assert not B.superseded(art(paged, "merge", "chunk_meta"))
+    assert B.superseded(art(paged, "merge", "chunk_meta", wide=False))
     assert B.superseded(art(paged, "merge", "chunk_meta", chunk_lengths=False))
     assert not any(B.superseded(art(n.variant, "combine", q_broadcast=False))
                    for n in other.values())

@@ -87,7 +87,7 @@ import dataclasses
 compiles = []
 compiler.trace(dataclasses.replace(call, tile_m=None), compiles)
 try:
-    compiler.trace_wide_fold(compiles, compiler.C.WIDE_FOLD)
+    compiler.trace_wide_fold(compiles, compiler.C.WIDE_FOLD, False)
     out["tile128"] = "compiled"
 except RuntimeError as e:
     out["tile128"] = str(e)

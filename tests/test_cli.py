@@ -417,9 +417,9 @@ def test_explain_says_how_the_split_reads_q(run, monkeypatch):
 
 
 def test_explain_says_which_kernel_the_fold_runs_on(run, monkeypatch):
-    """A one-row step left unsplit over a packed or dense K: on the wide fold kernel (part
+    """A one-row step left unsplit: on the wide fold kernel (part
     fwd_wide) where its CTAs nearly fill the SMs and the store holds it; else on the chunk
-    kernel. A paged K never (the wide kernel is the packed one's)."""
+    kernel."""
     merge = {"partial_dtype": "bfloat16", "max_splits": 128, "threads": 256}
     wide = {"tile_n": 64, "ctas_per_sm": 2}
     args = ["explain", "--head-dim", "128", "--heads", "32:8", "--seqlen-k", "2048", "--json"]
@@ -432,9 +432,6 @@ def test_explain_says_which_kernel_the_fold_runs_on(run, monkeypatch):
             doc = json.loads(run(*args, "--batch", batch).stdout)["split"]
             assert doc["splits"] == 0 and doc["wide"] is want, (held, batch, doc)
             assert ("the wide fold kernel (64-key tiles, 2 CTAs per SM" in doc["fold"]) is want
-    doc = json.loads(run(*args, "--batch", "64", "--layout", "paged", "--page-size", "128")
-                     .stdout)["split"]
-    assert doc["wide"] is False and "wide" not in doc["fold"]
 
 
 def test_explain_split_kv(run, split_store):

@@ -252,15 +252,15 @@ def test_varlen_and_paged(monkeypatch, hq, hk, d, sinks, layout, sq, lse):
             None if o0 is None else rel_err(o0, ro), lerr)
 
 
-@pytest.mark.parametrize("layout", ["dense", "varlen", 128])
+@pytest.mark.parametrize("layout", ["dense", "varlen", 16, 64, 128])
 @pytest.mark.parametrize("b,sk", [(16, 1024), (64, 3000)])
 @pytest.mark.parametrize("lse", [False, True])
 def test_fold_over_a_full_chip(monkeypatch, layout, b, sk, lse):
     """A one-row step the plan leaves unsplit whose (sequence, KV head) CTAs nearly fill the
     SMs (32:8: 128 and 512 CTAs): the fold, on the wide fold kernel (64-key tiles, two CTAs per
-    SM: compiler.trace_wide_fold) for a dense or packed K, on the chunk kernel for a paged one;
-    against the fp32 reference and FA4's kernel (FA4AOT_SPLIT_KV=0). Ragged packed and paged
-    lengths, with an empty and a one-token sequence."""
+    SM: compiler.trace_wide_fold), for a dense, packed or paged K; against the fp32 reference
+    and FA4's kernel (FA4AOT_SPLIT_KV=0). Ragged packed and paged lengths, with an empty and a
+    one-token sequence."""
     import fa4aot
 
     hq, hk, d, dt = 32, 8, 128, torch.bfloat16
@@ -309,7 +309,7 @@ def test_fold_over_a_full_chip(monkeypatch, layout, b, sk, lse):
     o1, l1 = call()
     runs = [r for r in rt._split_runs.values() if r]
     assert spy.split == 1 and len(runs) == 1 and runs[0].fold, runs
-    assert runs[0].wide == (layout != 128)
+    assert runs[0].wide
     _rt(0)
     o0, l0 = call()
     _rt(-1)

@@ -447,7 +447,7 @@ def test_unsplit_one_row_step_runs_as_one_chunk_per_sequence(kind, lse_mode):
 
 
 class _WideRuntime(_NoSplitRuntime):
-    """The same, with the packed kernel's wide fold part (launch_wide): records which ran."""
+    """The same, with the chunk kernel's wide fold part (launch_wide): records which ran."""
 
     def split_kernel(self, dev, dtype, d, dv, page_size):
         def fwd(name, q, *a):
@@ -455,14 +455,14 @@ class _WideRuntime(_NoSplitRuntime):
             fake_fwd(q, *a)
 
         return R.plan.SplitKernel(partial(fwd, "chunk"), fake_combine, S.MAX_SLOTS, None,
-                                  fwd_wide=None if page_size else partial(fwd, "wide"))
+                                  fwd_wide=partial(fwd, "wide"))
 
 
 @pytest.mark.parametrize("kind", ["dense", "varlen", "paged"])
 @pytest.mark.parametrize("b,hk", [(8, 8), (16, 8), (58, 2), (64, 2)])
 def test_a_fold_over_a_full_chip_runs_on_the_wide_kernel(kind, b, hk):
     """constraints.wide_fold_serves: (sequence, KV head) CTAs >= 7/8 of the 132 SMs (116) run
-    on the wide fold kernel, where the store holds it (a packed K's part); the same results."""
+    on the wide fold kernel (the chunk kernel's part fwd_wide); the same results."""
     hq, d, sk = 2 * hk, 16, 300
     q, k, v = _inputs(b, 1, hq, hk, d, [sk] * b, seed=b + hk)
     if kind == "dense":
@@ -482,7 +482,7 @@ def test_a_fold_over_a_full_chip_runs_on_the_wide_kernel(kind, b, hk):
                                sk if kind != "paged" else kv[2].shape[1] * page, page, True,
                                None, None, out, None, False, kind != "dense")
     assert got is not None and got[0] is out
-    wide = kind != "paged" and b * hk >= 116
+    wide = b * hk >= 116
     assert rt.seen == ["wide" if wide else "chunk"]
     ro, _ = _ref(q, k, v, [sk] * b, True, None)
     assert rel_err(out.view(b, 1, hq, d), ro) < 1e-2

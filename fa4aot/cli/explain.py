@@ -431,7 +431,7 @@ def _split_plan(
                    f"nothing on {num_sms} SMs")
             if setting != 0 and fold_why is None:
                 w = rec["parts"].get("fwd_wide")  # (runtime/splitkv.FoldRun, likewise)
-                wide = layout != "paged" and bool(w) and C.wide_fold_serves(batch * hk, num_sms)
+                wide = bool(w) and C.wide_fold_serves(batch * hk, num_sms)
                 on = (f"the wide fold kernel ({w['tile_n']}-key tiles, "
                       f"{w['ctas_per_sm']} CTAs per SM: {batch * hk} CTAs fill the "
                       f"{num_sms} SMs) of {kern.describe()}" if wide else kern.describe())

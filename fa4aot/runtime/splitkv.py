@@ -327,9 +327,9 @@ class FoldRun:
 
     def __init__(self, rt, dev, q, b, hq, hk, d, dv, kind, kern, seqlen_k, varlen_q):
         r, dvc = hq // hk, q.device
-        # a packed K's fold over (nearly) every SM runs on the wide fold kernel, where cached
+        # a fold over (nearly) every SM runs on the wide fold kernel, where cached
         # (constraints.WideFold: 64-key tiles, two CTAs per SM); FA4's ABI, the same arguments
-        self.wide = (kind != "paged" and kern.launch_wide is not None
+        self.wide = (kern.launch_wide is not None
                      and C.wide_fold_serves(b * hk, rt.device(dev)[1]))
         self.launch = kern.launch_wide if self.wide else kern.launch
         self.scale = float(1.0 / math.sqrt(d))

@@ -1,0 +1,135 @@
+"""Which kernel should a decode step the plan leaves unsplit run on? The fold (one chunk per
+sequence; runtime/splitkv.FoldRun) on the chunk kernel (FA4's sm90 forward, 64-row M tile, 128
+keys a tile, one CTA per SM) against the wide fold kernel (64 keys a tile, two CTAs per SM:
+compiler.trace_wide_fold), FA4's own kernel (FA4AOT_SPLIT_KV=0), and torch SDPA's cuDNN
+backend on the same dense K/V; side by side in one process (H200).
+
+    FA4AOT_CACHE_DIR=<store> python benchmarks/fold_kernels.py --out fold.json
+
+bf16 hd128 32:8, one query row, causal; dense K/V and paged at 16, 64 and 128 keys a page
+(pages in order). Per cell, each column is one CUDA graph of several calls; the graphs replay
+in 5 interleaved rounds (the order reversed every other round) and the medians are quoted, so
+a slow phase of the shared host or a clock change hits every column alike. Also prints the
+largest difference of the wide kernel's output from the chunk kernel's and from FA4's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+CELLS = [(b, sk) for b in (8, 16, 32, 64, 128) for sk in (1024, 4096, 16384)]
+LAYOUTS = ("dense", 16, 64, 128)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import fa4aot
+    import fa4aot.constraints as C
+    import fa4aot.runtime as R
+
+    rt = R.default_runtime()
+    serves = C.wide_fold_serves
+    hq, hk, d, dt = 32, 8, 128, torch.bfloat16
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def capture(fn, calls):
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(calls):
+                fn()
+        return g
+
+    def replay_us(g, calls):
+        x, y = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        x.record()
+        g.replay()
+        y.record()
+        torch.cuda.synchronize()
+        return x.elapsed_time(y) * 1e3 / calls
+
+    rows = []
+    for layout in LAYOUTS:
+        for b, sk in CELLS:
+            torch.cuda.empty_cache()
+            q = torch.randn(b, 1, hq, d, device="cuda", dtype=dt)
+            k = torch.randn(b, sk, hk, d, device="cuda", dtype=dt)
+            v = torch.randn_like(k)
+            out = torch.empty_like(q)
+            if layout == "dense":
+                def call():
+                    return fa4aot.flash_attn_func(q, k, v, causal=True, out=out)
+            else:
+                p = layout
+                kp, vp = k.view(b * sk // p, p, hk, d), v.view(b * sk // p, p, hk, d)
+                table = torch.arange(b * sk // p, device="cuda", dtype=torch.int32).view(b, -1)
+                used = torch.full((b,), sk, device="cuda", dtype=torch.int32)
+                cu_q = torch.arange(b + 1, device="cuda", dtype=torch.int32)
+                q2, out2 = q.view(b, hq, d), out.view(b, hq, d)
+
+                def call():
+                    return fa4aot.flash_attn_varlen_func(
+                        q2, kp, vp, cu_seqlens_q=cu_q, max_seqlen_q=1, seqused_k=used,
+                        page_table=table, max_seqlen_k=sk, causal=True, out=out2)
+            qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            est = b * sk * hk * 2 * d * 2 / 4.3e6  # us at 4.3 TB/s
+            calls = max(2, min(20, int(4000 / max(est, 1))))
+            graphs, outs = {}, {}
+            for mode in ("chunk", "wide", "fa4"):
+                C.wide_fold_serves = (lambda c, s: True) if mode == "wide" else (
+                    lambda c, s: False)
+                rt._split_runs.clear()
+                rt.split = 0 if mode == "fa4" else -1
+                try:
+                    graphs[mode] = capture(call, calls)
+                except fa4aot.ArtifactMissing:  # (no FA4 kernel for it in the store)
+                    continue
+                graphs[mode].replay()
+                torch.cuda.synchronize()
+                outs[mode] = out.clone()
+                kind = [type(r).__name__ + ("/wide" if getattr(r, "wide", False) else "")
+                        for r in rt._split_runs.values() if r]
+                if mode != "fa4" and kind != ["FoldRun" + ("/wide" if mode == "wide" else "")]:
+                    raise SystemExit(f"{layout} b{b} sk{sk} {mode}: served by {kind}")
+            C.wide_fold_serves = serves
+            rt.split = -1
+            rt._split_runs.clear()
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                graphs["cudnn"] = capture(lambda: sdpa(qt, kt, vt, enable_gqa=True), calls)
+            times = {m: [] for m in graphs}
+            for rnd in range(5):
+                order = list(graphs) if rnd % 2 == 0 else list(graphs)[::-1]
+                for m in order:
+                    times[m].append(replay_us(graphs[m], calls))
+            med = {m: statistics.median(t) for m, t in times.items()}
+            diff = {m: (outs["wide"].float() - outs[m].float()).abs().max().item()
+                    for m in ("chunk", "fa4") if m in outs}
+            med.setdefault("fa4", float("nan"))
+            diff.setdefault("fa4", float("nan"))
+            row = {"layout": layout, "b": b, "sk": sk, "us": med, "wide_maxdiff": diff}
+            rows.append(row)
+            print(f"{str(layout):>5} b{b:<4} sk{sk:<6} chunk {med['chunk']:8.1f} wide "
+                  f"{med['wide']:8.1f} ({med['wide'] / med['chunk']:.3f}) fa4 {med['fa4']:8.1f}"
+                  f" cudnn(dense) {med['cudnn']:8.1f} | wide/cudnn "
+                  f"{med['wide'] / med['cudnn']:.3f} | maxdiff vs chunk {diff['chunk']:.1e}"
+                  f" vs fa4 {diff['fa4']:.1e}", flush=True)
+            del graphs
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
