@@ -91,7 +91,7 @@ def main():
                 C.wide_fold_serves = (lambda c, s: True) if mode == "wide" else (
                     lambda c, s: False)
                 rt._split_runs.clear()
-                rt.split = 0 if mode == "fa4" else -1
+                rt.split = 0 if mode == "fa4" else 1  # 1: one chunk, i.e. the fold
                 try:
                     graphs[mode] = capture(call, calls)
                 except fa4aot.ArtifactMissing:  # (no FA4 kernel for it in the store)
