@@ -237,14 +237,16 @@ def split_tile_m(arch: str, head_dim: int, head_dim_v: int) -> int | None:
 
 
 class WideFold(NamedTuple):
-    """The decode fold's kernel for a chip full of CTAs (compiler.trace_wide_fold, the packed
-    split kernel's part `fwd_wide`): the chunk kernel with N tiles of tile_n keys, launched
+    """The decode fold's kernel for a chip full of CTAs (compiler.trace_wide_fold, a split
+    chunk kernel's part `fwd_wide`): the chunk kernel with N tiles of tile_n keys, launched
     ctas_per_sm CTAs per SM (its two warpgroups' registers split mma_regs / producer_regs by
     setmaxnreg, within 65536 / ctas_per_sm per CTA), so one CTA's prologue and epilogue overlap
-    another's streaming. H200, 2026-12-01 (`2026-12-01-s10-occ-probe.txt`, the fold on 32:8
-    hd128, CUDA graphs, against FA4's tiles at one CTA per SM): b32/1K 35.8 -> 33.8 us, b64/1K
-    67.4 -> 64.6, b16/16K 243.9 -> 239.0, b16/128K 1931.8 -> 1907.2, no cell slower from b16;
-    at b8 slower (1K 11.0 -> 12.1, 4K 36.0 -> 44.2: with 64 CTAs each streams alone)."""
+    another's streaming. H200, 2026-12-01 (`benchmarks/fold_kernels.py`,
+    `2026-12-01-s10-d-fold.txt`: 32:8 hd128, CUDA graphs, interleaved, against the chunk
+    kernel's 128-key tiles at one CTA per SM): from b32 (256 CTAs) 0.92-0.98x at 1K keys in
+    every layout (dense b32/1K 36.3 -> 33.6 us, paged-16 b128/1K 138.1 -> 126.9), paged-16
+    0.96-0.99x at 4K-16K, elsewhere 0.99-1.01x; at b16 (128 CTAs, one per SM) 1.00x dense but
+    1.04-1.19x paged, at b8 1.07-1.54x (each CTA streams alone: 64-key tiles stream slower)."""
 
     tile_n: int = 64
     ctas_per_sm: int = 2
@@ -268,9 +270,10 @@ def wide_fold(
 
 def wide_fold_serves(ctas: int, num_sms: int) -> bool:
     """Whether a decode step's fold of `ctas` (sequence, KV head) CTAs runs on the wide fold
-    kernel: where they (nearly) fill the SMs (>= 7/8 of them), so HBM, not one CTA's streaming
-    rate, bounds it (the H200's b16 32:8, 128 CTAs, gained; b8, 64, lost)."""
-    return ctas * 8 >= num_sms * 7
+    kernel: where there are enough for two on most SMs (>= 1.5 per SM), so HBM, not one CTA's
+    streaming rate, bounds it (WideFold: the H200's b32 32:8, 256 CTAs, gained; b16, 128,
+    lost paged)."""
+    return ctas * 2 >= num_sms * 3
 
 
 MERGE_MAX_THREADS = 256

@@ -428,7 +428,7 @@ def test_explain_says_which_kernel_the_fold_runs_on(run, monkeypatch):
         if held:
             parts["fwd_wide"] = wide
         _hold_split_kernels(monkeypatch, parts)
-        for batch, want in (("8", False), ("16", held), ("64", held)):
+        for batch, want in (("16", False), ("25", held), ("64", held)):
             doc = json.loads(run(*args, "--batch", batch).stdout)["split"]
             assert doc["splits"] == 0 and doc["wide"] is want, (held, batch, doc)
             assert ("the wide fold kernel (64-key tiles, 2 CTAs per SM" in doc["fold"]) is want

@@ -253,11 +253,11 @@ def test_varlen_and_paged(monkeypatch, hq, hk, d, sinks, layout, sq, lse):
 
 
 @pytest.mark.parametrize("layout", ["dense", "varlen", 16, 64, 128])
-@pytest.mark.parametrize("b,sk", [(16, 1024), (64, 3000)])
+@pytest.mark.parametrize("b,sk", [(16, 1024), (32, 1024), (64, 3000)])
 @pytest.mark.parametrize("lse", [False, True])
 def test_fold_over_a_full_chip(monkeypatch, layout, b, sk, lse):
-    """A one-row step the plan leaves unsplit whose (sequence, KV head) CTAs nearly fill the
-    SMs (32:8: 128 and 512 CTAs): the fold, on the wide fold kernel (64-key tiles, two CTAs per
+    """A one-row step the plan leaves unsplit: the fold, on the chunk kernel at 128 (sequence,
+    KV head) CTAs (32:8, b16), and from 256 on the wide fold kernel (64-key tiles, two CTAs per
     SM: compiler.trace_wide_fold), for a dense, packed or paged K; against the fp32 reference
     and FA4's kernel (FA4AOT_SPLIT_KV=0). Ragged packed and paged lengths, with an empty and a
     one-token sequence."""
@@ -309,7 +309,7 @@ def test_fold_over_a_full_chip(monkeypatch, layout, b, sk, lse):
     o1, l1 = call()
     runs = [r for r in rt._split_runs.values() if r]
     assert spy.split == 1 and len(runs) == 1 and runs[0].fold, runs
-    assert runs[0].wide
+    assert runs[0].wide == (b >= 32)  # 256 CTAs and more (constraints.wide_fold_serves)
     _rt(0)
     o0, l0 = call()
     _rt(-1)
