@@ -601,7 +601,7 @@ def trace_wide_fold(compiles: list, wide: "C.WideFold", paged: bool) -> Any:
             f"expected FA4 to compile one sm90 forward, it made {len(compiles)} compiles"
         )
     (fa_fwd, *args), kwargs = compiles[0]
-    if fa_fwd.tile_m != 64 or not hasattr(fa_fwd, "num_stages"):
+    if fa_fwd.tile_m != 64:
         raise RuntimeError(f"the wide fold builds on the 64-row chunk kernel, FA4 compiled "
                            f"tile_m={fa_fwd.tile_m}")
 
@@ -613,8 +613,8 @@ def trace_wide_fold(compiles: list, wide: "C.WideFold", paged: bool) -> Any:
     w = copy.copy(fa_fwd)
     w.__class__ = Wide
     w.tile_n = wide.tile_n
-    if paged:  # FA4's TMA paged path takes pages of exactly its tile_n keys: its other path
-        w.use_tma_KV = False  # (one artifact serves every page size but FA4's tile_n, 128)
+    if paged:  # FA4's TMA paged path takes pages of exactly one tile (64 keys here); the
+        w.use_tma_KV = False  # artifact serves pages of 128 (or of every other size): cp.async
     launches = []
     attrs = CutlassBaseDSL._generate_kernel_attrs
 

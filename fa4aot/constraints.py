@@ -260,9 +260,9 @@ WIDE_FOLD = WideFold()
 def wide_fold(
     arch: str, head_dim: int, head_dim_v: int, tile_m: int | None
 ) -> WideFold | None:
-    """The wide fold kernel's shape where fa4aot builds one beside a packed split kernel of M
+    """The wide fold kernel's shape where fa4aot builds one beside a split chunk kernel of M
     tile `tile_m` (a variant's; None: FA4's): on the 64-row chunk kernel (split_tile_m: sm90,
-    head dims up to 128, one MMA warpgroup), else None."""
+    head dims up to 128, one MMA warpgroup), packed or paged, else None."""
     if tile_m == 64 and split_tile_m(arch, head_dim, head_dim_v) == 64:
         return WIDE_FOLD
     return None

@@ -63,8 +63,8 @@ class SplitKernel:
     # a packed K's: the forward that reads its chunk bounds from cu_seqlens_k as (b + 1, chunk)
     # (part `fwd_bounds`, compiler.trace_chunk_modes(bounds=True)), None in older artifacts
     fwd_bounds: Any = None
-    # a packed K's: the fold's kernel for a chip full of CTAs (part `fwd_wide`,
-    # compiler.trace_wide_fold: FA4's ABI), None in older artifacts and other head dims
+    # the fold's kernel for a chip full of CTAs (part `fwd_wide`, compiler.trace_wide_fold:
+    # FA4's ABI), None in older artifacts and for head dims over 128
     fwd_wide: Any = None
     launch: Callable = field(init=False)
     merge: Callable = field(init=False)
