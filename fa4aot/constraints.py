@@ -185,8 +185,9 @@ def fp8_reason(arch: str, dtype: str, which: str = "q/k/v") -> str:
 
 
 def not_run_note(arch: str) -> str | None:
-    """What `doctor`, `coverage` and the docs say of an arch's artifacts the fa4aot runtime
-    does not serve (None for sm90): they are compiled and checked on the CPU, never run."""
+    """What `doctor`, `coverage` and the docs say of an arch's artifacts that have not run on a
+    GPU here (None for sm90): the runtime serves them, but they are only compiled and checked
+    on the CPU."""
     if arch in GPU_RUN_ARCHS:
         return None
     return (
