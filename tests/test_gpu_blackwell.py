@@ -18,6 +18,13 @@ Skipped unless device 0 has compute capability 10.0 or 10.3. Run on such a machi
 4. FP8 through the runtime with descales, from a store built here: exact, ratio padding (3 ->
    4) and the decode fold (6 query heads as rows of the 1:1 kernel), against the fp32
    reference of the dequantized inputs (on the CPU: tests/test_plan_sm100.py's FP8 tests).
+5. bf16 through the runtime from a store built here (8:2 hd128, causal, dense / varlen /
+   paged, decode and prefill, LSE, batches up to 300): the exact kernels (ragged lengths with
+   0- and 1-key sequences; batch 300 through FA4's tile-cumsum and blocks-to-batch helpers),
+   ratio padding (3 -> 4) and the decode fold (ratio 6), FA4's native split-KV with its
+   combine (the heuristic's count, forced counts, a CUDA-graph replay bit-identical to eager),
+   into NaN-poisoned buffers, against the fp32 reference and the unsplit kernel (on the CPU:
+   tests/test_plan_sm100.py). Written without a Blackwell GPU: nothing here has run yet.
 """
 
 from __future__ import annotations
@@ -306,3 +313,224 @@ def test_fp8_exact_padded_and_folded_against_the_dequantized_reference(fp8_runti
     torch.testing.assert_close(lse, rl, atol=5e-2, rtol=0)
     pads = {p.pad.fold > 1 if p.pad else None for p in fp8_runtime._plans.values()}
     assert {"exact": None, "pad": False, "fold": True}[plan] in pads
+
+
+BF16_SPEC = """
+name = "bf16-gpu"
+model = "test/bf16"
+
+[[attention]]
+name = "full"
+num_q_heads = 8
+num_kv_heads = 2
+head_dim = 128
+dtype = "bfloat16"
+causal = true
+
+[serving]
+layouts = ["dense", "varlen", "paged"]
+phases = ["decode", "prefill"]
+max_batch = 300
+max_context = 8192
+page_sizes = [128]
+return_lse = true
+decode_fold = true
+split_kv = true
+"""
+
+
+@pytest.fixture(scope="module")
+def bf16_runtime(tmp_path_factory):
+    import fa4aot.runtime as R
+
+    root, _ = _built_on_this_gpu(tmp_path_factory, "bf16", BF16_SPEC)
+    yield R.reset(roots=[root], on_miss="error")
+    R.reset()
+
+
+def _kv_layout(lk, hk, d, layout, page=128):
+    """K/V for per-sequence lengths `lk`: (k, v, kwargs for the varlen entry, zero-padded
+    (b, max, hk, d) copies for the reference). varlen: packed with cu_seqlens_k; paged: pages
+    of `page` keys in a shuffled pool, with seqused_k."""
+    dev, dt = "cuda", torch.bfloat16
+    b, top = len(lk), max(max(lk), 1)
+    kp = torch.zeros(b, top, hk, d, device=dev, dtype=dt)
+    vp = torch.zeros_like(kp)
+    for i, n in enumerate(lk):
+        kp[i, :n] = torch.randn(n, hk, d, device=dev, dtype=dt)
+        vp[i, :n] = torch.randn(n, hk, d, device=dev, dtype=dt)
+    if layout == "varlen":
+        cu = torch.tensor([0, *torch.tensor(lk).cumsum(0).tolist()], device=dev,
+                          dtype=torch.int32)
+        k = torch.cat([kp[i, :n] for i, n in enumerate(lk)])
+        v = torch.cat([vp[i, :n] for i, n in enumerate(lk)])
+        return k, v, dict(cu_seqlens_k=cu, max_seqlen_k=top), kp, vp
+    per = [max(1, -(-n // page)) for n in lk]
+    pool = sum(per) + 1
+    k = torch.zeros(pool, page, hk, d, device=dev, dtype=dt)
+    v = torch.zeros_like(k)
+    order = torch.randperm(pool).tolist()
+    table = torch.zeros(b, max(per), device=dev, dtype=torch.int32)
+    for i, n in enumerate(lk):
+        for j in range(per[i]):
+            pg = order.pop()
+            table[i, j] = pg
+            lo, hi = j * page, min(n, (j + 1) * page)
+            if hi > lo:
+                k[pg, : hi - lo], v[pg, : hi - lo] = kp[i, lo:hi], vp[i, lo:hi]
+    used = torch.tensor(lk, device=dev, dtype=torch.int32)
+    return k, v, dict(page_table=table, seqused_k=used, max_seqlen_k=top), kp, vp
+
+
+def _check(o, lse, ro, rl):
+    from reference import rel_err
+
+    assert not o.isnan().any()
+    assert rel_err(o, ro) < 1e-2, rel_err(o, ro)
+    fin = torch.isfinite(rl)
+    assert torch.equal(torch.isfinite(lse), fin)
+    torch.testing.assert_close(lse[fin], rl[fin], atol=1e-3, rtol=0)
+
+
+@pytest.mark.parametrize("layout", ["dense", "varlen", "paged"])
+@pytest.mark.parametrize("sq", [1, 200])
+@pytest.mark.parametrize("b", [3, 300])
+def test_bf16_exact_from_the_store(bf16_runtime, layout, sq, b):
+    """The exact kernels (the plan neither pads nor folds), split off: dense at equal lengths,
+    varlen and paged with ragged ones (0 and 1 keys among them); batch 300 with a packed q
+    runs FA4's batch > 256 helpers first."""
+    import fa4aot
+    from reference import attention_ref
+
+    if b == 300 and (sq > 1 or layout == "dense"):
+        pytest.skip("batch 300: the packed-q decode step (the helpers' case) only")
+    bf16_runtime.split = 0
+    bf16_runtime._plans.clear()
+    hq, hk, d, dev = 8, 2, 128, "cuda"
+    if layout == "dense":
+        lk = [700] * b
+        q = torch.randn(b, sq, hq, d, device=dev, dtype=torch.bfloat16)
+        k = torch.randn(b, 700, hk, d, device=dev, dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        kp, vp = k, v
+        out = torch.full((b, sq, hq, d), float("nan"), device=dev, dtype=torch.bfloat16)
+        lse = torch.full((b, hq, sq), float("nan"), device=dev)
+        o, lse = fa4aot.flash_attn_func(q, k, v, causal=True, out=out, lse=lse)
+    else:
+        lk = [0, 1, *torch.randint(sq, 1500, (b - 2,)).tolist()]
+        k, v, kw, kp, vp = _kv_layout(lk, hk, d, layout)
+        q = torch.randn(b, sq, hq, d, device=dev, dtype=torch.bfloat16)
+        cu_q = torch.arange(0, (b + 1) * sq, sq, device=dev, dtype=torch.int32)
+        out = torch.full((b * sq, hq, d), float("nan"), device=dev, dtype=torch.bfloat16)
+        lse = torch.full((hq, b * sq), float("nan"), device=dev)
+        o, lse = fa4aot.flash_attn_varlen_func(
+            q.view(b * sq, hq, d), k, v, cu_seqlens_q=cu_q, max_seqlen_q=sq, causal=True,
+            out=out, lse=lse, **kw,
+        )
+        o = o.view(b, sq, hq, d)
+        lse = lse.view(hq, b, sq).transpose(0, 1)
+    torch.cuda.synchronize()
+    ro, rl = attention_ref(q, kp, vp, torch.full((b,), sq, device=dev),
+                           torch.tensor(lk, device=dev), causal=True)
+    _check(o, lse, ro, rl)
+    assert all(p.pad is None for p in bf16_runtime._plans.values() if p)
+    bf16_runtime.split = -1
+
+
+@pytest.mark.parametrize("hq, sq, want", [(6, 200, "pad"), (12, 1, "fold")])
+def test_bf16_padded_and_folded(bf16_runtime, hq, sq, want):
+    """Ratio 3 padded to the cached ratio-4 kernel; a ratio-6 decode step folded onto the 1:1
+    kernel (6 query rows per KV head); O and LSE against the fp32 reference."""
+    import fa4aot
+    from reference import attention_ref
+
+    bf16_runtime.split = 0
+    b, hk, d, sk, dev = 2, 2, 128, 900, "cuda"
+    q = torch.randn(b, sq, hq, d, device=dev, dtype=torch.bfloat16)
+    k = torch.randn(b, sk, hk, d, device=dev, dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    out = torch.full((b, sq, hq, d), float("nan"), device=dev, dtype=torch.bfloat16)
+    lse = torch.full((b, hq, sq), float("nan"), device=dev)
+    bf16_runtime._plans.clear()
+    o, lse = fa4aot.flash_attn_func(q, k, v, causal=True, out=out, lse=lse)
+    torch.cuda.synchronize()
+    ro, rl = attention_ref(q, k, v, torch.full((b,), sq, device=dev),
+                           torch.full((b,), sk, device=dev), causal=True)
+    _check(o, lse, ro, rl)
+    pads = {p.pad.fold > 1 if p.pad else None for p in bf16_runtime._plans.values() if p}
+    assert {"pad": False, "fold": True}[want] in pads
+    bf16_runtime.split = -1
+
+
+def _splits(rt) -> set[int]:
+    """The native split counts the runtime's plans decided so far."""
+    return {got[0] for p in rt._plans.values() if p for got in getattr(p, "native", {}).values()}
+
+
+@pytest.mark.parametrize("layout", ["dense", "paged"])
+@pytest.mark.parametrize("setting", [-1, 3, 16])
+def test_bf16_native_split_with_its_combine(bf16_runtime, layout, setting):
+    """A long decode step over FA4's native split kernels and the stored combine: the
+    heuristic's count (-1) must split; forced counts split where the store holds their kernel
+    (the envelope's), and any count gives the fp32 reference's values and the unsplit kernel's
+    to split precision; a CUDA-graph replay equals the eager call bit for bit."""
+    import fa4aot
+    from reference import attention_ref, rel_err
+
+    hq, hk, d, b, dev = 8, 2, 128, 1, "cuda"
+    lk = [8000]
+    q = torch.randn(b, 1, hq, d, device=dev, dtype=torch.bfloat16)
+    if layout == "dense":
+        k = torch.randn(b, 8000, hk, d, device=dev, dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        kp, vp = k, v
+
+        def call(out, lse):
+            return fa4aot.flash_attn_func(q, k, v, causal=True, out=out, lse=lse)
+    else:
+        k, v, kw, kp, vp = _kv_layout(lk, hk, d, "paged")
+        cu_q = torch.arange(b + 1, device=dev, dtype=torch.int32)
+
+        def call(out, lse):  # (the packed q's LSE is (hq, b); returned as (b, hq, 1))
+            o, l_ = fa4aot.flash_attn_varlen_func(
+                q.view(b, hq, d), k, v, cu_seqlens_q=cu_q, max_seqlen_q=1, causal=True,
+                out=out.view(b, hq, d), lse=lse, **kw)
+            return o.view(b, 1, hq, d), l_.t().reshape(b, hq, 1)
+
+    def fresh():
+        lse_shape = (b, hq, 1) if layout == "dense" else (hq, b)
+        return (torch.full((b, 1, hq, d), float("nan"), device=dev, dtype=torch.bfloat16),
+                torch.full(lse_shape, float("nan"), device=dev))
+
+    rt = bf16_runtime
+    rt._plans.clear()
+    rt.split = setting
+    o1, l1 = call(*fresh())
+    torch.cuda.synchronize()
+    split = max(_splits(rt), default=1)
+    if setting == -1:
+        assert split > 1, "the heuristic's count did not split (no split kernel cached?)"
+    rt.split = 0
+    o0, l0 = call(*fresh())
+    rt.split = setting
+    ro, rl = attention_ref(q, kp, vp, torch.ones(b, device=dev, dtype=torch.long),
+                           torch.tensor(lk, device=dev), causal=True)
+    _check(o1, l1, ro, rl)
+    assert rel_err(o1, ro) <= 1.5 * rel_err(o0, ro) + 2e-4
+    if split > 1:  # a captured graph replays the split (fresh scratch from its pool)
+        bufs = fresh()
+        call(*bufs)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            call(*bufs)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        gb = fresh()
+        with torch.cuda.graph(g):
+            call(*gb)
+        g.replay()
+        torch.cuda.synchronize()
+        go, gl = gb if layout == "dense" else (gb[0], gb[1].t().reshape(b, hq, 1))
+        assert torch.equal(go, o1) and torch.equal(gl, l1)
+    rt.split = -1
