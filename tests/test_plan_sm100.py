@@ -420,3 +420,47 @@ def test_fp8_decode_fold_on_the_one_to_one_kernel(fp8_store):
     with pytest.raises(ArtifactMissing, match="descale:qk "):
         R.flash_attn_func(q, k, v, causal=True, return_lse=True,
                           q_descale=ds["q_descale"], k_descale=ds["k_descale"])  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["transposed", "sliced", "strided_last"])
+def test_noncontiguous_hd256_inputs(store, monkeypatch, kind):
+    """hd256 inputs that are views, as engines hand them over (SGLang copies them for FA4):
+    views with a contiguous last dim and 16-byte aligned strides reach the sm100 kernel as they
+    are (FA4 takes any such strides, as on sm90: tests/test_gpu_padding.py's GPU case); a
+    strided last dim is copied first; the result is the reference's either way."""
+    b, s, hq, hk, d = 2, 130, 8, 2, 256
+    rt = store([_v(b, s, hq, hk, d, lse=True)])
+    g = torch.Generator().manual_seed(len(kind))
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g).to(BF16)
+
+    if kind == "transposed":
+        q, k, v = (rnd(b, h, s, d).transpose(1, 2) for h in (hq, hk, hk))
+    elif kind == "sliced":
+        q, k, v = rnd(b, s, hq, d + 64)[..., :d], rnd(b, s, hk, d + 64)[..., 64:], rnd(
+            b, s, hk, d + 64)[..., :d]
+    else:
+        q, k, v = (rnd(b, s, h, 2 * d)[..., ::2] for h in (hq, hk, hk))
+    assert not q.is_contiguous()
+    seen = []  # what the forward got: q, k, v's data pointers and q's last stride
+    inner = rt._load
+
+    def load(art, *names):
+        got = inner(art, *names)
+
+        def spy(fwd):
+            def call(*a):
+                seen.append(tuple(t.data_ptr() for t in a[:3]) + tuple(a[0].stride()[-1:]))
+                return fwd(*a)
+            return call
+
+        return [spy(f) if n == "fwd" and f is not None else f for n, f in zip(names, got)]
+
+    monkeypatch.setattr(rt, "_load", load)
+    o, lse = R.flash_attn_func(q, k, v, causal=True, return_lse=True)
+    (got,) = seen
+    passed_as_is = got[:3] == (q.data_ptr(), k.data_ptr(), v.data_ptr())
+    assert passed_as_is == (kind != "strided_last") and got[3] == 1
+    ro, rl = _ref(q, k, v)
+    assert rel_err(o, ro) < 1e-2 and torch.allclose(lse, rl, atol=1e-3)
