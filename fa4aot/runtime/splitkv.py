@@ -10,7 +10,8 @@ row, else one broadcast copy; a dense K as packed, or, at several query rows, as
 chunk metadata from the caller's KV lengths (one metadata kernel into scratch for a paged K
 at several rows; none for a dense K, nor for a packed or paged one at one row, whose kernel
 reads the bounds or cuts the lengths itself; in older stores the metadata kernel for every
-packed and paged step, or two torch element-wise kernels), the chunk kernel, the sink slot, the merge. Everything that depends only
+packed and paged step, or two torch element-wise kernels), the chunk kernel, the sink slot,
+the merge. Everything that depends only
 on the step's sizes (the split, scratch buffers and every view of them, chunk offsets, a dense
 K's chunk bounds or page table, output shapes, the default softmax scale, the bound launchers)
 is made once per (device, stream, shape) in `SplitRun` (or as a cached constant).
@@ -191,21 +192,20 @@ def split_step(
                      run.chunk_lengths), q.device,
                 lambda: _dense_meta(run, seqused_k, page_table, b, rows, causal, page_size),
             )
-        elif run.chunk_lengths and rows == 1:
-            pass
-        elif run.meta is not None:
-            run.meta(seqused_k, run.len_buf_f, *run.meta_args)
-            seqused_k = run.len_flat_f
         else:
-            torch.sub(seqused_k, run.offs_col, out=run.len_t)
-            run.len_buf.clamp_(0, run.chunk)
-            seqused_k = run.len_flat_f
-        if dense_pages:
-            pass
-        elif run.pt_rows and page_table.size(1) == run.pt_cols and page_table.is_contiguous():
-            page_table = page_table.view(run.pt_shape)  # the chunks' pages: a view
-        else:
-            page_table = S.chunk_page_table(torch, page_table, run.sp, page_size, rows)
+            if run.chunk_lengths and rows == 1:
+                pass
+            elif run.meta is not None:
+                run.meta(seqused_k, run.len_buf_f, *run.meta_args)
+                seqused_k = run.len_flat_f
+            else:
+                torch.sub(seqused_k, run.offs_col, out=run.len_t)
+                run.len_buf.clamp_(0, run.chunk)
+                seqused_k = run.len_flat_f
+            if run.pt_rows and page_table.size(1) == run.pt_cols and page_table.is_contiguous():
+                page_table = page_table.view(run.pt_shape)  # the chunks' pages: a view
+            else:
+                page_table = S.chunk_page_table(torch, page_table, run.sp, page_size, rows)
     launch(
         kq, k, v, run.ko_f, run.kl_f, run.scale if softmax_scale is None else float(softmax_scale),
         None, cu_seqlens_k, None, seqused_k, page_table,
@@ -307,13 +307,14 @@ class FoldRun:
     every batch measured: 32:8 hd128 in a CUDA graph, b2/1K 15.8 -> 11.9 us, b8/4K 49.4 ->
     37.6; in one decode run (2026-12-01-s7-e) against FA4's kernel, eager, b32/128K 4097 ->
     3843 us, b64/128K 9096 -> 7580, b128/64K 8153 -> 7600, b128/1K 145.6 -> 137.0. About 10 us
-    more host time per call (the views). Not for a learnable sink (the chunk kernel has none), a
-    head ratio over the tile's rows, or a chunk kernel with FA4's own tile (head dims over 128,
-    Blackwell)."""
+    more host time per call (the views). From 1.5 (sequence, KV head) CTAs per SM it runs on
+    the wide fold kernel instead (`wide`; compiler.trace_wide_fold: 64-key tiles, two CTAs per
+    SM). Not for a learnable sink (the chunk kernel has none), a head ratio over the tile's
+    rows, or a chunk kernel with FA4's own tile (head dims over 128, Blackwell)."""
 
     fold = True
-    __slots__ = ("launch", "wide", "scale", "r", "q4", "o4", "k_shape", "v_shape", "cu_k", "cu_k_f",
-                 "kl_shape", "kl_stride", "lse_as_is", "lse_scratch", "lse_scratch_f",
+    __slots__ = ("launch", "wide", "scale", "r", "q4", "o4", "k_shape", "v_shape", "cu_k",
+                 "cu_k_f", "kl_shape", "kl_stride", "lse_as_is", "lse_scratch", "lse_scratch_f",
                  "lse_rows", "out_shape", "lse_shape")
 
     @classmethod
@@ -327,7 +328,7 @@ class FoldRun:
 
     def __init__(self, rt, dev, q, b, hq, hk, d, dv, kind, kern, seqlen_k, varlen_q):
         r, dvc = hq // hk, q.device
-        # a fold over (nearly) every SM runs on the wide fold kernel, where cached
+        # a fold of at least 1.5 CTAs per SM runs on the wide fold kernel, where cached
         # (constraints.WideFold: 64-key tiles, two CTAs per SM); FA4's ABI, the same arguments
         self.wide = (kern.launch_wide is not None
                      and C.wide_fold_serves(b * hk, rt.device(dev)[1]))
