@@ -469,8 +469,8 @@ def test_a_fold_over_a_full_chip_runs_on_the_wide_kernel(kind, b, hk):
         kv, kk, vv, page, qq = (None, None, None), k, v, None, q
     elif kind == "varlen":
         cu = torch.arange(0, (b + 1) * sk, sk, dtype=torch.int32)
-        kv, kk, vv, page = (cu, None, None), k.reshape(b * sk, hk, d), v.reshape(b * sk, hk, d), None
-        qq = q.reshape(b, hq, d)
+        kv, page, qq = (cu, None, None), None, q.reshape(b, hq, d)
+        kk, vv = k.reshape(b * sk, hk, d), v.reshape(b * sk, hk, d)
     else:
         page = 64
         kk, vv, table = _page_pool(k, v, [sk] * b, page)
