@@ -404,6 +404,60 @@ def test_cuda_graph_replay_is_bit_identical(monkeypatch, page):
         assert torch.equal(replayed, out)
 
 
+@pytest.mark.parametrize("page", [None, 64])
+def test_cuda_graph_replay_of_the_wide_fold_is_bit_identical(monkeypatch, page):
+    """A one-row step of 256 (sequence, KV head) CTAs (b32 at 32:8: the wide fold, unsplit)
+    captured and replayed on new q and new lengths: the same bits as the eager call."""
+    import fa4aot
+
+    b, hq, hk, d, sk = 32, 32, 8, 128, 2000
+    if page is None:
+        q = torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        out = torch.empty_like(q)
+
+        def step():
+            return fa4aot.flash_attn_func(q, k, v, causal=True, out=out)
+    else:
+        lk = [sk] + torch.randint(1, sk, (b - 1,)).tolist()  # (the table holds sk keys a row)
+        q = torch.randn(b, hq, d, device="cuda", dtype=torch.bfloat16)
+        k, v, table, _, _ = _paged(lk, page, hk, d)
+        used = torch.tensor(lk, device="cuda", dtype=torch.int32)
+        cu_q = torch.arange(b + 1, device="cuda", dtype=torch.int32)
+        out = torch.empty_like(q)
+
+        def step():
+            return fa4aot.flash_attn_varlen_func(
+                q, k, v, cu_seqlens_q=cu_q, max_seqlen_q=1, max_seqlen_k=sk,
+                page_table=table, seqused_k=used, causal=True, out=out,
+            )
+
+    rt = _rt(-1)
+    rt._split_runs.clear()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()
+    torch.cuda.current_stream().wait_stream(s)
+    runs = [r for r in rt._split_runs.values() if r]
+    assert len(runs) == 1 and runs[0].fold and runs[0].wide
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        step()
+    for _ in range(3):
+        q.normal_()
+        if page is not None:
+            used.copy_(torch.randint(0, sk, (b,), device="cuda", dtype=torch.int32))
+        g.replay()
+        torch.cuda.synchronize()
+        replayed = out.clone()
+        out.fill_(float("nan"))
+        step()
+        torch.cuda.synchronize()
+        assert torch.equal(replayed, out)
+
+
 @pytest.mark.parametrize("kind", ["dense", "varlen", "paged"])
 def test_split_step_runs_on_the_current_stream(monkeypatch, kind):
     """A split step on a side stream whose q is written there behind a 0.1 s sleep: both
