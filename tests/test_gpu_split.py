@@ -351,111 +351,91 @@ def test_window_is_not_split(monkeypatch):
     assert rel_err(out, ro) < 1e-2
 
 
+def _decode_step(b, lk, page, max_len, hq=32, hk=8, d=128):
+    """A one-row causal decode step over fresh inputs: dense K of lk[0] keys a sequence (page
+    None), or paged, seqused_k = lk. -> (step, q, the lengths tensor or None, out)."""
+    import fa4aot
+
+    if page is None:
+        q = torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(b, lk[0], hk, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        out = torch.empty_like(q)
+
+        def step():
+            return fa4aot.flash_attn_func(q, k, v, causal=True, out=out)
+
+        return step, q, None, out
+    q = torch.randn(b, hq, d, device="cuda", dtype=torch.bfloat16)
+    k, v, table, _, _ = _paged(lk, page, hk, d)
+    used = torch.tensor(lk, device="cuda", dtype=torch.int32)
+    cu_q = torch.arange(b + 1, device="cuda", dtype=torch.int32)
+    out = torch.empty_like(q)
+
+    def step():
+        return fa4aot.flash_attn_varlen_func(
+            q, k, v, cu_seqlens_q=cu_q, max_seqlen_q=1, max_seqlen_k=max_len,
+            page_table=table, seqused_k=used, causal=True, out=out,
+        )
+
+    return step, q, used, out
+
+
+def _replays_match_eager(step, q, used, out, max_used, captured=lambda: None):
+    """Warm `step` up on a side stream, capture it in a CUDA graph (then `captured()`), and
+    three times: new q (and new lengths below max_used), replay, and compare with the eager
+    call on the same inputs, bit for bit."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        step()
+    captured()
+    for _ in range(3):
+        q.normal_()
+        if used is not None:
+            used.copy_(torch.randint(0, max_used, used.shape, device="cuda", dtype=torch.int32))
+        g.replay()
+        torch.cuda.synchronize()
+        replayed = out.clone()
+        out.fill_(float("nan"))
+        step()
+        torch.cuda.synchronize()
+        assert torch.equal(replayed, out)
+
+
 @pytest.mark.parametrize("page", [None, 128])
 def test_cuda_graph_replay_is_bit_identical(monkeypatch, page):
     """Capture a split decode step, replay it on new inputs and new lengths: the same bits as
     the eager call on those inputs (no host sync, nothing baked but host-known sizes)."""
-    import fa4aot
-
     spy = _Spy(monkeypatch)
-    b, hq, hk, d = 2, 32, 8, 128
-    lk = [6000, 3000]
-    if page is None:
-        q = torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(b, 6000, hk, d, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn_like(k)
-        out = torch.empty_like(q)
-
-        def step():
-            return fa4aot.flash_attn_func(q, k, v, causal=True, out=out)
-    else:
-        q = torch.randn(b, hq, d, device="cuda", dtype=torch.bfloat16)
-        k, v, table, _, _ = _paged(lk, page, hk, d)
-        used = torch.tensor(lk, device="cuda", dtype=torch.int32)
-        cu_q = torch.arange(b + 1, device="cuda", dtype=torch.int32)
-        out = torch.empty_like(q)
-
-        def step():
-            return fa4aot.flash_attn_varlen_func(
-                q, k, v, cu_seqlens_q=cu_q, max_seqlen_q=1, max_seqlen_k=8192,
-                page_table=table, seqused_k=used, causal=True, out=out,
-            )
-
+    step, q, used, out = _decode_step(2, [6000, 3000], page, 8192)
     _rt(-1)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        step()
-    assert spy.split >= 2
-    for _ in range(3):
-        q.normal_()
-        if page is not None:
-            used.copy_(torch.randint(0, 6000, (b,), device="cuda", dtype=torch.int32))
-        g.replay()
-        torch.cuda.synchronize()
-        replayed = out.clone()
-        out.fill_(float("nan"))
-        step()
-        torch.cuda.synchronize()
-        assert torch.equal(replayed, out)
+
+    def captured():
+        assert spy.split >= 2
+
+    _replays_match_eager(step, q, used, out, 6000, captured)
 
 
 @pytest.mark.parametrize("page", [None, 64])
-def test_cuda_graph_replay_of_the_wide_fold_is_bit_identical(monkeypatch, page):
+def test_cuda_graph_replay_of_the_wide_fold_is_bit_identical(page):
     """A one-row step of 256 (sequence, KV head) CTAs (b32 at 32:8: the wide fold, unsplit)
     captured and replayed on new q and new lengths: the same bits as the eager call."""
-    import fa4aot
-
-    b, hq, hk, d, sk = 32, 32, 8, 128, 2000
-    if page is None:
-        q = torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn_like(k)
-        out = torch.empty_like(q)
-
-        def step():
-            return fa4aot.flash_attn_func(q, k, v, causal=True, out=out)
-    else:
-        lk = [sk] + torch.randint(1, sk, (b - 1,)).tolist()  # (the table holds sk keys a row)
-        q = torch.randn(b, hq, d, device="cuda", dtype=torch.bfloat16)
-        k, v, table, _, _ = _paged(lk, page, hk, d)
-        used = torch.tensor(lk, device="cuda", dtype=torch.int32)
-        cu_q = torch.arange(b + 1, device="cuda", dtype=torch.int32)
-        out = torch.empty_like(q)
-
-        def step():
-            return fa4aot.flash_attn_varlen_func(
-                q, k, v, cu_seqlens_q=cu_q, max_seqlen_q=1, max_seqlen_k=sk,
-                page_table=table, seqused_k=used, causal=True, out=out,
-            )
-
+    b, sk = 32, 2000
+    lk = [sk] * b if page is None else [sk] + torch.randint(1, sk, (b - 1,)).tolist()
+    step, q, used, out = _decode_step(b, lk, page, sk)  # (the table holds sk keys a row)
     rt = _rt(-1)
     rt._split_runs.clear()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    runs = [r for r in rt._split_runs.values() if r]
-    assert len(runs) == 1 and runs[0].fold and runs[0].wide
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        step()
-    for _ in range(3):
-        q.normal_()
-        if page is not None:
-            used.copy_(torch.randint(0, sk, (b,), device="cuda", dtype=torch.int32))
-        g.replay()
-        torch.cuda.synchronize()
-        replayed = out.clone()
-        out.fill_(float("nan"))
-        step()
-        torch.cuda.synchronize()
-        assert torch.equal(replayed, out)
+
+    def captured():  # (a capture caches nothing: the run is the warm-up's)
+        runs = [r for r in rt._split_runs.values() if r]
+        assert len(runs) == 1 and runs[0].fold and runs[0].wide
+
+    _replays_match_eager(step, q, used, out, sk, captured)
 
 
 @pytest.mark.parametrize("kind", ["dense", "varlen", "paged"])
