@@ -8,9 +8,8 @@ import time
 import torch
 
 
-def graph_us(fn, calls: int = 20, replays: int = 30) -> float:
-    """Device time per call: `calls` calls captured in one CUDA graph, median of `replays`
-    replays timed with CUDA events. Host overhead is excluded by construction."""
+def capture(fn, calls: int):
+    """`calls` calls of fn captured in one CUDA graph, after 3 warm-up calls on a side stream."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -21,15 +20,24 @@ def graph_us(fn, calls: int = 20, replays: int = 30) -> float:
     with torch.cuda.graph(g):
         for _ in range(calls):
             fn()
-    times = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / calls)
-    return statistics.median(times)
+    return g
+
+
+def replay_us(g, calls: int) -> float:
+    """One replay of a graph of `calls` calls, timed with CUDA events: us per call."""
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    g.replay()
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b) * 1e3 / calls
+
+
+def graph_us(fn, calls: int = 20, replays: int = 30) -> float:
+    """Device time per call: `calls` calls captured in one CUDA graph, median of `replays`
+    replays timed with CUDA events. Host overhead is excluded by construction."""
+    g = capture(fn, calls)
+    return statistics.median(replay_us(g, calls) for _ in range(replays))
 
 
 def eager_us(fn) -> float:

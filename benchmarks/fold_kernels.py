@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import sys
 
 CELLS = [(b, sk) for b in (8, 16, 32, 64, 128) for sk in (1024, 4096, 16384)]
 LAYOUTS = ("dense", 16, 64, 128)
@@ -34,32 +36,13 @@ def main():
     import fa4aot.constraints as C
     import fa4aot.runtime as R
 
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _timing import capture, replay_us
+
     rt = R.default_runtime()
     serves = C.wide_fold_serves
     hq, hk, d, dt = 32, 8, 128, torch.bfloat16
     sdpa = torch.nn.functional.scaled_dot_product_attention
-
-    def capture(fn, calls):
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                fn()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(calls):
-                fn()
-        return g
-
-    def replay_us(g, calls):
-        x, y = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        x.record()
-        g.replay()
-        y.record()
-        torch.cuda.synchronize()
-        return x.elapsed_time(y) * 1e3 / calls
-
     rows = []
     for layout in LAYOUTS:
         for b, sk in CELLS:
