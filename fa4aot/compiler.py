@@ -435,8 +435,19 @@ def trace_combine(variant: Variant) -> list[tuple[Any, Any]]:
     return [(key, I._compile_fwd_combine(*key))]
 
 
-# fa4aot's merge kernel: its key is (name, version, dtype, head dim v, max splits, threads);
-# bump the version when the kernel's code changes
+def _sm90_forward(compiles: list) -> tuple[Any, list, dict]:
+    """The one sm90 forward FA4 compiled (`compiles`, from trace): (its kernel object, the
+    compile's other positional arguments, its keywords); RuntimeError for anything else."""
+    from flash_attn.cute import flash_fwd_sm90 as F90
+
+    if len(compiles) != 1 or not isinstance(compiles[0][0][0], F90.FlashAttentionForwardSm90):
+        raise RuntimeError(
+            f"expected FA4 to compile one sm90 forward, it made {len(compiles)} compiles"
+        )
+    (fa_fwd, *args), kwargs = compiles[0]
+    return fa_fwd, args, kwargs
+
+
 def trace_chunk_modes(compiles: list, bounds: bool = False) -> Any:
     """FA4's sm90 forward, compiled again from the arguments FA4 compiled it with (`compiles`,
     from trace), with two of its inputs read through chunk modes; otherwise FA4's kernel:
@@ -466,11 +477,7 @@ def trace_chunk_modes(compiles: list, bounds: bool = False) -> Any:
     from flash_attn.cute import flash_fwd_sm90 as F90
     from flash_attn.cute.seqlen_info import SeqlenInfoQK
 
-    if len(compiles) != 1 or not isinstance(compiles[0][0][0], F90.FlashAttentionForwardSm90):
-        raise RuntimeError(
-            f"expected FA4 to compile one sm90 forward, it made {len(compiles)} compiles"
-        )
-    (fa_fwd, *args), kwargs = compiles[0]
+    fa_fwd, args, kwargs = _sm90_forward(compiles)
     if len(args) != 19:
         raise RuntimeError(f"FA4's sm90 forward took {len(args)} arguments, fa4aot knows 19")
     assume, create = F90.assume_tensor_aligned, SeqlenInfoQK.create
@@ -594,13 +601,8 @@ def trace_wide_fold(compiles: list, wide: "C.WideFold", paged: bool) -> Any:
 
     import cutlass.cute as cute
     from cutlass.cutlass_dsl.cutlass import CutlassBaseDSL
-    from flash_attn.cute import flash_fwd_sm90 as F90
 
-    if len(compiles) != 1 or not isinstance(compiles[0][0][0], F90.FlashAttentionForwardSm90):
-        raise RuntimeError(
-            f"expected FA4 to compile one sm90 forward, it made {len(compiles)} compiles"
-        )
-    (fa_fwd, *args), kwargs = compiles[0]
+    fa_fwd, args, kwargs = _sm90_forward(compiles)
     if fa_fwd.tile_m != 64:
         raise RuntimeError(f"the wide fold builds on the 64-row chunk kernel, FA4 compiled "
                            f"tile_m={fa_fwd.tile_m}")
@@ -639,6 +641,8 @@ def trace_wide_fold(compiles: list, wide: "C.WideFold", paged: bool) -> Any:
     return fn
 
 
+# fa4aot's merge kernel: its key is (name, version, dtype, head dim v, max splits, threads);
+# bump the version when the kernel's code changes
 MERGE_KEY = ("fa4aot_merge", 1)
 _MERGE_CLASS = None
 
