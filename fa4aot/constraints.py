@@ -11,10 +11,22 @@ from typing import NamedTuple
 
 ARCHS = {"sm90": 90, "sm100": 100, "sm103": 103}
 # SM count a build targets unless told otherwise: H100/H200 SXM, B200. sm103 (B300/GB300) has
-# none: NVIDIA's material gives the Blackwell Ultra chip 160 SMs, but not the count a shipping
-# B300 SKU enables (B200's chip also has more SMs than its 148), and a persistent-scheduler grid
-# sized for the wrong count is baked into the kernel. `--num-sms` is required for sm103.
+# none: its SKUs report different counts (GPUS), and a persistent-scheduler grid sized for the
+# wrong count is baked into the kernel. `--num-sms` or `--gpu` is required for sm103.
 DEFAULT_NUM_SMS = {"sm90": 132, "sm100": 148}
+# The SM count each datacenter GPU reports (torch's multi_processor_count), for `--gpu NAME`.
+# NVIDIA's own material gives only full dies (Blackwell Ultra: 160 SMs, "Inside NVIDIA
+# Blackwell Ultra", developer.nvidia.com, 2025); the shipping Blackwell SKUs' counts are users'
+# measurements, consistent across projects (docs/blackwell.md cites them): B200 and HGX/DGX B300
+# report 148, the Grace superchips GB200 and GB300 report 152.
+GPUS = {
+    "h100": ("sm90", 132),
+    "h200": ("sm90", 132),
+    "b200": ("sm100", 148),
+    "gb200": ("sm100", 152),
+    "b300": ("sm103", 148),
+    "gb300": ("sm103", 152),
+}
 # The cubin each arch's kernels are compiled to (CUTE_DSL_ARCH). Arch-specific ("a") targets:
 # tcgen05/TMEM (sm100) and wgmma (sm90) exist only there, and an "a" cubin loads only on its exact
 # compute capability (CUDA Programming Guide, "Feature Set Compiler Targets"): an sm_100a
@@ -63,12 +75,13 @@ def default_num_sms(arch: str) -> int:
 
     arch_number(arch)
     if arch not in DEFAULT_NUM_SMS:
+        skus = ", ".join(f"{g.upper()} {n}" for g, (a, n) in GPUS.items() if a == arch)
         raise NumSmsRequired(
-            f"{arch} has no default SM count: NVIDIA documents 160 SMs for the Blackwell Ultra "
-            "chip but not how many a B300/GB300 SKU enables, and a wrong count is baked into the "
-            f"persistent kernels' grids. Read it on the target (nvidia-smi --query-gpu="
-            f"name,compute_cap; torch.cuda.get_device_properties(0).multi_processor_count) and "
-            f"pass it: fa4aot build --arch {arch} --num-sms N"
+            f"{arch} has no default SM count: its GPUs report different ones ({skus}), and a "
+            "wrong count is baked into the persistent kernels' grids. Name the GPU ("
+            + " or ".join(f"--gpu {g}" for g, (a, _) in GPUS.items() if a == arch)
+            + ") or pass the count read on it (torch.cuda.get_device_properties(0)."
+            f"multi_processor_count): fa4aot build --arch {arch} --num-sms N"
         )
     return DEFAULT_NUM_SMS[arch]
 

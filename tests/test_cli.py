@@ -60,7 +60,8 @@ def test_build_dry_run_json_lists_the_default_plan(run, tmp_path):
     doc = json.loads(r.stdout)
     assert len(doc["rows"]) == 112
     assert len({row["id"] for row in doc["rows"]}) == 112
-    assert all(set(row) == {"arch", "id", "variant", "spec"} for row in doc["rows"])
+    assert all(set(row) == {"arch", "num_sms", "id", "variant", "spec"} for row in doc["rows"])
+    assert {row["num_sms"] for row in doc["rows"]} == {132}
     assert any(
         row["spec"] == "llama-3.1-8b/full" and row["variant"].startswith("sm90 bfloat16 hd128")
         for row in doc["rows"]

@@ -138,3 +138,35 @@ def test_build_sm103_without_num_sms_is_a_usage_error(tmp_path):
                "--cache", str(tmp_path / "c"), "--json"]
     )
     assert r.exit_code == 0, r.output
+
+
+def test_gpu_names_the_arch_and_sm_count_and_refuses_a_contradiction(tmp_path):
+    """`--gpu` sets (arch, num_sms) from constraints.GPUS; the sm103 error names the SKUs' counts;
+    an --arch or --num-sms given beside --gpu must agree with it (exit 2)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from fa4aot.cli import main
+
+    spec = tmp_path / "tiny.toml"
+    spec.write_text(TINY)
+    base = ["build", "--spec", str(spec), "--dry-run", "--cache", str(tmp_path / "c")]
+    assert C.GPUS["b300"] == ("sm103", 148) and C.GPUS["gb300"] == ("sm103", 152)
+    assert C.GPUS["gb200"] == ("sm100", 152) and C.GPUS["h200"] == ("sm90", 132)
+    with pytest.raises(ValueError, match="B300 148, GB300 152.*--gpu b300 or --gpu gb300"):
+        C.default_num_sms("sm103")
+    for gpu, (arch, sms) in C.GPUS.items():
+        r = CliRunner().invoke(main, [*base, "--gpu", gpu, "--json"])
+        assert r.exit_code == 0, r.output
+        rows = json.loads(r.output)["rows"]
+        assert rows and {(w["arch"], w["num_sms"]) for w in rows} == {(arch, sms)}, gpu
+    r = CliRunner().invoke(main, [*base, "--gpu", "gb300", "--arch", "sm103"])
+    assert r.exit_code == 0, r.output  # agrees
+    r = CliRunner().invoke(main, [*base, "--gpu", "gb300", "--arch", "sm100"])
+    assert r.exit_code == 2 and "--gpu gb300 is sm103" in r.output, r.output
+    r = CliRunner().invoke(main, [*base, "--gpu", "gb300", "--num-sms", "148"])
+    assert r.exit_code == 2 and "has 152 SMs" in r.output, r.output
+    r = CliRunner().invoke(main, ["explain", "--gpu", "b300", "--heads", "32:8", "--head-dim",
+                                  "128", "--cache", str(tmp_path / "c"), "--json"])
+    assert json.loads(r.output)["description"].startswith("sm103 "), r.output

@@ -12,7 +12,9 @@ import click
 
 from .. import constraints as C
 from . import main
-from .common import cache_option, layers_for, loadable_artifacts, matching_stores
+from .common import (
+    apply_gpu, cache_option, gpu_option, layers_for, loadable_artifacts, matching_stores,
+)
 from .output import Output, with_output
 
 
@@ -100,8 +102,10 @@ class Progress:
 @click.option(
     "--num-sms",
     type=click.IntRange(1, 1024),
-    help="SM count of the target GPU (default: 132 for sm90, 148 for sm100; required for sm103).",
+    help="SM count of the target GPU (default: 132 for sm90, 148 for sm100; required for sm103, "
+    "or --gpu).",
 )
+@gpu_option()
 @click.option(
     "--python", "python", help="Python minor of the serving runtime, e.g. 3.12 (default: this one)."
 )
@@ -124,7 +128,7 @@ class Progress:
 @click.option("--dry-run", is_flag=True, help="List what would be built; compile nothing.")
 @with_output
 def build(
-    archs, specs, cache, jobs, num_sms, python, misses, shard, replace_spec, dry_run, out
+    archs, specs, cache, jobs, num_sms, gpu, python, misses, shard, replace_spec, dry_run, out
 ):
     """Cross-compile every variant the specs need into the store (no GPU needed). Ctrl-C stops
     the workers and exits 130, leaving only complete artifacts."""
@@ -140,6 +144,7 @@ def build(
             shard = parse_shard(shard)
         except ValueError as e:
             raise click.BadParameter(str(e), param_hint="--shard") from None
+    archs, num_sms = apply_gpu(gpu, archs, num_sms, "archs")
     if num_sms is not None and len(set(archs)) > 1:
         raise click.BadParameter("--num-sms applies to one arch; build each arch separately")
     spec_list = resolve_specs(list(specs)) if (specs or not misses) else []
@@ -249,6 +254,7 @@ def _build_arch(
         rows = [
             {
                 "arch": arch,
+                "num_sms": num_sms or C.default_num_sms(arch),
                 "id": vid,
                 "variant": n.variant.describe(),
                 "spec": f"{n.spec}/{n.layer}",
@@ -330,14 +336,16 @@ def _build_arch(
 @click.option(
     "--num-sms", type=click.IntRange(1, 1024), help="SM count of the GPU (default: the arch's)."
 )
+@gpu_option()
 @cache_option("read")
 @with_output
-def specs_cmd(arch, specs, num_sms, cache, out):
+def specs_cmd(arch, specs, num_sms, gpu, cache, out):
     """Show what each spec needs on an arch: variants (STATUS: built when a store of the layers
     holds a loadable copy, else missing), and unsupported layers with the reason."""
     from ..build import plan_for
     from ..specs import resolve_specs
 
+    arch, num_sms = apply_gpu(gpu, arch, num_sms)
     layers = layers_for(cache, out, strict=False)
     num_sms = num_sms or C.default_num_sms(arch)
     stores = matching_stores(layers, arch, num_sms, None).stores

@@ -12,7 +12,9 @@ import click
 
 from .. import constraints as C
 from . import main
-from .common import cache_option, layers_for, loadable_artifacts, matching_stores
+from .common import (
+    apply_gpu, cache_option, gpu_option, layers_for, loadable_artifacts, matching_stores,
+)
 from .output import with_output
 
 
@@ -42,6 +44,7 @@ def compiler_missing() -> str | None:
     type=click.IntRange(1, 1024),
     help="SM count of the target GPU (default: the arch's).",
 )
+@gpu_option()
 @click.option("--python", "python", help="Python minor of the serving runtime (default: any).")
 @cache_option("read")
 @click.option(
@@ -58,7 +61,7 @@ def compiler_missing() -> str | None:
     help="Exit 0 even if a spec has layers FA4 cannot run on the arch (they are still listed).",
 )
 @with_output
-def coverage(specs, arch, num_sms, python, cache, trace, allow_unsupported, out):
+def coverage(specs, arch, num_sms, gpu, python, cache, trace, allow_unsupported, out):
     """Does the store cover the specs' serving envelopes? Each variant: hit, servable by padding
     (with its cost), or missing. Artifacts are checked as the runtime checks them before loading
     (checksums, ownership). Exit 1 if anything is missing or corrupt, no store matches the
@@ -71,6 +74,7 @@ def coverage(specs, arch, num_sms, python, cache, trace, allow_unsupported, out)
     from ..variants import Variant
 
     settings.check()
+    arch, num_sms = apply_gpu(gpu, arch, num_sms)
     num_sms = num_sms or C.default_num_sms(arch)
     layers = layers_for(cache, out)
     match = matching_stores(layers, arch, num_sms, python)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from .. import constraints as C
 from ..errors import Fa4aotError, FingerprintMismatch
 from ..store import Layer, Store, build_toolchain, resolve_layers, scan_root
 
@@ -23,6 +24,36 @@ CACHE_HELP = {
 
 def cache_option(kind: str = "read"):
     return click.option("--cache", help=CACHE_HELP[kind])
+
+
+def gpu_option():
+    """`--gpu NAME`: the target GPU, which sets the arch and the SM count (constraints.GPUS)."""
+    names = ", ".join(f"{g} {a}/{n}" for g, (a, n) in C.GPUS.items())
+    return click.option(
+        "--gpu", type=click.Choice(list(C.GPUS)),
+        help=f"Target GPU: sets --arch and --num-sms (arch/SMs: {names}).",
+    )
+
+
+def apply_gpu(gpu: str | None, arch, num_sms: int | None, arch_param: str = "arch"):
+    """(arch, num_sms) of a command given `--gpu`: the GPU's; an --arch or --num-sms given
+    beside it must agree (a usage error otherwise). `arch`: the command's --arch value (a tuple
+    for build's repeatable one); without --gpu both come back as they are."""
+    if gpu is None:
+        return arch, num_sms
+    g_arch, g_sms = C.GPUS[gpu]
+    ctx = click.get_current_context(silent=True)
+    given = ctx is not None and (
+        ctx.get_parameter_source(arch_param) == click.core.ParameterSource.COMMANDLINE
+    )
+    archs = arch if isinstance(arch, tuple) else (arch,)
+    if given and set(archs) != {g_arch}:
+        raise click.BadParameter(f"--gpu {gpu} is {g_arch}, not {'/'.join(archs)}",
+                                 param_hint="--arch")
+    if num_sms is not None and num_sms != g_sms:
+        raise click.BadParameter(f"--gpu {gpu} has {g_sms} SMs, not {num_sms}",
+                                 param_hint="--num-sms")
+    return ((g_arch,) if isinstance(arch, tuple) else g_arch), g_sms
 
 
 def layers_for(

@@ -9,7 +9,9 @@ import click
 
 from .. import constraints as C
 from . import main
-from .common import cache_option, layers_for, loadable_artifacts, matching_stores
+from .common import (
+    apply_gpu, cache_option, gpu_option, layers_for, loadable_artifacts, matching_stores,
+)
 from .output import with_output
 
 
@@ -26,6 +28,7 @@ def _cached_artifacts(layers, arch: str, num_sms: int, python: str | None):
 @click.option(
     "--num-sms", type=click.IntRange(1, 1024), help="SM count of the GPU (default: the arch's)."
 )
+@gpu_option()
 @click.option(
     "--dtype", default="bfloat16", show_default=True,
     type=click.Choice(["bfloat16", "float16", "float8_e4m3fn", "float8_e5m2"]),
@@ -69,6 +72,7 @@ def _cached_artifacts(layers, arch: str, num_sms: int, python: str | None):
 def explain(
     arch,
     num_sms,
+    gpu,
     dtype,
     descales,
     heads,
@@ -114,6 +118,7 @@ def explain(
         )
     if fp8 and descales is None:
         descales = "qkv"
+    arch, num_sms = apply_gpu(gpu, arch, num_sms)
     num_sms = num_sms or C.default_num_sms(arch)
     if qv is not None:
         return _explain_mla(
