@@ -932,6 +932,8 @@ class _StoreCache:
         if cached is not None and cached is not _refused_helper and not refuse:
             return True
         hit = self.state.index.get((self.name, key_repr(key)))
+        if hit is None and self.name == "combine":
+            hit = self.state.combine_for(key)
         if hit is not None and not refuse:
             self.cache[key] = self.state.load(hit)
             self.state.counters.hits += 1
@@ -1069,12 +1071,24 @@ def _mla_variant_from_key(key, arch: str) -> Variant | None:
     )
 
 
+def _combine_fields(rendered: str):
+    """A rendered FA4 combine key (interface.py 4480-4495: arch, dtype, partial dtype, head dim,
+    num_head, tile_m, k_block, log_max_splits, then six flags: cu_seqlens, seqused, lse,
+    virtual batch, dynamic splits, semaphore) -> (its fields less num_head and log_max_splits,
+    log_max_splits), or None when it is not such a key or is varlen (cu_seqlens or seqused)."""
+    f = rendered.strip("()").split(", ")
+    if len(f) != 14 or f[8] != "False" or f[9] != "False" or not f[7].isdigit():
+        return None
+    return (*f[:4], *f[5:7], *f[8:]), int(f[7])
+
+
 class _Installed:
     def __init__(self, roots, on_miss, counters, arch=None, num_sms=None):
         self.on_miss = on_miss
         self.counters = counters
         self.pending_helper: str | None = None  # a helper missed; the forward must refuse
         self.index: dict = {}
+        self.combines: dict = {}  # combine_for's: (key less heads and splits) -> [(log, hit)]
         self.loaded: dict = {}
         from .store import find_serving_store, runtime_expectation
 
@@ -1088,6 +1102,35 @@ class _Installed:
                     continue
                 for part, p in art.record["parts"].items():
                     self.index.setdefault((part, p["key"]), (art, part))
+                    if part == "combine":
+                        f = _combine_fields(p["key"])
+                        if f is not None:
+                            self.combines.setdefault(f[0], []).append((f[1], (art, part)))
+        for found in self.combines.values():
+            found.sort(key=lambda e: e[0])
+
+    def combine_for(self, key):
+        """A stored combine that serves FA4's combine `key` though its key differs (None: none).
+        FA4 keys its combine (interface.py 4480-4495) by the call's head count and
+        log_max_splits = max(ceil(log2 num_splits), 4 or 5), so a `num_splits` call whose count
+        or head count differs from the stored split kernel's representative call (128 splits)
+        would miss. Neither changes what the compiled kernel computes for a call in batch form
+        (flash_fwd_combine.py, FA4 4.0.0b36): the head count is read from the partials' shape
+        (289, 430), the constructor's `num_head` reaches only the varlen scheduler (318, packed
+        q or seqused: then FA4 takes its scheduler metadata, which fa4aot refuses), and
+        max_splits sizes the LSE tile in shared memory, whose loads past the call's count are
+        -inf (450-470). So a combine of the same dtypes, head dim, tiles and optional tensors
+        with at least the asked log_max_splits serves it (the smallest such). fa4aot's runtime
+        calls its one stored combine the same way for every count. Its sums may differ from the
+        combine FA4 would compile for that count in the last bit (the reduction spans more,
+        -inf, entries)."""
+        f = _combine_fields(key_repr(key))
+        if f is None:
+            return None
+        for log, hit in self.combines.get(f[0], ()):
+            if log >= f[1]:
+                return hit
+        return None
 
     def load(self, hit):
         art, part = hit

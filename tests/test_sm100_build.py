@@ -272,16 +272,29 @@ assert plan is not None and plan.abi.blackwell and plan.special and plan.combine
 assert plan.facts["split_kv"] and plan.tile is None and plan.b2b is None
 compiler.configure("sm100", 148)
 counters = fa4aot.install(cache=Path({str(root)!r}), on_miss="error", arch="sm100", num_sms=148)
+from dataclasses import replace
+call = representative_call(v)
 try:
-    compiler.fake_call(representative_call(v))
+    compiler.fake_call(call)
+    first = [counters.hits, counters.compiles, list(counters.misses)]
+    # FA4's combine key holds the call's head count and log_max_splits: other counts and
+    # head counts are served by the stored 128-split combine (compiler._Installed.combine_for);
+    # at the spec's max_context the forward stays the stored one (no ping-pong: few key blocks)
+    for n, heads in ((3, 1), (16, 1), (40, 1), (16, 2)):
+        compiler.fake_call(replace(call, num_splits=n, seqlen_k=2048,
+                                   num_heads=call.num_heads * heads,
+                                   num_heads_kv=call.num_heads_kv * heads))
 finally:
     fa4aot.uninstall()
-print(json.dumps([counters.hits, counters.compiles, list(counters.misses)]))
+print(json.dumps([first, counters.hits, counters.compiles, list(counters.misses), call.num_splits]))
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    hits, compiles, misses = json.loads(r.stdout.strip().splitlines()[-1])
-    assert (hits, compiles, misses) == (2, 0, []), (hits, compiles, misses)
+    first, hits, compiles, misses, n = json.loads(r.stdout.strip().splitlines()[-1])
+    assert first == [2, 0, []] and n == C.MAX_NATIVE_SPLITS, first
+    # three new combine keys (log_max_splits 4 and 6 at its heads, 4 at twice them; hd64: 16-row
+    # tiles, so at least 4), each served by the stored one; the forward's key is unchanged
+    assert (hits, compiles, misses) == (5, 0, []), (hits, compiles, misses)
 
 
 def test_spec_fp8_dtype_parsing():
