@@ -1042,6 +1042,9 @@ def variant_from_fa4_key(key, arch: str) -> Variant | None:
             split_kv=split,
             s_ping_pong=bool(key[44]) if split else None,
             tile_m=tile_m,
+            # use_2cta_instrs, which only hd256 on Blackwell chooses by the batch (Variant.two_cta)
+            two_cta=(bool(key[38]) if C.is_blackwell(arch) and not split
+                     and int(key[4]) == int(key[5]) == 256 else None),
         )
     except (IndexError, KeyError, AttributeError, TypeError):
         return None

@@ -24,7 +24,8 @@ from .specs import Attention, Spec, layout_forms
 SCHEMA = 1  # bump when the meaning of a field changes: it is part of every variant id
 # Variant fields added after SCHEMA 1, with the default that leaves them out of the id
 NEW_FIELD_DEFAULTS = {"softcap": None, "pack_gqa": None, "descales": None, "split_kv": False,
-                      "s_ping_pong": None, "mla": None, "mla_q_stage": None, "tile_m": None}
+                      "s_ping_pong": None, "mla": None, "mla_q_stage": None, "tile_m": None,
+                      "two_cta": None}
 # FP8 descale tensors a kernel takes, as FA4's key records them (q_descale, k_descale, v_descale
 # present or not): a subset of "qkv", in that order. FA4 (4.0.0b36) takes them only through
 # `interface._flash_attn_fwd` (its public entry points have no descale arguments).
@@ -77,6 +78,10 @@ class Variant:
     # the M tile, where it is not FA4's default for the head dims (FA4's `tile_mn`, its key's
     # tile_m): the sm90 split-KV chunk kernel's (constraints.split_tile_m). None: the default.
     tile_m: int | None = None
+    # Blackwell hd256 (not MLA, not split): FA4's `use_2cta_instrs`, which for one M block it
+    # turns on by the batch x heads against the SM count (`hd256_decode_2cta`), so a decode
+    # call's kernel depends on its batch (features). None elsewhere (implied by the rest).
+    two_cta: bool | None = None
 
     @property
     def id(self) -> str:
@@ -189,6 +194,8 @@ class Variant:
             parts.append(f"mla:{self.mla}/q_stage{self.mla_q_stage}")
         if self.tile_m is not None:
             parts.append(f"tile_m={self.tile_m}")
+        if self.two_cta is not None:
+            parts.append("2cta" if self.two_cta else "1cta")
         return " ".join(parts)
 
     def to_dict(self) -> dict:
@@ -344,13 +351,32 @@ def features(
         eff_max_q = seqlen_q if max_seqlen_q is None else max_seqlen_q
     else:
         eff_max_q = total_q if max_seqlen_q is None else max_seqlen_q
+    hd256 = C.is_blackwell(arch) and head_dim == head_dim_v == 256
+    sms = num_sms if num_sms is not None else C.DEFAULT_NUM_SMS.get(arch, MLA_FALLBACK_NUM_SMS)
+    if (
+        hd256 and pack_gqa is None and 128 % ratio and not seqused_q
+        and (eff_max_q > 128 or (num_splits == 1 and 2 * batch * num_heads <= sms))
+    ):
+        pack = False  # interface.py 998-1010: FA4 prefers the 2CTA kernel over packed GQA
     rows = eff_max_q * (ratio if pack else 1)
     # FA4's `max_m_blocks_leq_one`: the rows fit the CTA's Q tiles (two on Blackwell: q_stage)
     one_m_block = rows <= C.q_stage(arch, rows, tile, head_dim_v) * tile.m
+    split = num_splits > 1
+    two_cta = None
+    if hd256 and not split:
+        # interface.py 1062-1100: `use_2cta_instrs` for hd256 (one M block: while the doubled
+        # grid of (batch, KV heads or query heads) fits one wave of the SMs)
+        two_cta = (
+            not seqused_q
+            and page_size in (None, 128)
+            and (not one_m_block or 2 * batch * (num_heads_kv if pack else num_heads) <= sms)
+            and (tile.m % ratio == 0 or not pack)
+        )
     static_persistent = (not causal and not local and not cu_seqlens_q and not seqused_q) or (
         one_m_block and (not cu_seqlens_q or max_seqlen_q is not None)
+        # dense causal/local runs the LPT scheduler, which maps 2CTA clusters only unpersistent
+        and not (two_cta and not cu_seqlens_q and (causal or local))
     )
-    split = num_splits > 1
     ping_pong = None
     if split:
         stage = C.q_stage(arch, rows, tile, head_dim_v)
@@ -389,6 +415,7 @@ def features(
         split_kv=split,
         s_ping_pong=ping_pong,
         tile_m=tile_m,
+        two_cta=two_cta,
     )
 
 
@@ -638,7 +665,7 @@ def page_sizes_for(spec: Spec, att: Attention, arch: str) -> list[int]:
     return out
 
 
-def _probe_calls(spec: Spec, att: Attention, arch: str) -> list[Call]:
+def _probe_calls(spec: Spec, att: Attention, arch: str, num_sms: int | None = None) -> list[Call]:
     """Shapes on both sides of every regime boundary inside the serving envelope."""
     sv = spec.serving
     lses = {False: [False], True: [True], "both": [False, True]}[sv.return_lse]
@@ -657,15 +684,27 @@ def _probe_calls(spec: Spec, att: Attention, arch: str) -> list[Call]:
     )
     sink = att.sink_dtype if att.sinks else None
     descales = _descales(att)
+    # (query heads, KV heads) of the probes: the ratio over one KV head, except for hd256 on
+    # Blackwell, where FA4 picks pack_gqa and the 2CTA kernel by batch x heads against the SM
+    # count (features): each TP degree's own heads, at the batches where its choice turns
+    heads = {(r, 1): batches for r in ratios}
+    by_batch = C.is_blackwell(arch) and att.head_dim == att.head_dim_v == 256
+    if by_batch:
+        sms = num_sms or C.DEFAULT_NUM_SMS.get(arch, MLA_FALLBACK_NUM_SMS)
+        heads = {}
+        for t in sv.tp:
+            hq, hk = att.num_q_heads // t, max(1, att.num_kv_heads // t)
+            turns = {sms // (2 * h) + 1 for h in (hq, hk)}
+            heads[(hq, hk)] = sorted(set(batches) | {b for b in turns if b <= sv.max_batch})
     calls = []
-    for r in ratios:
+    for (hq, hk), head_batches in heads.items():
         for name in sv.layouts:
             form = call_layout(*layout_forms(name))
             layout = form["layout"]
             pages = page_sizes_for(spec, att, arch) if layout == "paged" else [None]
             for phase in sv.phases:
                 for sq in phases_q[phase]:
-                    for b in batches if layout != "dense" else [1]:
+                    for b in head_batches if layout != "dense" or by_batch else [1]:
                         for p in pages:
                             for lse in lses:
                                 calls.append(
@@ -673,8 +712,8 @@ def _probe_calls(spec: Spec, att: Attention, arch: str) -> list[Call]:
                                         batch=b,
                                         seqlen_q=sq,
                                         seqlen_k=max(sq, 256),
-                                        num_heads=r,
-                                        num_heads_kv=1,
+                                        num_heads=hq,
+                                        num_heads_kv=hk,
                                         head_dim=att.head_dim,
                                         head_dim_v=att.head_dim_v,
                                         dtype=att.dtype,
@@ -854,15 +893,15 @@ def enumerate_variants(spec: Spec, arch: str, num_sms: int | None = None) -> Pla
             )
             att = replace(att, head_dim=d2, head_dim_v=dv2)
         seen = set()
-        for call in _probe_calls(spec, att, arch):
-            v = call.variant(arch)
+        for call in _probe_calls(spec, att, arch, num_sms):
+            v = call.variant(arch, num_sms)
             if v.id in seen:
                 continue
             seen.add(v.id)
             # compile from the smallest call with the same features: it only has to cross the
             # same boundaries, and the builder traces it
             try:
-                call = representative_call(v)
+                call = representative_call(v, num_sms)
             except ValueError:
                 pass
             plan.needs.append(Need(v, call, spec.name, att.name))
@@ -877,8 +916,9 @@ def merge(plans: list[Plan]) -> Plan:
     return out
 
 
-def representative_call(v: Variant) -> Call:
-    """A call that compiles exactly `v` (for variants met at run time: the miss log).
+def representative_call(v: Variant, num_sms: int | None = None) -> Call:
+    """A call that compiles exactly `v` (for variants met at run time: the miss log) on a GPU
+    of num_sms SMs (None: the arch's default; only hd256 on Blackwell depends on it, two_cta).
 
     Every q form (batch or packed, with or without seqused_q) meets every K/V form (batch,
     packed or paged, with or without seqused_k), as FA4's `_flash_attn_fwd` takes them.
@@ -938,13 +978,22 @@ def representative_call(v: Variant) -> Call:
         num_splits=num_splits,
         tile_m=v.tile_m,
     )
-    return _compiles(call, v, "these features together (no call to its forward produces them)")
+    what = "these features together (no call to its forward produces them)"
+    if v.two_cta is not None and not v.cu_hint:
+        # FA4 picks pack_gqa and the 2CTA kernel by batch x heads against the SM count
+        # (features): the first batch at which it picks v's
+        sms = num_sms or C.DEFAULT_NUM_SMS.get(v.arch, MLA_FALLBACK_NUM_SMS)
+        for b in sorted({1, sms // 2, sms // 2 + 1, sms // (2 * r) + 1}):
+            c = replace(call, batch=b)
+            if 0 < b <= C.BIN_BATCH_SEARCH_THRESH and c.variant(v.arch, sms) == v:
+                return c
+    return _compiles(call, v, what, num_sms)
 
 
-def _compiles(call: Call, v: Variant, what: str) -> Call:
+def _compiles(call: Call, v: Variant, what: str, num_sms: int | None = None) -> Call:
     """`call` if its features are exactly `v`, else ValueError: FA4 never compiles `what`."""
     try:
-        got = call.variant(v.arch)
+        got = call.variant(v.arch, num_sms)
     except ValueError:
         got = None
     if got != v:

@@ -464,3 +464,31 @@ def test_noncontiguous_hd256_inputs(store, monkeypatch, kind):
     assert passed_as_is == (kind != "strided_last") and got[3] == 1
     ro, rl = _ref(q, k, v)
     assert rel_err(o, ro) < 1e-2 and torch.allclose(lse, rl, atol=1e-3)
+
+
+def test_hd256_decode_kernel_follows_the_batch(store):
+    """hd256 on Blackwell: FA4 runs a decode step on its 2CTA kernel while 2 x batch x KV heads
+    fit the SMs, else on the 1CTA persistent one, and at a head ratio not dividing 128 it
+    unpacks GQA while 2 x batch x query heads fit (variants.features, Variant.two_cta). The
+    runtime serves each batch with the kernel FA4 would pick (its plans keyed by the batch's
+    class, plan.hd256_class); each against the fp32 reference."""
+    d, hq, hk = 256, 8, 2
+    small, large = _v(1, 1, hq, hk, d, num_sms=SMS), _v(64, 1, hq, hk, d, num_sms=SMS)
+    assert small.two_cta and not large.two_cta and small.id != large.id
+    assert not small.static_persistent and large.static_persistent  # FA4's key, as it labels it
+    # ratio 3: unpacked while 2 x batch x 6 query heads fit, then packed (and not 2CTA: 128 % 3)
+    r3_small, r3_large = _v(1, 1, 6, 2, d, num_sms=SMS), _v(64, 1, 6, 2, d, num_sms=SMS)
+    assert r3_small.pack_gqa is False and r3_small.two_cta
+    assert r3_large.pack_gqa is None and not r3_large.two_cta
+    rt = store([small, large, r3_small, r3_large])
+    for b, hq_ in ((1, hq), (64, hq), (1, 6), (64, 6)):
+        q, k, v = _qkv(b, 1, 300, hq_, hk, d, seed=b + hq_)
+        o, _ = R.flash_attn_func(q, k, v, causal=True)
+        assert rel_err(o, _ref(q, k, v)[0]) < 1e-2, (b, hq_)
+    served = sorted((p.variant.qhead_per_kvhead, p.variant.two_cta) for p in rt._plans.values())
+    assert served == [(3, False), (3, True), (4, False), (4, True)], served
+    # a store holding only the small batch's kernel misses the large batch (no wrong kernel)
+    rt = store([small])
+    q, k, v = _qkv(64, 1, 300, hq, hk, d)
+    with pytest.raises(ArtifactMissing, match="1cta"):
+        R.flash_attn_func(q, k, v, causal=True)

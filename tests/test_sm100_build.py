@@ -76,7 +76,7 @@ def test_new_fields_leave_old_ids_alone():
     ).variant("sm90")
     assert v.descales is None and not v.split_kv and v.s_ping_pong is None
     d = v.to_dict()
-    for k in ("descales", "split_kv", "s_ping_pong", "mla", "mla_q_stage", "tile_m"):
+    for k in ("descales", "split_kv", "s_ping_pong", "mla", "mla_q_stage", "tile_m", "two_cta"):
         del d[k]
     assert Variant.from_dict(d) == v  # records written before the fields still load
     import hashlib
@@ -306,3 +306,83 @@ def test_spec_fp8_dtype_parsing():
     odd = parse_spec(FP8_SPEC.replace("head_dim = 64", "head_dim = 72"), "x.toml")
     (u,) = enumerate_variants(odd, "sm100").unsupported
     assert "multiples of 16" in u.reason and u.layer == "sliding"
+
+
+_HD256 = r"""
+import json, sys
+from dataclasses import replace
+from fa4aot import compiler
+from fa4aot.variants import Call, representative_call
+sms = int(sys.argv[1])
+compiler.configure("sm100", sms)
+calls = []
+base = dict(seqlen_k=512, head_dim=256, head_dim_v=256, dtype="bfloat16", return_lse=False,
+            sink_dtype=None)
+for r in (2, 3, 6, 8):
+    for hk in (1, 2, 8, 16):
+        for b in (1, 2, 4, 5, 9, 10, 37, 38, 75, 76, 200):
+            for sq in (1, 2, 200):
+                for form in (dict(layout="dense"), dict(layout="varlen"),
+                             dict(layout="paged", page_size=128, batch_q=True),
+                             dict(layout="paged", page_size=64)):
+                    for mask in (dict(causal=True, window_left=None, window_right=None),
+                                 dict(causal=False, window_left=1024, window_right=0)):
+                        calls.append(Call(batch=b, seqlen_q=sq, num_heads=r * hk,
+                                          num_heads_kv=hk, **base, **form, **mask))
+want = [c.variant("sm100", sms) for c in calls]
+reps = {}
+for v in want:
+    reps.setdefault(v.id, representative_call(v, sms))
+got = compiler.trace_raw_keys(calls + list(reps.values()))
+bad, kinds = [], set()
+for c, v, k in zip(calls, want, got):
+    mapped = compiler.variant_from_fa4_key(k["fwd"][0], "sm100")
+    kinds.add((v.two_cta, v.pack_gqa, v.static_persistent))
+    if mapped != v:
+        bad.append(f"{c}: ours {v.describe()}, FA4's {mapped and mapped.describe()}")
+keys = {v.id: compiler.key_repr(k["fwd"][0]) for v, k in zip(want, got)}
+for (vid, rc), k in zip(reps.items(), got[len(calls):]):
+    if compiler.key_repr(k["fwd"][0]) != keys[vid]:
+        bad.append(f"representative call of {vid} traces to another key: {rc}")
+print(json.dumps({"calls": len(calls), "variants": len(reps), "bad": bad[:10],
+                  "kinds": sorted(map(str, kinds))}))
+"""
+
+
+@pytest.mark.parametrize("sms", [148, 152])
+def test_hd256_kernel_follows_the_batch_as_fa4_picks_it(sms):
+    """On Blackwell FA4 picks an hd256 call's pack_gqa (ratios not dividing 128) and its 2CTA
+    kernel (one M block) by 2 x batch x heads against the SM count; `features` models both
+    (Variant.two_cta) and the runtime keys its plans by them (plan.hd256_class). FA4 traced
+    under FakeTensorMode for 4224 calls around the turning batches (B200's and GB200's counts),
+    each key mapped back to the call's variant; every variant's representative call traces to
+    the same key."""
+    got = _run(_HD256, str(sms), timeout=900)
+    assert got["bad"] == [], got["bad"]
+    assert got["calls"] == 4224 and got["variants"] > 20
+    kinds = set(got["kinds"])
+    # 2CTA and not, packed and not (FA4's own default turned off), persistent and not
+    assert any("(True, False" in k for k in kinds) and any("(False, None" in k for k in kinds)
+    assert any(k.startswith("(True, None, False") for k in kinds), kinds
+
+
+def test_gemma4_hd256_layers_build_both_kernels_of_their_batch_range():
+    """Gemma-4's hd256 sliding layers (16 KV heads at TP1) on sm100: decode at batch 1 runs the
+    2CTA kernel, at 512 the 1CTA persistent one; the enumerator builds both per layout, as
+    FA4 picks them (B200: 148 SMs; the turn is at 2 x batch x 16 > 148)."""
+    spec = load_default("gemma-4")
+    vs = [n.variant for n in enumerate_variants(spec, "sm100").needs
+          if n.variant.head_dim == 256 and not n.variant.split_kv]
+    for layout in ("dense", "varlen", "paged"):
+        got = {v.two_cta for v in vs if v.layout == layout and v.phase in ("decode", "prefill")}
+        assert got == {True, False}, (layout, got)
+    one = Call(layout="dense", batch=4, seqlen_q=1, seqlen_k=4096, num_heads=32,
+               num_heads_kv=16, head_dim=256, head_dim_v=256, dtype="bfloat16", causal=True,
+               window_left=1024, window_right=None, return_lse=False, sink_dtype=None)
+    from dataclasses import replace
+
+    assert one.variant("sm100", 148).two_cta  # 128 <= 148
+    assert not replace(one, batch=5).variant("sm100", 148).two_cta  # 160 > 148
+    assert replace(one, batch=5).variant("sm100", 160).two_cta
+    ids = {v.id for v in vs}
+    assert one.variant("sm100", 148).id in ids and replace(one, batch=5).variant("sm100", 148).id in ids

@@ -145,6 +145,8 @@ def explain(
         descales=descales,
     )
     feat = call.feature_kwargs()
+    if C.is_blackwell(arch):
+        feat["num_sms"] = num_sms  # hd256: FA4 picks pack_gqa and 2CTA by batch x heads vs SMs
     want = features(arch=arch, **feat)
     settings.check()
     layers = layers_for(cache, out, strict=False)

@@ -122,6 +122,7 @@ def flash_attn_func(
     key = (
         "dense", q.dtype, d, dv, hq // hk, bool(causal), wl, wr, return_lse, sink_dt,
         sq if sq < _Q_KEY_CAP else _Q_KEY_CAP, dq, pad_ok, cap, pack_gqa, ds,
+        d == 256 and P.hd256_class(rt, dq, b, hq, hk),
     )
     plan = rt._plans.get(key)
     if plan is None:
@@ -275,7 +276,7 @@ def flash_attn_varlen_func(
         cu_seqlens_k is not None, seqused_q is not None, seqused_k is not None, page_size,
         batch > _BIN_BATCH, max_seqlen_q is None, eff_q if eff_q < _Q_KEY_CAP else _Q_KEY_CAP,
         total_q == batch,  # with max_seqlen_q == 1: one row per sequence, the decode fold applies
-        dev, pad_ok, cap, pack_gqa, ds,
+        dev, pad_ok, cap, pack_gqa, ds, d == 256 and P.hd256_class(rt, dev, batch, hq, hk),
     )
     plan = rt._plans.get(key)
     if plan is None:

@@ -31,7 +31,6 @@ from __future__ import annotations
 import torch
 
 from .. import abi as A
-from .. import constraints as C
 from .. import fp8 as F8
 from ..errors import ContractViolation
 from ..variants import native_split_variant
@@ -45,29 +44,15 @@ _MAX_DECISIONS = 4096
 
 def refusal(arch: str, call, feat: dict) -> str | None:
     """Why the runtime cannot serve `call` on `arch` (checked when its plan is made), or None:
-    FP8 off Blackwell (FA4 has no FP8 forward there), descales beside non-FP8 inputs, and on
-    Blackwell an hd256 call whose kernel FA4 picks by the batch against the SM count."""
+    FP8 off Blackwell (FA4 has no FP8 forward there), descales beside non-FP8 inputs. (An hd256
+    call, whose pack_gqa and 2CTA kernel FA4 picks by the batch against the SM count, is
+    modelled: variants.features, Variant.two_cta, plan.hd256_class.)"""
     dtype = feat["dtype"]
     why = F8.fp8_mismatch_reason(arch, dtype, dtype)
     if why:
         return why
     if call.descales and not F8.is_fp8(dtype):
         return f"descales {call.descales!r} with {dtype} inputs: descales scale FP8 q/k/v only"
-    r = call.num_heads // call.num_heads_kv
-    if (
-        C.is_blackwell(arch)
-        and (call.head_dim, call.head_dim_v) == (256, 256)
-        and call.pack_gqa is None
-        and 128 % r
-        and not call.seqused_q
-    ):
-        # interface.py 1002-1010: pack_gqa turns off for hd256 when max_seqlen_q > 128 or
-        # 2 * batch * heads <= SMs, a choice per call that a Variant does not record
-        return (
-            f"hd256 at head ratio {r} on {arch}: FA4 chooses pack_gqa per call (by the query "
-            "length and batch x heads against the SM count), which the stored variants do not "
-            "record; pass pack_gqa=True or pack_gqa=False explicitly"
-        )
     return None
 
 

@@ -409,6 +409,16 @@ class Runtime:
         )
 
 
+def hd256_class(rt: Runtime, dev: int, batch: int, hq: int, hk: int) -> int:
+    """What of a head-dim-256 call's batch its plan depends on (a term of the entry points'
+    plan keys): on Blackwell FA4 picks pack_gqa and the 2CTA kernel by 2 x batch x (query or
+    KV) heads against the SM count (variants.features, Variant.two_cta); elsewhere nothing (0)."""
+    arch, sms = rt.device(dev)
+    if not C.is_blackwell(arch):
+        return 0
+    return 1 + (2 * batch * hq <= sms) + 2 * (2 * batch * hk <= sms)
+
+
 def resolve(rt: Runtime, key: tuple, call: Call) -> Plan | None:
     """The plan serving `call` (exact, else the best fold or padding select.choose finds),
     cached under `key`; None when nothing serves it (the caller applies the miss policy).
@@ -422,6 +432,8 @@ def resolve(rt: Runtime, key: tuple, call: Call) -> Plan | None:
     if why:
         raise UnsupportedVariant(why)
     feat = call.features()
+    if C.is_blackwell(arch):
+        feat["num_sms"] = sms  # hd256 (and MLA's route): FA4's choice reads the SM count
     fp8 = call.dtype not in DTYPES
     if fp8 or C.is_blackwell(arch):
         from .blackwell import refusal
@@ -498,7 +510,7 @@ def _wanted(arch: str, sms: int, call: Call) -> Variant:
     ratio, the padded one the builder makes (select.mla_padded_ratio: 20 -> 32, 10 -> 16)."""
     feat = call.features()
     if call.qv is None:
-        return features(arch=arch, **feat)
+        return features(arch=arch, num_sms=sms, **feat)
     from ..select import _call_features, mla_padded_ratio
 
     variant, why = _mla_variant(arch, sms, feat)
