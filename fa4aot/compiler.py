@@ -300,11 +300,13 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
         if wide is not None:  # and the fold's kernel for a full chip (part fwd_wide)
             wide_fwd = [(fwd[0][0], trace_wide_fold(compiles, wide, variant.paged))]
     seconds = time.perf_counter() - t0
-    if variant.mla is not None and variant_from_fa4_key(fwd[0][0], variant.arch) != variant:
-        # an MLA variant comes from a model of FA4's route (variants.mla_features): a kernel
+    modelled = variant.mla is not None or variant.two_cta is not None
+    if modelled and variant_from_fa4_key(fwd[0][0], variant.arch) != variant:
+        # an MLA variant comes from a model of FA4's route (variants.mla_features), an hd256
+        # Blackwell one from a model of its batch-dependent 2CTA choice (features): a kernel
         # that is not the one its id names must not be stored under that id
         raise RuntimeError(
-            f"FA4 compiled another MLA kernel for {variant.describe()}: "
+            f"FA4 compiled another kernel for {variant.describe()}: "
             f"{variant_from_fa4_key(fwd[0][0], variant.arch)}"
         )
     helpers = {n: got[n] for n in SHIPPED_HELPERS}

@@ -77,8 +77,11 @@ def read_misses(path: str | Path) -> list[Variant]:
     return out
 
 
-def plan_misses(variants: list[Variant], arch: str) -> tuple[list[tuple[Variant, Call]], list[str]]:
-    """Logged variants of `arch` -> (variant, call) pairs to build, and one reason per variant
+def plan_misses(
+    variants: list[Variant], arch: str, num_sms: int | None = None
+) -> tuple[list[tuple[Variant, Call]], list[str]]:
+    """Logged variants of `arch` -> (variant, call) pairs to build for a GPU of num_sms SMs
+    (None: the arch's default; Blackwell hd256 kernels depend on it), and one reason per variant
     refused. A variant is refused only when FA4 itself cannot run it (its reason, with the
     alternative) or no call to FA4 produces it (a hand-edited log): everything the runtime or
     install() logs is built in one round (issue 13: 43 logged variants could not be)."""
@@ -93,7 +96,7 @@ def plan_misses(variants: list[Variant], arch: str) -> tuple[list[tuple[Variant,
             refused.append(f"{v.id} ({v.describe()}): {why}")
             continue
         try:
-            build.append((v, representative_call(v)))
+            build.append((v, representative_call(v, num_sms)))
         except ValueError as e:
             refused.append(f"{v.id}: {e}")
     return build, refused

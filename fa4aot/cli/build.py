@@ -235,7 +235,7 @@ def _build_arch(
         from ..missing import plan_misses, read_misses
         from ..variants import Need, Unsupported
 
-        todo, refused = plan_misses(read_misses(misses), arch)
+        todo, refused = plan_misses(read_misses(misses), arch, num_sms)
         plan.needs += [Need(v, call, "miss-log", Path(misses).name) for v, call in todo]
         plan.unsupported += [Unsupported("miss-log", Path(misses).name, r) for r in refused]
     unsup = [
