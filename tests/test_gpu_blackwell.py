@@ -24,7 +24,11 @@ Skipped unless device 0 has compute capability 10.0 or 10.3. Run on such a machi
    ratio padding (3 -> 4) and the decode fold (ratio 6), FA4's native split-KV with its
    combine (the heuristic's count, forced counts, a CUDA-graph replay bit-identical to eager),
    into NaN-poisoned buffers, against the fp32 reference and the unsplit kernel (on the CPU:
-   tests/test_plan_sm100.py). Written without a Blackwell GPU: nothing here has run yet.
+   tests/test_plan_sm100.py); and FA4's own entry through fa4aot.install() with explicit
+   num_splits 3, 16 and 40, served by the stored 128-split combine.
+6. hd256 (16:8, windowed) decode at batch 1 and past 2 x batch x 8 > SMs: the 2CTA and the 1CTA
+   persistent kernels FA4 picks, each built here for this SM count, against the fp32 reference.
+Written without a Blackwell GPU: nothing here has run yet.
 """
 
 from __future__ import annotations
@@ -533,4 +537,108 @@ def test_bf16_native_split_with_its_combine(bf16_runtime, layout, setting):
         torch.cuda.synchronize()
         go, gl = gb if layout == "dense" else (gb[0], gb[1].t().reshape(b, hq, 1))
         assert torch.equal(go, o1) and torch.equal(gl, l1)
+    rt.split = -1
+
+
+def test_install_serves_fa4s_num_splits_from_the_stored_combine(bf16_runtime):
+    """FA4's own entry point through fa4aot.install() with explicit num_splits (3, 16, 40):
+    FA4 keys its combine by the split count and head count, and the store holds the 128-split
+    combine, which serves every count (compiler._Installed.combine_for; checked on the CPU in
+    tests/test_sm100_build.py): nothing compiles, nothing misses, and each output is the fp32
+    reference's and FA4's unsplit output's to split precision. Needs flash_attn.cute."""
+    import fa4aot
+    from flash_attn.cute import flash_attn_func
+    from reference import attention_ref, rel_err
+
+    root = bf16_runtime.roots[0]  # the store the module built on this GPU
+    hq, hk, d, b, sk, dev = 8, 2, 128, 1, 8000, "cuda"
+    q = torch.randn(b, 1, hq, d, device=dev, dtype=torch.bfloat16)
+    k = torch.randn(b, sk, hk, d, device=dev, dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    ro, _ = attention_ref(q, k, v, torch.ones(b, device=dev, dtype=torch.long),
+                          torch.full((b,), sk, device=dev), causal=True)
+    counters = fa4aot.install(cache=root, on_miss="error")
+    try:
+        o1 = flash_attn_func(q, k, v, causal=True, num_splits=1)[0]
+        for n in (3, 16, 40):
+            o = flash_attn_func(q, k, v, causal=True, num_splits=n)[0]
+            torch.cuda.synchronize()
+            assert not o.isnan().any()
+            assert rel_err(o, ro) <= 1.5 * rel_err(o1, ro) + 2e-4, n
+    finally:
+        fa4aot.uninstall()
+    assert counters.compiles == 0 and not counters.misses, counters.misses
+
+
+HD256_SPEC = """
+name = "hd256-gpu"
+model = "test/hd256"
+
+[[attention]]
+name = "sliding"
+num_q_heads = 16
+num_kv_heads = 8
+head_dim = 256
+dtype = "bfloat16"
+causal = true
+window = 512
+
+[serving]
+layouts = ["dense", "paged"]
+phases = ["decode"]
+max_batch = 64
+max_context = 4096
+page_sizes = [128]
+"""
+
+
+@pytest.fixture(scope="module")
+def hd256_runtime(tmp_path_factory):
+    import fa4aot.runtime as R
+
+    root, plan = _built_on_this_gpu(tmp_path_factory, "hd256", HD256_SPEC)
+    assert {n.variant.two_cta for n in plan.needs if not n.variant.split_kv} == {True, False}
+    yield R.reset(roots=[root], on_miss="error")
+    R.reset()
+
+
+@pytest.mark.parametrize("layout", ["dense", "paged"])
+def test_hd256_decode_runs_the_kernel_fa4_picks_for_its_batch(hd256_runtime, layout):
+    """hd256 on Blackwell: a decode step whose 2 x batch x 8 KV heads fit the SMs runs FA4's
+    2CTA kernel, a larger batch the 1CTA persistent one (Variant.two_cta, variants.features:
+    FA4's own choice); each built here for this GPU's SM count, each against the fp32
+    reference into NaN-poisoned buffers (windowed, 600 keys)."""
+    import fa4aot
+    from reference import attention_ref
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    hq, hk, d, sk, dev = 16, 8, 256, 600, "cuda"
+    rt = hd256_runtime
+    rt.split = 0
+    kinds = set()
+    for b in (1, min(64, sms // (2 * hk) + 1)):
+        q = torch.randn(b, 1, hq, d, device=dev, dtype=torch.bfloat16)
+        lk = [sk] * b
+        rt._plans.clear()
+        if layout == "dense":
+            k = torch.randn(b, sk, hk, d, device=dev, dtype=torch.bfloat16)
+            v = torch.randn_like(k)
+            kp, vp = k, v
+            out = torch.full((b, 1, hq, d), float("nan"), device=dev, dtype=torch.bfloat16)
+            o = fa4aot.flash_attn_func(q, k, v, causal=True, window_size=(512, 0), out=out)[0]
+        else:
+            k, v, kw, kp, vp = _kv_layout(lk, hk, d, "paged")
+            cu_q = torch.arange(b + 1, device=dev, dtype=torch.int32)
+            out = torch.full((b, hq, d), float("nan"), device=dev, dtype=torch.bfloat16)
+            o = fa4aot.flash_attn_varlen_func(
+                q.view(b, hq, d), k, v, cu_seqlens_q=cu_q, max_seqlen_q=1, causal=True,
+                window_size=(512, 0), out=out, **kw)[0].view(b, 1, hq, d)
+        torch.cuda.synchronize()
+        ro, _ = attention_ref(q, kp, vp, torch.ones(b, device=dev, dtype=torch.long),
+                              torch.tensor(lk, device=dev), causal=True, window_left=512)
+        from reference import rel_err
+
+        assert not o.isnan().any() and rel_err(o, ro) < 1e-2, (b, rel_err(o, ro))
+        kinds |= {p.variant.two_cta for p in rt._plans.values() if p}
+    assert kinds == {True, False}, kinds
     rt.split = -1
