@@ -729,6 +729,26 @@ def _merge_class():
                 smem=self.smem_bytes(), stream=stream,
             )
 
+        @cute.jit
+        def block_reduce(self, x, sbuf, tidx, is_max: cutlass.Constexpr):
+            """The max (is_max) or the sum of x over the CTA's threads: each warp's, through
+            shared memory (sbuf: one slot per warp), combined in warp order by every thread."""
+            warp, lane = tidx // 32, tidx % 32
+            if cutlass.const_expr(is_max):
+                w = cute.arch.warp_reduction_max(x)
+            else:
+                w = cute.arch.warp_reduction_sum(x)
+            if lane == 0:
+                sbuf[warp] = w
+            cute.arch.sync_threads()
+            r = sbuf[0]
+            for i in cutlass.range_constexpr(1, self.warps):
+                if cutlass.const_expr(is_max):
+                    r = cute.arch.fmax(r, sbuf[i])
+                else:
+                    r = r + sbuf[i]
+            return r
+
         @cute.kernel
         def kernel(self, mOp, mLp, mO, mLSE):
             tidx, _, _ = cute.arch.thread_idx()
@@ -741,27 +761,14 @@ def _merge_class():
             sSum = smem.allocate_tensor(Float32, cute.make_layout(self.warps), byte_alignment=16)
             sAcc = smem.allocate_tensor(Float32, cute.make_layout((self.dv, self.groups)),
                                         byte_alignment=16)
-            warp, lane = tidx // 32, tidx % 32
             # 1. the row's LSE over its chunks, each chunk's scale exp(lse_s - lse)
             lse = -Float32.inf
             if tidx < n:
                 lse = mLp[tidx, b, m, h]
-            wmax = cute.arch.warp_reduction_max(lse)
-            if lane == 0:
-                sMax[warp] = wmax
-            cute.arch.sync_threads()
-            mx = sMax[0]
-            for w in cutlass.range_constexpr(1, self.warps):
-                mx = cute.arch.fmax(mx, sMax[w])
+            mx = self.block_reduce(lse, sMax, tidx, True)
             mx_cur = 0.0 if mx == -Float32.inf else mx  # every chunk empty
             e = cute.math.exp2(lse * log2_e - mx_cur * log2_e, fastmath=True)
-            wsum = cute.arch.warp_reduction_sum(e)
-            if lane == 0:
-                sSum[warp] = wsum
-            cute.arch.sync_threads()
-            tot = sSum[0]
-            for w in cutlass.range_constexpr(1, self.warps):
-                tot = tot + sSum[w]
+            tot = self.block_reduce(e, sSum, tidx, False)
             inv = 0.0 if (tot == 0.0 or tot != tot) else 1.0 / tot
             if tidx < n:
                 sScale[tidx] = e * inv
