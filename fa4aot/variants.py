@@ -149,6 +149,10 @@ class Variant:
             return "decode" if self.static_persistent else "prefill"
         if not self.causal and not self.local and self.layout == "dense":
             return "any"
+        if self.two_cta and not self.static_persistent and not self.cu_seqlens_q:
+            # hd256 on Blackwell, causal/local, q in batch form: FA4's 2CTA kernel runs the LPT
+            # scheduler unpersistent for one M block too, the same key at any query length
+            return "any"
         return "decode" if self.static_persistent else "prefill"
 
     @property
