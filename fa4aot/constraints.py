@@ -18,9 +18,11 @@ DEFAULT_NUM_SMS = {"sm90": 132, "sm100": 148}
 # NVIDIA's own material gives only full dies (Blackwell Ultra: 160 SMs, "Inside NVIDIA
 # Blackwell Ultra", developer.nvidia.com, 2025); the shipping Blackwell SKUs' counts are users'
 # measurements, consistent across projects (docs/blackwell.md cites them): B200 and HGX/DGX B300
-# report 148, the Grace superchips GB200 and GB300 report 152.
+# report 148, the Grace superchips GB200 and GB300 report 152. Hopper ("NVIDIA Hopper
+# Architecture In-Depth", developer.nvidia.com): H100 SXM5 132 SMs, H100 PCIe 114.
 GPUS = {
     "h100": ("sm90", 132),
+    "h100-pcie": ("sm90", 114),
     "h200": ("sm90", 132),
     "b200": ("sm100", 148),
     "gb200": ("sm100", 152),
