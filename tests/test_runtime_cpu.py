@@ -80,6 +80,19 @@ def test_good_dense_cpu_call_is_refused_for_the_device():
     )
 
 
+def test_hd256_cpu_calls_are_refused_for_the_device():
+    """Head dim 256 adds a term to the plan key (plan.hd256_class, the device's SM count on
+    Blackwell): off CUDA the call is still refused, typed, for its device."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 4, 8, 256, generator=g).to(torch.bfloat16)
+    k = torch.randn(1, 4, 2, 256, generator=g).to(torch.bfloat16)
+    refused(fa4aot.flash_attn_func, q, k, k, causal=True, match="must be CUDA tensors")
+    cu = torch.tensor([0, 4], dtype=torch.int32)
+    refused(fa4aot.flash_attn_varlen_func, q[0], k[0], k[0], causal=True,
+            match="must be CUDA tensors", cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=4,
+            max_seqlen_k=4)
+
+
 @pytest.mark.parametrize("make", [paged, varlen])
 def test_good_varlen_cpu_call_is_refused_for_the_device(make):
     q, k, v, kw = make()

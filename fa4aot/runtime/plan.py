@@ -412,7 +412,10 @@ class Runtime:
 def hd256_class(rt: Runtime, dev: int, batch: int, hq: int, hk: int) -> int:
     """What of a head-dim-256 call's batch its plan depends on (a term of the entry points'
     plan keys): on Blackwell FA4 picks pack_gqa and the 2CTA kernel by 2 x batch x (query or
-    KV) heads against the SM count (variants.features, Variant.two_cta); elsewhere nothing (0)."""
+    KV) heads against the SM count (variants.features, Variant.two_cta); elsewhere nothing (0),
+    and 0 off CUDA (dev < 0: the entry point's CUDA check then refuses the call, typed)."""
+    if dev < 0:
+        return 0
     arch, sms = rt.device(dev)
     if not C.is_blackwell(arch):
         return 0
