@@ -163,9 +163,9 @@ def flash_attn_func(
     # exact
     if out is None:
         # empty_like skips shape parsing (~1 us); for a contiguous q it is contiguous too
-        out = torch.empty_like(q) if dv == d and q.is_contiguous() else q.new_empty((b, sq, hq, dv))
+        out = torch.empty_like(q) if dv == d and q.is_contiguous() else q.new_empty(b, sq, hq, dv)
     if lse is None and return_lse:
-        lse = q.new_empty((b, hq, sq), dtype=torch.float32)
+        lse = q.new_empty(b, hq, sq, dtype=torch.float32)
     if sq == 0 or sk == 0 or b == 0:
         return X.empty(out, lse, learnable_sink, varlen=False)
     if learnable_sink is not None and learnable_sink.stride(0) != 1:
@@ -326,10 +326,10 @@ def flash_attn_varlen_func(
         out = (
             torch.empty_like(q)
             if dv == d and q.is_contiguous()
-            else q.new_empty((*q.shape[:-1], dv))
+            else q.new_empty(*q.shape[:-1], dv)
         )
     if lse is None and return_lse:
-        lse = q.new_empty((hq, total_q) if varlen_q else (batch, hq, sq_dense), dtype=torch.float32)
+        lse = q.new_empty(*((hq, total_q) if varlen_q else (batch, hq, sq_dense)), dtype=torch.float32)
     if total_q == 0 or seqlen_k == 0:
         return X.empty(out, lse, learnable_sink, varlen=varlen_q)
     if learnable_sink is not None and learnable_sink.stride(0) != 1:

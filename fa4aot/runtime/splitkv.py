@@ -129,7 +129,7 @@ def split_step(
             return None
     if kind == "dense":
         try:
-            k, v = k.view(run.k_shape), v.view(run.v_shape)
+            k, v = k.view(*run.k_shape), v.view(*run.v_shape)
         except RuntimeError:
             return None  # K/V strided across batch and sequence: no packed view
     if run.fold:
@@ -140,7 +140,7 @@ def split_step(
             out_c = out  # (b, 1, hq, dv), any strides: the combine's own shape
         else:
             try:  # the combine writes the caller's out in place, as (decode rows, 1, hq, dv)
-                out_c = out.view(run.out_c_shape)
+                out_c = out.view(*run.out_c_shape)
             except RuntimeError:
                 return None  # a caller's out whose rows do not merge
     if run.q_broadcast:
@@ -203,7 +203,7 @@ def split_step(
                 run.len_buf.clamp_(0, run.chunk)
                 seqused_k = run.len_flat_f
             if run.pt_rows and page_table.size(1) == run.pt_cols and page_table.is_contiguous():
-                page_table = page_table.view(run.pt_shape)  # the chunks' pages: a view
+                page_table = page_table.view(*run.pt_shape)  # the chunks' pages: a view
             else:
                 page_table = S.chunk_page_table(torch, page_table, run.sp, page_size, rows)
     launch(
@@ -213,10 +213,10 @@ def split_step(
     if sink is not None:  # the empty last slot carries the sink: counted once, as FA4 does
         run.lp_sink.copy_(sink)
     if out is None:
-        out = q.new_empty(run.out_shape)
-        out_c = out if run.out_as_is else out.view(run.out_c_shape)
+        out = q.new_empty(*run.out_shape)
+        out_c = out if run.out_as_is else out.view(*run.out_c_shape)
     if return_lse and lse is None:
-        lse = q.new_empty(run.lse_shape, dtype=torch.float32)
+        lse = q.new_empty(*run.lse_shape, dtype=torch.float32)
     if lse is not None and rows == 1:
         lse_c = torch.as_strided(lse, run.lse_c_size, run.lse_c_stride)
     else:
@@ -280,9 +280,9 @@ def _fold_step(run, q, k, v, kind, cu_seqlens_k, seqused_k, page_table, softmax_
     (one as_strided each: the entry points checked their last dims contiguous, a given LSE
     contiguous); the LSE of a packed q, laid out (hq, b), through scratch and one copy."""
     if out is None:
-        out = q.new_empty(run.out_shape)
+        out = q.new_empty(*run.out_shape)
     if lse is None and return_lse:
-        lse = q.new_empty(run.lse_shape, dtype=torch.float32)
+        lse = q.new_empty(*run.lse_shape, dtype=torch.float32)
     sh, oh, r = q.stride(-2), out.stride(-2), run.r
     kl = run.lse_scratch_f
     if lse is not None and run.lse_as_is:
