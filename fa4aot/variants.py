@@ -982,7 +982,6 @@ def representative_call(v: Variant, num_sms: int | None = None) -> Call:
         num_splits=num_splits,
         tile_m=v.tile_m,
     )
-    what = "these features together (no call to its forward produces them)"
     if v.two_cta is not None and not v.cu_hint:
         # FA4 picks pack_gqa and the 2CTA kernel by batch x heads against the SM count
         # (features): the first batch at which it picks v's
@@ -991,7 +990,9 @@ def representative_call(v: Variant, num_sms: int | None = None) -> Call:
             c = replace(call, batch=b)
             if 0 < b <= C.BIN_BATCH_SEARCH_THRESH and c.variant(v.arch, sms) == v:
                 return c
-    return _compiles(call, v, what, num_sms)
+    return _compiles(
+        call, v, "these features together (no call to its forward produces them)", num_sms
+    )
 
 
 def _compiles(call: Call, v: Variant, what: str, num_sms: int | None = None) -> Call:
