@@ -177,14 +177,20 @@ def _built_on_this_gpu(tmp_path_factory, name: str, spec: str):
     return root, plan
 
 
-@pytest.fixture(scope="module")
-def mla_runtime(tmp_path_factory):
+def _serving(root):
+    """A module fixture's body: the default runtime serving `root` only (misses raise), reset
+    to the default stores after the module."""
     import fa4aot.runtime as R
 
-    root, plan = _built_on_this_gpu(tmp_path_factory, "mla", MLA_SPEC)
-    assert {n.variant.qhead_per_kvhead for n in plan.needs} == {16, 32}  # 20 is padded to 32
     yield R.reset(roots=[root], on_miss="error")
     R.reset()
+
+
+@pytest.fixture(scope="module")
+def mla_runtime(tmp_path_factory):
+    root, plan = _built_on_this_gpu(tmp_path_factory, "mla", MLA_SPEC)
+    assert {n.variant.qhead_per_kvhead for n in plan.needs} == {16, 32}  # 20 is padded to 32
+    yield from _serving(root)
 
 
 def _mla_inputs(heads, lens_q, lens_k, page, seed):
@@ -275,11 +281,8 @@ split_kv = false
 
 @pytest.fixture(scope="module")
 def fp8_runtime(tmp_path_factory):
-    import fa4aot.runtime as R
-
     root, _ = _built_on_this_gpu(tmp_path_factory, "fp8", FP8_SPEC)
-    yield R.reset(roots=[root], on_miss="error")
-    R.reset()
+    yield from _serving(root)
 
 
 @pytest.mark.parametrize(
@@ -345,11 +348,8 @@ split_kv = true
 
 @pytest.fixture(scope="module")
 def bf16_runtime(tmp_path_factory):
-    import fa4aot.runtime as R
-
     root, _ = _built_on_this_gpu(tmp_path_factory, "bf16", BF16_SPEC)
-    yield R.reset(roots=[root], on_miss="error")
-    R.reset()
+    yield from _serving(root)
 
 
 def _kv_layout(lk, hk, d, layout, page=128):
@@ -595,12 +595,9 @@ page_sizes = [128]
 
 @pytest.fixture(scope="module")
 def hd256_runtime(tmp_path_factory):
-    import fa4aot.runtime as R
-
     root, plan = _built_on_this_gpu(tmp_path_factory, "hd256", HD256_SPEC)
     assert {n.variant.two_cta for n in plan.needs if not n.variant.split_kv} == {True, False}
-    yield R.reset(roots=[root], on_miss="error")
-    R.reset()
+    yield from _serving(root)
 
 
 @pytest.mark.parametrize("layout", ["dense", "paged"])
