@@ -356,7 +356,7 @@ def features(
     else:
         eff_max_q = total_q if max_seqlen_q is None else max_seqlen_q
     hd256 = C.is_blackwell(arch) and head_dim == head_dim_v == 256
-    sms = num_sms if num_sms is not None else C.DEFAULT_NUM_SMS.get(arch, MLA_FALLBACK_NUM_SMS)
+    sms = selection_sms(arch, num_sms)
     if (
         hd256 and pack_gqa is None and 128 % ratio and not seqused_q
         and (eff_max_q > 128 or (num_splits == 1 and 2 * batch * num_heads <= sms))
@@ -423,11 +423,18 @@ def features(
     )
 
 
-# The SM count an MLA call's route is computed with when none is given: the arch's default, else
-# B200's. The representative calls fa4aot builds MLA kernels from (batch 1: 2CTA; batch
-# MLA_1CTA_BATCH: 1CTA) route the same on any count from 3 to 2 * MLA_1CTA_BATCH - 1.
+# The SM count an MLA call's route (and an hd256 Blackwell call's 2CTA choice) is computed with
+# when none is given: the arch's default, else B200's. The representative calls fa4aot builds
+# MLA kernels from (batch 1: 2CTA; batch MLA_1CTA_BATCH: 1CTA) route the same on any count
+# from 3 to 2 * MLA_1CTA_BATCH - 1.
 MLA_FALLBACK_NUM_SMS = 148
 MLA_1CTA_BATCH = 1024
+
+
+def selection_sms(arch: str, num_sms: int | None) -> int:
+    """The SM count FA4's per-call kernel choices are modelled with: `num_sms`, else the arch's
+    default, else MLA_FALLBACK_NUM_SMS (sm103 has no default)."""
+    return num_sms or C.DEFAULT_NUM_SMS.get(arch) or MLA_FALLBACK_NUM_SMS
 
 
 class MlaRefused(ValueError):
@@ -469,7 +476,7 @@ def mla_features(
     if problems:
         raise ValueError("absorbed MLA call fa4aot does not model: " + "; ".join(problems))
     ratio = num_heads // num_heads_kv
-    sms = num_sms or C.DEFAULT_NUM_SMS.get(arch) or MLA_FALLBACK_NUM_SMS
+    sms = selection_sms(arch, num_sms)
     # FA4 routes by the host hint, or total_q without one: its max_seqlen_q defaults to total_q
     # before seqlen_q_hint is read (interface.py 950-962), whatever `_mla_1cta_route`'s
     # docstring says ("varlen without a host max_seqlen_q counts as prefill"): a call whose
@@ -694,7 +701,7 @@ def _probe_calls(spec: Spec, att: Attention, arch: str, num_sms: int | None = No
     heads = {(r, 1): batches for r in ratios}
     by_batch = C.is_blackwell(arch) and att.head_dim == att.head_dim_v == 256
     if by_batch:
-        sms = num_sms or C.DEFAULT_NUM_SMS.get(arch, MLA_FALLBACK_NUM_SMS)
+        sms = selection_sms(arch, num_sms)
         heads = {}
         for t in sv.tp:
             hq, hk = att.num_q_heads // t, max(1, att.num_kv_heads // t)
@@ -985,7 +992,7 @@ def representative_call(v: Variant, num_sms: int | None = None) -> Call:
     if v.two_cta is not None and not v.cu_hint:
         # FA4 picks pack_gqa and the 2CTA kernel by batch x heads against the SM count
         # (features): the first batch at which it picks v's
-        sms = num_sms or C.DEFAULT_NUM_SMS.get(v.arch, MLA_FALLBACK_NUM_SMS)
+        sms = selection_sms(v.arch, num_sms)
         for b in sorted({1, sms // 2, sms // 2 + 1, sms // (2 * r) + 1}):
             c = replace(call, batch=b)
             if 0 < b <= C.BIN_BATCH_SEARCH_THRESH and c.variant(v.arch, sms) == v:
