@@ -1,8 +1,9 @@
 """Which kernel should a decode step the plan leaves unsplit run on? The fold (one chunk per
 sequence; runtime/splitkv.FoldRun) on the chunk kernel (FA4's sm90 forward, 64-row M tile, 128
-keys a tile, one CTA per SM) against the wide fold kernel (64 keys a tile, two CTAs per SM:
-compiler.trace_wide_fold), FA4's own kernel (FA4AOT_SPLIT_KV=0), and torch SDPA's cuDNN
-backend on the same dense K/V; side by side in one process (H200).
+keys a tile, one CTA per SM) against the wide fold kernels (64 keys a tile: fwd_wide, two CTAs
+per SM, and for a dense K fwd_wide1, one; compiler.trace_wide_fold, constraints.fold_kernel),
+FA4's own kernel (FA4AOT_SPLIT_KV=0), and torch SDPA's cuDNN backend on the same dense K/V;
+side by side in one process (H200).
 
     FA4AOT_CACHE_DIR=<store> python benchmarks/fold_kernels.py --out fold.json
 
@@ -10,7 +11,7 @@ bf16 hd128 32:8, one query row, causal; dense K/V and paged at 16, 64 and 128 ke
 (pages in order). Per cell, each column is one CUDA graph of several calls; the graphs replay
 in 5 interleaved rounds (the order reversed every other round) and the medians are quoted, so
 a slow phase of the shared host or a clock change hits every column alike. Also prints the
-largest difference of the wide kernel's output from the chunk kernel's and from FA4's.
+largest difference of the fwd_wide kernel's output from the chunk kernel's and from FA4's.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def main():
     from _timing import capture, replay_us
 
     rt = R.default_runtime()
-    serves = C.wide_fold_serves
+    serves = C.fold_kernel
     hq, hk, d, dt = 32, 8, 128, torch.bfloat16
     sdpa = torch.nn.functional.scaled_dot_product_attention
     rows = []
@@ -70,9 +71,9 @@ def main():
             est = b * sk * hk * 2 * d * 2 / 4.3e6  # us at 4.3 TB/s
             calls = max(2, min(20, int(4000 / max(est, 1))))
             graphs, outs = {}, {}
-            for mode in ("chunk", "wide", "fa4"):
-                C.wide_fold_serves = (lambda c, s: True) if mode == "wide" else (
-                    lambda c, s: False)
+            modes = ("chunk", "fwd_wide", "fwd_wide1", "fa4")
+            for mode in modes if layout == "dense" else modes[:2] + modes[3:]:
+                C.fold_kernel = lambda c, s, paged, m=mode: m if m.startswith("fwd") else None
                 rt._split_runs.clear()
                 rt.split = 0 if mode == "fa4" else 1  # 1: one chunk, i.e. the fold
                 try:
@@ -82,11 +83,11 @@ def main():
                 graphs[mode].replay()
                 torch.cuda.synchronize()
                 outs[mode] = out.clone()
-                kind = [type(r).__name__ + ("/wide" if getattr(r, "wide", False) else "")
+                kind = [(type(r).__name__, getattr(r, "wide", None) or "chunk")
                         for r in rt._split_runs.values() if r]
-                if mode != "fa4" and kind != ["FoldRun" + ("/wide" if mode == "wide" else "")]:
+                if mode != "fa4" and kind != [("FoldRun", mode)]:
                     raise SystemExit(f"{layout} b{b} sk{sk} {mode}: served by {kind}")
-            C.wide_fold_serves = serves
+            C.fold_kernel = serves
             rt.split = -1
             rt._split_runs.clear()
             with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
@@ -97,17 +98,21 @@ def main():
                 for m in order:
                     times[m].append(replay_us(graphs[m], calls))
             med = {m: statistics.median(t) for m, t in times.items()}
-            diff = {m: (outs["wide"].float() - outs[m].float()).abs().max().item()
-                    for m in ("chunk", "fa4") if m in outs}
-            med.setdefault("fa4", float("nan"))
-            diff.setdefault("fa4", float("nan"))
+            diff = {m: (outs["fwd_wide"].float() - outs[m].float()).abs().max().item()
+                    for m in ("chunk", "fwd_wide1", "fa4") if m in outs}
+            for m in ("fa4", "fwd_wide1"):
+                med.setdefault(m, float("nan"))
+                diff.setdefault(m, float("nan"))
             row = {"layout": layout, "b": b, "sk": sk, "us": med, "wide_maxdiff": diff}
             rows.append(row)
             print(f"{str(layout):>5} b{b:<4} sk{sk:<6} chunk {med['chunk']:8.1f} wide "
-                  f"{med['wide']:8.1f} ({med['wide'] / med['chunk']:.3f}) fa4 {med['fa4']:8.1f}"
-                  f" cudnn(dense) {med['cudnn']:8.1f} | wide/cudnn "
-                  f"{med['wide'] / med['cudnn']:.3f} | maxdiff vs chunk {diff['chunk']:.1e}"
-                  f" vs fa4 {diff['fa4']:.1e}", flush=True)
+                  f"{med['fwd_wide']:8.1f} ({med['fwd_wide'] / med['chunk']:.3f}) wide1 "
+                  f"{med['fwd_wide1']:8.1f} ({med['fwd_wide1'] / med['chunk']:.3f}) fa4 "
+                  f"{med['fa4']:8.1f} cudnn(dense) {med['cudnn']:8.1f} | wide/cudnn "
+                  f"{med['fwd_wide'] / med['cudnn']:.3f} wide1/cudnn "
+                  f"{med['fwd_wide1'] / med['cudnn']:.3f} | maxdiff vs chunk "
+                  f"{diff['chunk']:.1e} vs wide1 {diff['fwd_wide1']:.1e} vs fa4 "
+                  f"{diff['fa4']:.1e}", flush=True)
             del graphs
     if a.out:
         with open(a.out, "w") as f:

@@ -453,8 +453,8 @@ def superseded(art) -> bool:
     otherwise) and the chunk metadata kernel (compiler.trace_merge, trace_chunk_meta), or, on
     sm90, whose forward does not read q (and a paged K's lengths, a packed K's chunk bounds:
     part `fwd_bounds`) through chunk modes (compiler.trace_chunk_modes), or a 64-row one
-    without the wide fold kernel (part `fwd_wide`, compiler.trace_wide_fold), i.e. built before
-    them. `fa4aot build` replaces it, as it does a corrupt copy; until then the runtime serves
+    without a wide fold kernel its K takes (parts `fwd_wide`, `fwd_wide1`: constraints.WideFold,
+    compiler.trace_wide_fold), i.e. built before them. `fa4aot build` replaces it, as it does a corrupt copy; until then the runtime serves
     it with what it has (FA4's combine, torch's element-wise kernels, a copy of q over the
     chunks, the metadata kernel)."""
     rec = art.record
@@ -466,9 +466,9 @@ def superseded(art) -> bool:
     merge = "merge" if C.merge_threads(v.head_dim_v, MAX_SLOTS) is not None else "combine"
     fwd = rec["parts"].get("fwd", {})
     parts = rec["parts"]
-    wide = C.wide_fold(v.arch, v.head_dim, v.head_dim_v, v.tile_m) is not None  # fwd_wide
+    wides = {w.part for w in C.wide_folds(v.arch, v.head_dim, v.head_dim_v, v.tile_m, v.paged)}
     modes = (fwd.get("chunk_lengths") if v.paged else "fwd_bounds" in parts) and (
-        not wide or "fwd_wide" in parts)
+        wides <= set(parts))
     if v.arch == "sm90" and not (fwd.get("q_broadcast") and modes):
         return True
     return not {merge, "chunk_meta"} <= set(rec["parts"])

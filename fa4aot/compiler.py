@@ -291,14 +291,15 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
             f"expected one forward kernel for {variant.describe()}, FA4 compiled {len(fwd)}"
         )
     chunk_modes = variant.split_kernel and variant.arch == "sm90"
-    bounds, wide_fwd = [], []
+    bounds, wides = [], {}
     if chunk_modes:  # the chunk kernel: FA4's, reading q and KV lengths in chunk modes
         fwd = [(fwd[0][0], trace_chunk_modes(compiles))]
         if not variant.paged:  # and a packed K's chunk bounds (its own ABI: part fwd_bounds)
             bounds = [(fwd[0][0], trace_chunk_modes(compiles, bounds=True))]
-        wide = C.wide_fold(variant.arch, variant.head_dim, variant.head_dim_v, variant.tile_m)
-        if wide is not None:  # and the fold's kernel for a full chip (part fwd_wide)
-            wide_fwd = [(fwd[0][0], trace_wide_fold(compiles, wide, variant.paged))]
+        # and the fold's kernels for a full chip (parts fwd_wide, fwd_wide1)
+        wides = {w.part: w for w in C.wide_folds(variant.arch, variant.head_dim,
+                                                 variant.head_dim_v, variant.tile_m,
+                                                 variant.paged)}
     seconds = time.perf_counter() - t0
     modelled = variant.mla is not None or variant.two_cta is not None
     if modelled and variant_from_fa4_key(fwd[0][0], variant.arch) != variant:
@@ -334,8 +335,8 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
     parts: dict[str, Any] = {}
     if bounds:
         helpers["fwd_bounds"] = bounds
-    if wide_fwd:
-        helpers["fwd_wide"] = wide_fwd
+    for name, wide in wides.items():
+        helpers[name] = [(fwd[0][0], trace_wide_fold(compiles, wide, variant.paged))]
     for name, entries in [("fwd", fwd), *helpers.items()]:
         for key, fn in entries:
             obj = outdir / f"{name}.o"
@@ -346,10 +347,10 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
             if problem:
                 raise RuntimeError(f"{variant.describe()}: {problem}")
             parts[name] = {"object": str(obj), **part_record(name, key, variant.arch)}
-            if name == "fwd_wide":  # its occupancy took effect: ptxas held the registers
-                wide = C.wide_fold(variant.arch, variant.head_dim, variant.head_dim_v,
-                                   variant.tile_m)
-                regs, cap = cubin.register_counts(obj), 65536 // (256 * wide.ctas_per_sm)
+            if name in wides:  # its occupancy took effect: ptxas held the registers
+                wide = wides[name]
+                regs = cubin.register_counts(obj)
+                cap = min(255, 65536 // (256 * wide.ctas_per_sm))
                 if not regs or max(regs) > cap:
                     raise RuntimeError(f"{variant.describe()}: the wide fold kernel has {regs} "
                                        f"registers per thread, not at most {cap}")
@@ -585,8 +586,8 @@ def trace_chunk_modes(compiles: list, bounds: bool = False) -> Any:
 
 
 def trace_wide_fold(compiles: list, wide: "C.WideFold", paged: bool) -> Any:
-    """The decode fold's kernel for a chip full of CTAs (constraints.WideFold; a split chunk
-    kernel's part `fwd_wide`, FA4's forward ABI): FA4's sm90 forward compiled again from the
+    """A decode fold's kernel for a chip full of CTAs (constraints.WideFold; a split chunk
+    kernel's part `wide.part`, FA4's forward ABI): FA4's sm90 forward compiled again from the
     arguments FA4 compiled the chunk kernel with (`compiles`, from trace; its 64-row M tile),
     with N tiles of wide.tile_n keys (FA4's pipeline, two stages; for a paged K, FA4's non-TMA
     path, which takes any page size, as its TMA path takes only pages of one tile) and launched

@@ -253,43 +253,73 @@ def split_tile_m(arch: str, head_dim: int, head_dim_v: int) -> int | None:
 
 
 class WideFold(NamedTuple):
-    """The decode fold's kernel for a chip full of CTAs (compiler.trace_wide_fold, a split
-    chunk kernel's part `fwd_wide`): the chunk kernel with N tiles of tile_n keys, launched
-    ctas_per_sm CTAs per SM (its two warpgroups' registers split mma_regs / producer_regs by
-    setmaxnreg, within 65536 / ctas_per_sm per CTA), so one CTA's prologue and epilogue overlap
-    another's streaming. H200, 2026-12-01 (`benchmarks/fold_kernels.py`,
-    `2026-12-01-s10-d-fold.txt`: 32:8 hd128, CUDA graphs, interleaved, against the chunk
-    kernel's 128-key tiles at one CTA per SM): from b32 (256 CTAs) 0.92-0.98x at 1K keys in
-    every layout (dense b32/1K 36.3 -> 33.6 us, paged-16 b128/1K 138.1 -> 126.9), paged-16
-    0.96-0.99x at 4K-16K, elsewhere 0.99-1.01x; at b16 (128 CTAs, one per SM) 1.00x dense but
-    1.04-1.19x paged, at b8 1.07-1.54x (each CTA streams alone: 64-key tiles stream slower)."""
+    """A decode fold's kernel for a chip full of CTAs (compiler.trace_wide_fold, a split chunk
+    kernel's part `part`): the chunk kernel with N tiles of tile_n keys, launched ctas_per_sm
+    CTAs per SM (its two warpgroups' registers split mma_regs / producer_regs by setmaxnreg,
+    within 65536 / ctas_per_sm per CTA). `paged`: built (and served) for a paged K too.
+
+    `fwd_wide` (WIDE_FOLD, two CTAs per SM: one CTA's prologue and epilogue overlap another's
+    streaming). H200, 2026-12-01 (`benchmarks/fold_kernels.py`, `2026-12-01-s10-d-fold.txt`:
+    32:8 hd128, CUDA graphs, interleaved, against the chunk kernel's 128-key tiles at one CTA
+    per SM): from b32 (256 CTAs) 0.92-0.98x at 1K keys in every layout (dense b32/1K 36.3 ->
+    33.6 us, paged-16 b128/1K 138.1 -> 126.9), paged-16 0.96-0.99x at 4K-16K, elsewhere
+    0.99-1.01x; at b16 (128 CTAs, one per SM) 1.00x dense but 1.04-1.19x paged, at b8
+    1.07-1.54x (each CTA streams alone: 64-key tiles stream slower).
+
+    `fwd_wide1` (WIDE_FOLD_1, the same 64-key tiles at one CTA per SM, 240 registers, packed K
+    only): streams long contexts faster than either. H200, 2026-12-01 (`s12-b`, `s12-c`
+    probes, 32:8 hd128 dense, eager / graph against cuDNN, 3-5 interleaved rounds): b32/16K
+    0.985 / 0.981 (fwd_wide 0.995 / 0.994), b32/64K 0.993 / 0.994 (1.000 / 1.002), b64/16K 0.980
+    / 0.983 (0.998 / 0.996), b64/64K 0.987 / 0.987 (0.999 / 1.000), b128/16K 0.973 / 0.977
+    (0.983 / 0.981), b40-b60 at 16K 0.89-0.98 (0.97-1.01); but b24 (1.45 CTAs per SM, a
+    second round of 60 CTAs streaming alone) 1.034-1.048 eager, and paged (FA4's cp.async
+    path) 1.08-1.19x fwd_wide's at pages of 16/64/128: hence fold_kernel's thresholds."""
 
     tile_n: int = 64
     ctas_per_sm: int = 2
     mma_regs: int = 232
     producer_regs: int = 24
+    part: str = "fwd_wide"
+    paged: bool = True
 
 
 WIDE_FOLD = WideFold()
+WIDE_FOLD_1 = WideFold(ctas_per_sm=1, mma_regs=240, producer_regs=24, part="fwd_wide1",
+                       paged=False)
+WIDE_FOLDS = (WIDE_FOLD, WIDE_FOLD_1)
 
 
-def wide_fold(
-    arch: str, head_dim: int, head_dim_v: int, tile_m: int | None
-) -> WideFold | None:
-    """The wide fold kernel's shape where fa4aot builds one beside a split chunk kernel of M
-    tile `tile_m` (a variant's; None: FA4's): on the 64-row chunk kernel (split_tile_m: sm90,
-    head dims up to 128, one MMA warpgroup), packed or paged, else None."""
+def wide_folds(
+    arch: str, head_dim: int, head_dim_v: int, tile_m: int | None, paged: bool
+) -> tuple[WideFold, ...]:
+    """The wide fold kernels fa4aot builds beside a split chunk kernel of M tile `tile_m` (a
+    variant's; None: FA4's) for a paged or packed K: on the 64-row chunk kernel (split_tile_m:
+    sm90, head dims up to 128, one MMA warpgroup), WIDE_FOLDS that serve its K; else none."""
     if tile_m == 64 and split_tile_m(arch, head_dim, head_dim_v) == 64:
-        return WIDE_FOLD
-    return None
+        return tuple(w for w in WIDE_FOLDS if w.paged or not paged)
+    return ()
 
 
-def wide_fold_serves(ctas: int, num_sms: int) -> bool:
-    """Whether a decode step's fold of `ctas` (sequence, KV head) CTAs runs on the wide fold
-    kernel: where there are enough for two on most SMs (>= 1.5 per SM), so HBM, not one CTA's
-    streaming rate, bounds it (WideFold: the H200's b32 32:8, 256 CTAs, gained; b16, 128,
-    lost paged)."""
-    return ctas * 2 >= num_sms * 3
+def fold_kernel(ctas: int, num_sms: int, paged: bool) -> str | None:
+    """The part a decode step's fold of `ctas` (sequence, KV head) CTAs runs on (None: the
+    chunk kernel itself; WideFold): from 1.5 CTAs per SM, where HBM rather than one CTA's
+    streaming rate bounds it, `fwd_wide` (two per SM; b32 at 32:8, 256 CTAs, gained; b16, 128,
+    lost paged); for a packed K from 1.9 per SM (b32 at 32:8 on the H200's 132 SMs, 1.94),
+    `fwd_wide1` (one per SM, 64-key tiles: measured faster from b32 up, slower at b24)."""
+    if ctas * 2 < num_sms * 3:
+        return None
+    if not paged and ctas * 10 >= num_sms * 19:
+        return WIDE_FOLD_1.part
+    return WIDE_FOLD.part
+
+
+def fold_part(ctas: int, num_sms: int, paged: bool, parts) -> str | None:
+    """fold_kernel's part among the chunk kernel's `parts` (names), None for the chunk kernel:
+    a store built before `fwd_wide1` serves its folds on `fwd_wide`."""
+    part = fold_kernel(ctas, num_sms, paged)
+    if part == WIDE_FOLD_1.part and part not in parts:
+        part = WIDE_FOLD.part
+    return part if part in parts else None
 
 
 MERGE_MAX_THREADS = 256

@@ -251,7 +251,8 @@ def test_superseded_is_a_split_kernel_merging_with_fa4s_combine_or_copying_q():
 
     from fa4aot.variants import split_kernel_variant
 
-    def art(variant, *parts, q_broadcast=True, chunk_lengths=True, bounds=True, wide=True):
+    def art(variant, *parts, q_broadcast=True, chunk_lengths=True, bounds=True, wide=True,
+            wide1=True):
         rec = {"variant": variant.to_dict(), "parts": {p: {} for p in ("fwd", *parts)}}
         if q_broadcast:
             rec["parts"]["fwd"]["q_broadcast"] = True
@@ -261,6 +262,8 @@ def test_superseded_is_a_split_kernel_merging_with_fa4s_combine_or_copying_q():
             rec["parts"]["fwd_bounds"] = {}
         if wide and variant.split_kernel and variant.tile_m == 64:
             rec["parts"]["fwd_wide"] = {}
+        if wide1 and variant.split_kernel and variant.tile_m == 64 and not variant.paged:
+            rec["parts"]["fwd_wide1"] = {}
         return SimpleNamespace(record=rec)
 
     split = split_kernel_variant("sm90", "bfloat16", 128, 128, None)
@@ -273,6 +276,7 @@ def test_superseded_is_a_split_kernel_merging_with_fa4s_combine_or_copying_q():
     # the packed 64-row chunk kernel carries the wide fold (compiler.trace_wide_fold); the
     # decode fold's 1:1 kernel (FA4's M tile) and head dims over 128 (FA4's tile) do not
     assert B.superseded(art(split, "merge", "chunk_meta", wide=False))
+    assert B.superseded(art(split, "merge", "chunk_meta", wide1=False))  # before fwd_wide1
     fa4_tile = replace(split, tile_m=None)
     assert not B.superseded(art(fa4_tile, "merge", "chunk_meta", wide=False))
     big = split_kernel_variant("sm90", "bfloat16", 192, 128, None)
@@ -280,6 +284,7 @@ def test_superseded_is_a_split_kernel_merging_with_fa4s_combine_or_copying_q():
     paged = split_kernel_variant("sm90", "bfloat16", 128, 128, 128)
     assert not B.superseded(art(paged, "merge", "chunk_meta"))
     assert B.superseded(art(paged, "merge", "chunk_meta", wide=False))
+    assert not B.superseded(art(paged, "merge", "chunk_meta", wide1=False))  # packed K only
     assert B.superseded(art(paged, "merge", "chunk_meta", chunk_lengths=False))
     assert not any(B.superseded(art(n.variant, "combine", q_broadcast=False))
                    for n in other.values())

@@ -79,8 +79,13 @@ out = {}
 v = V.split_kernel_variant("sm90", "bfloat16", 64, 64, None)
 rec = compiler.compile_variant(V.representative_call(v), v, Path(tempfile.mkdtemp()))
 parts = rec["parts"]
-out["wide"] = {k: x for k, x in parts["fwd_wide"].items() if k not in ("object", "key")}
-out["regs"] = {n: cubin.register_counts(parts[n]["object"]) for n in ("fwd", "fwd_wide")}
+out["wide"] = {n: {k: x for k, x in parts[n].items() if k not in ("object", "key")}
+               for n in ("fwd_wide", "fwd_wide1")}
+out["regs"] = {n: cubin.register_counts(parts[n]["object"])
+               for n in ("fwd", "fwd_wide", "fwd_wide1")}
+vp = V.split_kernel_variant("sm90", "bfloat16", 64, 64, 64)
+out["paged_parts"] = sorted(
+    compiler.compile_variant(V.representative_call(vp), vp, Path(tempfile.mkdtemp()))["parts"])
 # the wide fold builds only on the 64-row chunk kernel: FA4's own decode kernel (128 rows)
 call = V.representative_call(V.split_kernel_variant("sm90", "bfloat16", 64, 64, None))
 import dataclasses
@@ -97,11 +102,14 @@ print(json.dumps(out))
 
 def test_wide_fold_compiles_two_ctas_per_sm_and_refuses_other_tiles():
     """The packed split kernel's part fwd_wide: 64-key tiles, and ptxas held its threads to
-    128 registers (two 256-thread CTAs per SM), where FA4's launch lets them take 255."""
+    128 registers (two 256-thread CTAs per SM), where FA4's launch lets them take 255; its part
+    fwd_wide1: the same tiles at 240 (one CTA per SM). A paged one has fwd_wide only."""
     r = subprocess.run([sys.executable, "-c", _WIDE], capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     doc = json.loads(r.stdout.strip().splitlines()[-1])
-    assert doc["wide"] == {"tile_n": 64, "ctas_per_sm": 2, "registers": 128}
-    assert doc["regs"] == {"fwd": [255], "fwd_wide": [128]}
+    assert doc["wide"] == {"fwd_wide": {"tile_n": 64, "ctas_per_sm": 2, "registers": 128},
+                           "fwd_wide1": {"tile_n": 64, "ctas_per_sm": 1, "registers": 240}}
+    assert doc["regs"] == {"fwd": [255], "fwd_wide": [128], "fwd_wide1": [240]}
+    assert "fwd_wide" in doc["paged_parts"] and "fwd_wide1" not in doc["paged_parts"]
     assert "builds on the 64-row chunk kernel" in doc["tile128"]

@@ -447,22 +447,33 @@ def test_unsplit_one_row_step_runs_as_one_chunk_per_sequence(kind, lse_mode):
 
 
 class _WideRuntime(_NoSplitRuntime):
-    """The same, with the chunk kernel's wide fold part (launch_wide): records which ran."""
+    """The same, with the chunk kernel's wide fold parts (launch_wide, and launch_wide1 unless
+    `wide1` is False: a store built before it): records which ran."""
+
+    def __init__(self, wide1=True):
+        super().__init__()
+        self.wide1 = wide1
 
     def split_kernel(self, dev, dtype, d, dv, page_size):
         def fwd(name, q, *a):
             self.seen.append(name)
             fake_fwd(q, *a)
 
-        return R.plan.SplitKernel(partial(fwd, "chunk"), fake_combine, S.MAX_SLOTS, None,
-                                  fwd_wide=partial(fwd, "wide"))
+        return R.plan.SplitKernel(
+            partial(fwd, "chunk"), fake_combine, S.MAX_SLOTS, None,
+            fwd_wide=partial(fwd, "fwd_wide"),
+            fwd_wide1=partial(fwd, "fwd_wide1") if self.wide1 else None,
+        )
 
 
+@pytest.mark.parametrize("wide1", [True, False])
 @pytest.mark.parametrize("kind", ["dense", "varlen", "paged"])
-@pytest.mark.parametrize("b,hk", [(16, 8), (24, 8), (25, 8), (99, 2)])
-def test_a_fold_over_a_full_chip_runs_on_the_wide_kernel(kind, b, hk):
-    """constraints.wide_fold_serves: (sequence, KV head) CTAs >= 1.5 per SM (198 on 132 SMs)
-    run on the wide fold kernel (the chunk kernel's part fwd_wide); the same results."""
+@pytest.mark.parametrize("b,hk", [(16, 8), (24, 8), (25, 8), (31, 8), (32, 8), (99, 2),
+                                  (126, 2)])
+def test_a_fold_over_a_full_chip_runs_on_the_wide_kernel(kind, b, hk, wide1):
+    """constraints.fold_kernel: (sequence, KV head) CTAs >= 1.5 per SM (198 on 132 SMs) run on
+    the wide fold kernel fwd_wide, a packed (or dense) K's from 1.9 per SM (251) on fwd_wide1
+    where the store holds it (else fwd_wide); the same results."""
     hq, d, sk = 2 * hk, 16, 300
     q, k, v = _inputs(b, 1, hq, hk, d, [sk] * b, seed=b + hk)
     if kind == "dense":
@@ -476,14 +487,16 @@ def test_a_fold_over_a_full_chip_runs_on_the_wide_kernel(kind, b, hk):
         kk, vv, table = _page_pool(k, v, [sk] * b, page)
         kv = (None, torch.full((b,), sk, dtype=torch.int32), table)
         qq = q.reshape(b, hq, d)
-    rt = _WideRuntime()
+    rt = _WideRuntime(wide1)
     out = torch.full((*qq.shape[:-1], d), float("nan")).bfloat16()
     got = R.splitkv.split_step(rt, 0, qq, kk, vv, kind, *kv, b, 1, hq, hk, d, d,
                                sk if kind != "paged" else kv[2].shape[1] * page, page, True,
                                None, None, out, None, False, kind != "dense")
     assert got is not None and got[0] is out
-    wide = b * hk >= 198
-    assert rt.seen == ["wide" if wide else "chunk"]
+    ctas = b * hk
+    want = ("chunk" if ctas < 198 else
+            "fwd_wide1" if ctas >= 251 and kind != "paged" and wide1 else "fwd_wide")
+    assert rt.seen == [want]
     ro, _ = _ref(q, k, v, [sk] * b, True, None)
     assert rel_err(out.view(b, 1, hq, d), ro) < 1e-2
 

@@ -437,12 +437,14 @@ def _split_plan(
                    f"the cost model: {batch * seqlen_q * hk} CTAs over {seqlen_k} keys gain "
                    f"nothing on {num_sms} SMs")
             if setting != 0 and fold_why is None:
-                w = rec["parts"].get("fwd_wide")  # (runtime/splitkv.FoldRun, likewise)
-                wide = bool(w) and C.wide_fold_serves(batch * hk, num_sms)
-                on = (f"the wide fold kernel ({w['tile_n']}-key tiles, "
-                      f"{w['ctas_per_sm']} CTAs per SM: {batch * hk} CTAs fill the "
-                      f"{num_sms} SMs) of {kern.describe()}" if wide else kern.describe())
-                return {"splits": 0, "why": why, "wide": wide, "fold": (
+                # (runtime/splitkv.FoldRun, likewise)
+                part = C.fold_part(batch * hk, num_sms, page_size is not None, rec["parts"])
+                w = rec["parts"].get(part) or {}
+                on = (f"the wide fold kernel {part} ({w.get('tile_n')}-key tiles, "
+                      f"{w.get('ctas_per_sm')} CTA(s) per SM: {batch * hk} CTAs fill the "
+                      f"{num_sms} SMs) of {kern.describe()}" if part else kern.describe())
+                return {"splits": 0, "why": why, "wide": part is not None,
+                        "fold_kernel": part or "fwd", "fold": (
                     f"the fold: one chunk per sequence on {on} (id {kern.id}), "
                     f"the {hq // hk} query heads of each KV head as its rows, no combine")}
     if sp is None:

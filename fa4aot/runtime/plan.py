@@ -63,19 +63,23 @@ class SplitKernel:
     # a packed K's: the forward that reads its chunk bounds from cu_seqlens_k as (b + 1, chunk)
     # (part `fwd_bounds`, compiler.trace_chunk_modes(bounds=True)), None in older artifacts
     fwd_bounds: Any = None
-    # the fold's kernel for a chip full of CTAs (part `fwd_wide`, compiler.trace_wide_fold:
-    # FA4's ABI), None in older artifacts and for head dims over 128
+    # the fold's kernels for a chip full of CTAs (parts `fwd_wide`, `fwd_wide1`: constraints.
+    # WideFold, compiler.trace_wide_fold; FA4's ABI), None in older artifacts, for head dims
+    # over 128 and (fwd_wide1) for a paged K
     fwd_wide: Any = None
+    fwd_wide1: Any = None
     launch: Callable = field(init=False)
     merge: Callable = field(init=False)
     chunk_meta: Callable | None = field(init=False)
     launch_bounds: Callable | None = field(init=False)
     launch_wide: Callable | None = field(init=False)
+    launch_wide1: Callable | None = field(init=False)
 
     def __post_init__(self):
         self.launch = self.abi.fwd(self.fwd)
         self.launch_bounds = None if self.fwd_bounds is None else self.abi.fwd(self.fwd_bounds)
         self.launch_wide = None if self.fwd_wide is None else self.abi.fwd(self.fwd_wide)
+        self.launch_wide1 = None if self.fwd_wide1 is None else self.abi.fwd(self.fwd_wide1)
         self.merge = (L.fa4aot_merge if self.fa4aot_merge else self.abi.combine)(self.combine)
         self.chunk_meta = None if self.meta is None else L.fa4aot_chunk_meta(self.meta)
 
@@ -295,12 +299,12 @@ class Runtime:
                 name, comb = S.merge_part(art.record["parts"] if art else {}, DTYPES[dtype])
                 if name is not None:
                     if art.id in self._modules:  # the decode fold loaded it (same tile)
-                        combine, meta, bounds, wide = self._load(
-                            art, name, "chunk_meta", "fwd_bounds", "fwd_wide")
+                        combine, meta, bounds, wide, wide1 = self._load(
+                            art, name, "chunk_meta", "fwd_bounds", "fwd_wide", "fwd_wide1")
                     else:
-                        fwd, helper, combine, meta, bounds, wide = self._load(
+                        fwd, helper, combine, meta, bounds, wide, wide1 = self._load(
                             art, "fwd", "tile_cumsum", name, "chunk_meta", "fwd_bounds",
-                            "fwd_wide",
+                            "fwd_wide", "fwd_wide1",
                         )
                         self._modules[art.id] = (fwd, helper, art)
                     got = SplitKernel(
@@ -315,6 +319,7 @@ class Runtime:
                         chunk_lengths=bool(art.record["parts"]["fwd"].get("chunk_lengths")),
                         fwd_bounds=bounds,
                         fwd_wide=wide,
+                        fwd_wide1=wide1,
                     )
         self._split_kernels[key] = got
         return got

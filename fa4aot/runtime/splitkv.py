@@ -308,9 +308,10 @@ class FoldRun:
     37.6; in one decode run (2026-12-01-s7-e) against FA4's kernel, eager, b32/128K 4097 ->
     3843 us, b64/128K 9096 -> 7580, b128/64K 8153 -> 7600, b128/1K 145.6 -> 137.0. About 10 us
     more host time per call (the views). From 1.5 (sequence, KV head) CTAs per SM it runs on
-    the wide fold kernel instead (`wide`; compiler.trace_wide_fold: 64-key tiles, two CTAs per
-    SM). Not for a learnable sink (the chunk kernel has none), a head ratio over the tile's
-    rows, or a chunk kernel with FA4's own tile (head dims over 128, Blackwell)."""
+    a wide fold kernel instead (`wide`, its part name; constraints.fold_kernel,
+    compiler.trace_wide_fold: 64-key tiles, two CTAs per SM, or one for a packed K from 1.9).
+    Not for a learnable sink (the chunk kernel has none), a head ratio over the tile's rows,
+    or a chunk kernel with FA4's own tile (head dims over 128, Blackwell)."""
 
     fold = True
     __slots__ = ("launch", "wide", "scale", "r", "q4", "o4", "k_shape", "v_shape", "cu_k",
@@ -328,11 +329,13 @@ class FoldRun:
 
     def __init__(self, rt, dev, q, b, hq, hk, d, dv, kind, kern, seqlen_k, varlen_q):
         r, dvc = hq // hk, q.device
-        # a fold of at least 1.5 CTAs per SM runs on the wide fold kernel, where cached
-        # (constraints.WideFold: 64-key tiles, two CTAs per SM); FA4's ABI, the same arguments
-        self.wide = (kern.launch_wide is not None
-                     and C.wide_fold_serves(b * hk, rt.device(dev)[1]))
-        self.launch = kern.launch_wide if self.wide else kern.launch
+        # a fold of at least 1.5 CTAs per SM runs on a wide fold kernel, where cached
+        # (constraints.fold_kernel, WideFold: 64-key tiles, two CTAs per SM, or one for a
+        # packed K from 1.9); FA4's ABI, the same arguments
+        wides = {"fwd_wide": kern.launch_wide, "fwd_wide1": kern.launch_wide1}
+        self.wide = C.fold_part(b * hk, rt.device(dev)[1], kind == "paged",
+                                [n for n, f in wides.items() if f is not None])
+        self.launch = wides[self.wide] if self.wide else kern.launch
         self.scale = float(1.0 / math.sqrt(d))
         self.r = r
         self.q4, self.o4 = (b, r, hk, d), (b, r, hk, dv)  # r query heads as rows of a 1:1 kernel
