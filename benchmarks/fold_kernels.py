@@ -6,9 +6,11 @@ FA4's own kernel (FA4AOT_SPLIT_KV=0), and torch SDPA's cuDNN backend on the same
 side by side in one process (H200).
 
     FA4AOT_CACHE_DIR=<store> python benchmarks/fold_kernels.py --out fold.json
+    FA4AOT_CACHE_DIR=<store> python benchmarks/fold_kernels.py --long --out fold-long.json
 
 bf16 hd128 32:8, one query row, causal; dense K/V and paged at 16, 64 and 128 keys a page
-(pages in order). Per cell, each column is one CUDA graph of several calls; the graphs replay
+(pages in order); --long: dense only, b16-b64 at 16K-64K keys and b32 at 128K (the long contexts
+where the fold streams at the HBM limit: fwd_wide1 against fwd_wide). Per cell, each column is one CUDA graph of several calls; the graphs replay
 in 5 interleaved rounds (the order reversed every other round) and the medians are quoted, so
 a slow phase of the shared host or a clock change hits every column alike. Also prints the
 largest difference of the fwd_wide kernel's output from the chunk kernel's and from FA4's.
@@ -24,11 +26,13 @@ import sys
 
 CELLS = [(b, sk) for b in (8, 16, 32, 64, 128) for sk in (1024, 4096, 16384)]
 LAYOUTS = ("dense", 16, 64, 128)
+LONG_CELLS = [(b, sk) for b in (16, 24, 32, 48, 64) for sk in (16384, 65536)] + [(32, 131072)]
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
+    ap.add_argument("--long", action="store_true", help="dense K only, 16K-128K keys")
     a = ap.parse_args()
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -45,8 +49,8 @@ def main():
     hq, hk, d, dt = 32, 8, 128, torch.bfloat16
     sdpa = torch.nn.functional.scaled_dot_product_attention
     rows = []
-    for layout in LAYOUTS:
-        for b, sk in CELLS:
+    for layout in ("dense",) if a.long else LAYOUTS:
+        for b, sk in LONG_CELLS if a.long else CELLS:
             torch.cuda.empty_cache()
             q = torch.randn(b, 1, hq, d, device="cuda", dtype=dt)
             k = torch.randn(b, sk, hk, d, device="cuda", dtype=dt)
