@@ -7,10 +7,14 @@ side by side in one process (H200).
 
     FA4AOT_CACHE_DIR=<store> python benchmarks/fold_kernels.py --out fold.json
     FA4AOT_CACHE_DIR=<store> python benchmarks/fold_kernels.py --long --out fold-long.json
+    FA4AOT_CACHE_DIR=<store> python benchmarks/fold_kernels.py --cells 48:1024,32:8192 --out f.json
 
 bf16 hd128 32:8, one query row, causal; dense K/V and paged at 16, 64 and 128 keys a page
 (pages in order); --long: dense only, b16-b64 at 16K-64K keys and b32 at 128K (the long contexts
-where the fold streams at the HBM limit: fwd_wide1 against fwd_wide). Per cell, each column is one CUDA graph of several calls; the graphs replay
+where the fold streams at the HBM limit: fwd_wide1 against fwd_wide); --cells: dense only, the
+cells given (--layouts: in these layouts). "auto" is the runtime's own choice
+(constraints.fold_kernel), printed with its time over the best of the three fold kernels. Per
+cell, each column is one CUDA graph of several calls; the graphs replay
 in 5 interleaved rounds (the order reversed every other round) and the medians are quoted, so
 a slow phase of the shared host or a clock change hits every column alike. Also prints the
 largest difference of the fwd_wide kernel's output from the chunk kernel's and from FA4's.
@@ -33,7 +37,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     ap.add_argument("--long", action="store_true", help="dense K only, 16K-128K keys")
+    ap.add_argument("--cells", help="dense K only, these cells: b:keys[,b:keys...]")
+    ap.add_argument("--layouts", help="with --cells: dense,16,64,128 (default dense)")
     a = ap.parse_args()
+    cells = CELLS
+    if a.long:
+        cells = LONG_CELLS
+    if a.cells:
+        cells = [tuple(int(x) for x in c.split(":")) for c in a.cells.split(",")]
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -49,8 +60,11 @@ def main():
     hq, hk, d, dt = 32, 8, 128, torch.bfloat16
     sdpa = torch.nn.functional.scaled_dot_product_attention
     rows = []
-    for layout in ("dense",) if a.long else LAYOUTS:
-        for b, sk in LONG_CELLS if a.long else CELLS:
+    layouts = LAYOUTS if cells is CELLS else ("dense",)
+    if a.layouts:
+        layouts = [x if x == "dense" else int(x) for x in a.layouts.split(",")]
+    for layout in layouts:
+        for b, sk in cells:
             torch.cuda.empty_cache()
             q = torch.randn(b, 1, hq, d, device="cuda", dtype=dt)
             k = torch.randn(b, sk, hk, d, device="cuda", dtype=dt)
@@ -75,23 +89,28 @@ def main():
             est = b * sk * hk * 2 * d * 2 / 4.3e6  # us at 4.3 TB/s
             calls = max(2, min(20, int(4000 / max(est, 1))))
             graphs, outs = {}, {}
-            modes = ("chunk", "fwd_wide", "fwd_wide1", "fa4")
+            modes = ("chunk", "fwd_wide", "fwd_wide1", "fa4", "auto")
             for mode in modes if layout == "dense" else modes[:2] + modes[3:]:
-                C.fold_kernel = lambda c, s, paged, m=mode: m if m.startswith("fwd") else None
+                if mode != "auto":  # auto: constraints.fold_kernel's choice
+                    C.fold_kernel = (lambda c, s, paged, keys, m=mode:
+                                     m if m.startswith("fwd") else None)
                 rt._split_runs.clear()
                 rt.split = 0 if mode == "fa4" else 1  # 1: one chunk, i.e. the fold
                 try:
                     graphs[mode] = capture(call, calls)
                 except fa4aot.ArtifactMissing:  # (no FA4 kernel for it in the store)
                     continue
+                finally:
+                    C.fold_kernel = serves
                 graphs[mode].replay()
                 torch.cuda.synchronize()
                 outs[mode] = out.clone()
                 kind = [(type(r).__name__, getattr(r, "wide", None) or "chunk")
                         for r in rt._split_runs.values() if r]
-                if mode != "fa4" and kind != [("FoldRun", mode)]:
+                if mode == "auto":
+                    auto = kind[0][1] if kind else "?"
+                elif mode != "fa4" and kind != [("FoldRun", mode)]:
                     raise SystemExit(f"{layout} b{b} sk{sk} {mode}: served by {kind}")
-            C.fold_kernel = serves
             rt.split = -1
             rt._split_runs.clear()
             with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
@@ -107,7 +126,10 @@ def main():
             for m in ("fa4", "fwd_wide1"):
                 med.setdefault(m, float("nan"))
                 diff.setdefault(m, float("nan"))
-            row = {"layout": layout, "b": b, "sk": sk, "us": med, "wide_maxdiff": diff}
+            best = min((m for m in ("chunk", "fwd_wide", "fwd_wide1") if m in graphs),
+                       key=med.get)
+            row = {"layout": layout, "b": b, "sk": sk, "us": med, "wide_maxdiff": diff,
+                   "auto": auto, "best": best}
             rows.append(row)
             print(f"{str(layout):>5} b{b:<4} sk{sk:<6} chunk {med['chunk']:8.1f} wide "
                   f"{med['fwd_wide']:8.1f} ({med['fwd_wide'] / med['chunk']:.3f}) wide1 "
@@ -116,7 +138,8 @@ def main():
                   f"{med['fwd_wide'] / med['cudnn']:.3f} wide1/cudnn "
                   f"{med['fwd_wide1'] / med['cudnn']:.3f} | maxdiff vs chunk "
                   f"{diff['chunk']:.1e} vs wide1 {diff['fwd_wide1']:.1e} vs fa4 "
-                  f"{diff['fa4']:.1e}", flush=True)
+                  f"{diff['fa4']:.1e} | auto {auto} {med['auto']:8.1f} "
+                  f"({med['auto'] / med[best]:.3f} of the best, {best})", flush=True)
             del graphs
     if a.out:
         with open(a.out, "w") as f:

@@ -267,13 +267,14 @@ class WideFold(NamedTuple):
     1.07-1.54x (each CTA streams alone: 64-key tiles stream slower).
 
     `fwd_wide1` (WIDE_FOLD_1, the same 64-key tiles at one CTA per SM, 240 registers, packed K
-    only): streams long contexts faster than either. H200, 2026-12-01 (`s12-b`, `s12-c`
-    probes, 32:8 hd128 dense, eager / graph against cuDNN, 3-5 interleaved rounds): b32/16K
-    0.985 / 0.981 (fwd_wide 0.995 / 0.994), b32/64K 0.993 / 0.994 (1.000 / 1.002), b64/16K 0.980
-    / 0.983 (0.998 / 0.996), b64/64K 0.987 / 0.987 (0.999 / 1.000), b128/16K 0.973 / 0.977
-    (0.983 / 0.981), b40-b60 at 16K 0.89-0.98 (0.97-1.01); but b24 (1.45 CTAs per SM, a
-    second round of 60 CTAs streaming alone) 1.034-1.048 eager, and paged (FA4's cp.async
-    path) 1.08-1.19x fwd_wide's at pages of 16/64/128: hence fold_kernel's thresholds."""
+    only): streams long contexts faster than either where its waves are full. H200,
+    2026-12-01 (`fold_kernels.py --long`, `2026-12-01-s13-b-fold-long.txt`, 32:8 hd128 dense,
+    CUDA graphs, against the chunk kernel / cuDNN): b32/16K 0.987 / 0.977 (fwd_wide 1.000 /
+    0.990), b32/64K 0.992 / 0.985, b48/16K 0.986 / 0.924, b64/16K 0.994 / 0.978, b64/64K 1.000 /
+    0.986; but b24 (a second wave of 60 CTAs streaming alone) 1.048 / 1.037 where fwd_wide ran
+    0.983 / 0.972. Paged, FA4's cp.async path at one CTA per SM ran 1.08-1.19x fwd_wide at pages
+    of 16/64/128 (a probe, s12-c, whose output was lost with its machine): not built paged.
+    fold_kernel chooses between them."""
 
     tile_n: int = 64
     ctas_per_sm: int = 2
@@ -300,23 +301,48 @@ def wide_folds(
     return ()
 
 
-def fold_kernel(ctas: int, num_sms: int, paged: bool) -> str | None:
-    """The part a decode step's fold of `ctas` (sequence, KV head) CTAs runs on (None: the
-    chunk kernel itself; WideFold): from 1.5 CTAs per SM, where HBM rather than one CTA's
-    streaming rate bounds it, `fwd_wide` (two per SM; b32 at 32:8, 256 CTAs, gained; b16, 128,
-    lost paged); for a packed K from 1.9 per SM (b32 at 32:8 on the H200's 132 SMs, 1.94),
-    `fwd_wide1` (one per SM, 64-key tiles: measured faster from b32 up, slower at b24)."""
-    if ctas * 2 < num_sms * 3:
+# keys (the plan's bucket, split.plan_bucket) from which a packed K's fold prefers fwd_wide1:
+# H200, 2026-12-01 (fold_kernels.py, s13-c/d, 32:8 hd128, against the chunk kernel): at 8K
+# b32 0.993 (fwd_wide 0.998), b64 0.997 (1.004); at 4K b32 0.994 (0.988), b128 1.007 (1.000);
+# at 1K fwd_wide1 1.00-1.04 where fwd_wide's two CTAs per SM hide the prologues (0.94-0.98)
+WIDE1_MIN_KEYS = 8192
+
+
+def _tail_full(ctas: int, slots: int) -> bool:
+    """Whether the last wave of `ctas` CTAs over `slots` concurrent ones is full or at least 60%
+    full (the CTAs of a thin last wave each stream at one CTA's rate, well under the chip's)."""
+    tail = ctas % slots
+    return tail == 0 or tail * 10 >= slots * 6
+
+
+def fold_kernel(ctas: int, num_sms: int, paged: bool, seqlen_k: int) -> str | None:
+    """The part a decode step's fold of `ctas` (sequence, KV head) CTAs over `seqlen_k` keys
+    runs on (None: the chunk kernel itself, 128-key tiles at one CTA per SM; WideFold), by how
+    the CTAs fill the chip's waves. H200, 2026-12-01 (`benchmarks/fold_kernels.py`, s13-c/d,
+    32:8 hd128 dense, CUDA graphs, time against the chunk kernel's):
+    - one wave at one CTA per SM (b16, 128 CTAs): the chunk kernel (fwd_wide ties it dense,
+      1.04-1.19x paged);
+    - a packed K whose last wave at one CTA per SM is >= 60% full, over >= WIDE1_MIN_KEYS keys:
+      fwd_wide1 (b28 0.991, b32 0.986, b48 0.988, b64 0.991, b96 0.995, b128 0.989 at 16K;
+      fwd_wide 0.996-1.058);
+    - else fwd_wide where its waves of two CTAs per SM are: one (b20 0.82-0.84, b24 0.92-0.98:
+      every SM busy where the chunk kernel leaves a thin second wave; b32 0.94 at 1K), or a
+      last one >= 60% full (b64 0.966, b96 0.976, b128 0.981 at 1K);
+    - else the chunk kernel (b40: a thin last wave in either wide kernel, 1.03-1.08x; b48 at
+      1K-4K, a tie)."""
+    if ctas <= num_sms:
         return None
-    if not paged and ctas * 10 >= num_sms * 19:
+    if not paged and seqlen_k >= WIDE1_MIN_KEYS and _tail_full(ctas, num_sms):
         return WIDE_FOLD_1.part
-    return WIDE_FOLD.part
+    if ctas <= 2 * num_sms or _tail_full(ctas, 2 * num_sms):
+        return WIDE_FOLD.part
+    return None
 
 
-def fold_part(ctas: int, num_sms: int, paged: bool, parts) -> str | None:
+def fold_part(ctas: int, num_sms: int, paged: bool, seqlen_k: int, parts) -> str | None:
     """fold_kernel's part among the chunk kernel's `parts` (names), None for the chunk kernel:
     a store built before `fwd_wide1` serves its folds on `fwd_wide`."""
-    part = fold_kernel(ctas, num_sms, paged)
+    part = fold_kernel(ctas, num_sms, paged, seqlen_k)
     if part == WIDE_FOLD_1.part and part not in parts:
         part = WIDE_FOLD.part
     return part if part in parts else None

@@ -419,20 +419,22 @@ def test_explain_says_how_the_split_reads_q(run, monkeypatch):
 
 def test_explain_says_which_kernel_the_fold_runs_on(run, monkeypatch):
     """A one-row step left unsplit: on a wide fold kernel (parts fwd_wide, fwd_wide1:
-    constraints.fold_kernel) where its CTAs nearly fill the SMs and the store holds it; else
-    on the chunk kernel."""
+    constraints.fold_kernel) where its CTAs fill that kernel's waves on the SMs and the store
+    holds it; else on the chunk kernel."""
     merge = {"partial_dtype": "bfloat16", "max_splits": 128, "threads": 256}
     wide = {"tile_n": 64, "ctas_per_sm": 2}
     wide1 = {"tile_n": 64, "ctas_per_sm": 1}
-    args = ["explain", "--head-dim", "128", "--heads", "32:8", "--seqlen-k", "2048", "--json"]
+    args = ["explain", "--head-dim", "128", "--heads", "32:8", "--json"]
+    cases = (("16", "2048", None), ("25", "2048", "fwd_wide"), ("64", "2048", "fwd_wide"),
+             ("40", "2048", None), ("64", "16384", "fwd_wide1"))
     for held in ((), ("fwd_wide",), ("fwd_wide", "fwd_wide1")):
         parts = {"fwd": {"q_broadcast": True}, "merge": merge}
         parts.update({n: {"fwd_wide": wide, "fwd_wide1": wide1}[n] for n in held})
         _hold_split_kernels(monkeypatch, parts)
-        for batch, want in (("16", None), ("25", "fwd_wide"), ("64", "fwd_wide1")):
+        for batch, keys, want in cases:
             if want is not None and want not in held:
                 want = "fwd_wide" if held else None
-            doc = json.loads(run(*args, "--batch", batch).stdout)["split"]
+            doc = json.loads(run(*args, "--batch", batch, "--seqlen-k", keys).stdout)["split"]
             assert doc["splits"] == 0 and doc["wide"] is (want is not None), (held, batch, doc)
             assert doc["fold_kernel"] == (want or "fwd"), (held, batch, doc)
             ctas = {"fwd_wide": 2, "fwd_wide1": 1}.get(want)

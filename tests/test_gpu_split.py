@@ -253,15 +253,17 @@ def test_varlen_and_paged(monkeypatch, hq, hk, d, sinks, layout, sq, lse):
 
 
 @pytest.mark.parametrize("layout", ["dense", "varlen", 16, 64, 128])
-@pytest.mark.parametrize("b,sk", [(16, 1024), (28, 1500), (32, 1024), (64, 3000)])
+@pytest.mark.parametrize("b,sk", [(16, 1024), (28, 1500), (32, 1024), (40, 1024), (64, 3000),
+                                  (32, 8192)])
 @pytest.mark.parametrize("lse", [False, True])
 @pytest.mark.parametrize("d", [128, 64])
 def test_fold_over_a_full_chip(monkeypatch, layout, b, sk, lse, d):
-    """A one-row step the plan leaves unsplit: the fold, on the chunk kernel at 128 (sequence,
-    KV head) CTAs (32:8, b16), from 198 on the wide fold kernel fwd_wide (64-key tiles, two
-    CTAs per SM: compiler.trace_wide_fold), and from 251 for a dense or packed K on fwd_wide1
-    (the same tiles, one CTA per SM: constraints.fold_kernel), for a dense, packed or paged K;
-    against the fp32 reference
+    """A one-row step the plan leaves unsplit: the fold, on the kernel whose waves its
+    (sequence, KV head) CTAs fill (constraints.fold_kernel; 32:8 on 132 SMs): the chunk kernel
+    at 128 CTAs (b16) and 320 (b40), the wide fold kernel fwd_wide (64-key tiles, two CTAs per
+    SM: compiler.trace_wide_fold) at 224-512 over short contexts, fwd_wide1 (the same tiles,
+    one CTA per SM) for a dense or packed K at 256 over 8192 keys; for a dense, packed or paged
+    K; against the fp32 reference
     and FA4's kernel (FA4AOT_SPLIT_KV=0). Ragged packed and paged lengths, with an empty and a
     one-token sequence."""
     import fa4aot
@@ -312,8 +314,8 @@ def test_fold_over_a_full_chip(monkeypatch, layout, b, sk, lse, d):
     o1, l1 = call()
     runs = [r for r in rt._split_runs.values() if r]
     assert spy.split == 1 and len(runs) == 1 and runs[0].fold, runs
-    want = (None if b < 25 else  # (constraints.fold_kernel: 198 and 251 CTAs on 132 SMs)
-            "fwd_wide1" if b >= 32 and layout in ("dense", "varlen") else "fwd_wide")
+    want = (None if b in (16, 40) else  # (constraints.fold_kernel, on 132 SMs)
+            "fwd_wide1" if sk >= 8192 and layout in ("dense", "varlen") else "fwd_wide")
     assert runs[0].wide == want, (runs[0].wide, want)
     from fa4aot.errors import ArtifactMissing
 
@@ -425,13 +427,13 @@ def test_cuda_graph_replay_is_bit_identical(monkeypatch, page):
     _replays_match_eager(step, q, used, out, 6000, captured)
 
 
-@pytest.mark.parametrize("page,b,part", [(None, 32, "fwd_wide1"), (64, 32, "fwd_wide"),
-                                         (None, 28, "fwd_wide")])
-def test_cuda_graph_replay_of_the_wide_fold_is_bit_identical(page, b, part):
+@pytest.mark.parametrize("page,b,sk,part", [(None, 32, 8192, "fwd_wide1"),
+                                            (64, 32, 2000, "fwd_wide"),
+                                            (None, 28, 2000, "fwd_wide")])
+def test_cuda_graph_replay_of_the_wide_fold_is_bit_identical(page, b, sk, part):
     """A one-row step of 224-256 (sequence, KV head) CTAs (b28-b32 at 32:8: a wide fold,
     unsplit; constraints.fold_kernel) captured and replayed on new q and new lengths: the same
     bits as the eager call."""
-    sk = 2000
     lk = [sk] * b if page is None else [sk] + torch.randint(1, sk, (b - 1,)).tolist()
     step, q, used, out = _decode_step(b, lk, page, sk)  # (the table holds sk keys a row)
     rt = _rt(-1)

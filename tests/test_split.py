@@ -448,11 +448,14 @@ def test_unsplit_one_row_step_runs_as_one_chunk_per_sequence(kind, lse_mode):
 
 class _WideRuntime(_NoSplitRuntime):
     """The same, with the chunk kernel's wide fold parts (launch_wide, and launch_wide1 unless
-    `wide1` is False: a store built before it): records which ran."""
+    `wide1` is False: a store built before it), on `sms` SMs: records which ran."""
 
-    def __init__(self, wide1=True):
+    def __init__(self, wide1=True, sms=132):
         super().__init__()
-        self.wide1 = wide1
+        self.wide1, self.sms = wide1, sms
+
+    def device(self, dev):
+        return self.arch, self.sms
 
     def split_kernel(self, dev, dtype, d, dv, page_size):
         def fwd(name, q, *a):
@@ -466,15 +469,32 @@ class _WideRuntime(_NoSplitRuntime):
         )
 
 
+# (b, hk, keys, SMs) -> the fold's kernel for a packed K over a long context (else fwd_wide1
+# falls back to fwd_wide); constraints.fold_kernel, by the waves its CTAs fill
+_FOLD_CASES = [
+    (16, 8, 300, 132, "chunk"),      # 128 CTAs: one wave at one per SM
+    (17, 8, 300, 132, "fwd_wide"),   # 136: one wave at two per SM (the chunk kernel: 132 + 4)
+    (24, 8, 300, 132, "fwd_wide"),   # 192: the same
+    (126, 2, 300, 132, "fwd_wide"),  # 252: the same
+    (32, 8, 300, 132, "fwd_wide"),   # 256, a short context: fwd_wide1 from 8192 keys only
+    (40, 8, 300, 132, "chunk"),      # 320: the last wave 42% full at one per SM, 21% at two
+    (64, 8, 300, 132, "fwd_wide"),   # 512: at two per SM, 1.94 waves
+    (8, 2, 8192, 8, "fwd_wide1"),    # 16 CTAs on 8 SMs, two full waves at one per SM
+    (7, 2, 8192, 8, "fwd_wide1"),    # 14: the last wave 75% full
+    (5, 2, 8192, 8, "fwd_wide"),     # 10: 25% full; one wave at two per SM
+    (10, 2, 8192, 8, "chunk"),       # 20: 50% full at one per SM, 25% at two
+]
+
+
 @pytest.mark.parametrize("wide1", [True, False])
 @pytest.mark.parametrize("kind", ["dense", "varlen", "paged"])
-@pytest.mark.parametrize("b,hk", [(16, 8), (24, 8), (25, 8), (31, 8), (32, 8), (99, 2),
-                                  (126, 2)])
-def test_a_fold_over_a_full_chip_runs_on_the_wide_kernel(kind, b, hk, wide1):
-    """constraints.fold_kernel: (sequence, KV head) CTAs >= 1.5 per SM (198 on 132 SMs) run on
-    the wide fold kernel fwd_wide, a packed (or dense) K's from 1.9 per SM (251) on fwd_wide1
-    where the store holds it (else fwd_wide); the same results."""
-    hq, d, sk = 2 * hk, 16, 300
+@pytest.mark.parametrize("b,hk,sk,sms,want", _FOLD_CASES)
+def test_a_fold_over_a_full_chip_runs_on_the_kernel_its_waves_fill(kind, b, hk, sk, sms, want,
+                                                                    wide1):
+    """constraints.fold_kernel: more (sequence, KV head) CTAs than SMs run on a wide fold kernel
+    where its waves fill the chip (fwd_wide1 for a packed K's long context, where the store
+    holds it; a paged K's on fwd_wide), else on the chunk kernel; the same results."""
+    hq, d = 2 * hk, 16
     q, k, v = _inputs(b, 1, hq, hk, d, [sk] * b, seed=b + hk)
     if kind == "dense":
         kv, kk, vv, page, qq = (None, None, None), k, v, None, q
@@ -487,15 +507,14 @@ def test_a_fold_over_a_full_chip_runs_on_the_wide_kernel(kind, b, hk, wide1):
         kk, vv, table = _page_pool(k, v, [sk] * b, page)
         kv = (None, torch.full((b,), sk, dtype=torch.int32), table)
         qq = q.reshape(b, hq, d)
-    rt = _WideRuntime(wide1)
+    rt = _WideRuntime(wide1, sms)
     out = torch.full((*qq.shape[:-1], d), float("nan")).bfloat16()
     got = R.splitkv.split_step(rt, 0, qq, kk, vv, kind, *kv, b, 1, hq, hk, d, d,
                                sk if kind != "paged" else kv[2].shape[1] * page, page, True,
                                None, None, out, None, False, kind != "dense")
     assert got is not None and got[0] is out
-    ctas = b * hk
-    want = ("chunk" if ctas < 198 else
-            "fwd_wide1" if ctas >= 251 and kind != "paged" and wide1 else "fwd_wide")
+    if want == "fwd_wide1" and (kind == "paged" or not wide1):
+        want = "fwd_wide"
     assert rt.seen == [want]
     ro, _ = _ref(q, k, v, [sk] * b, True, None)
     assert rel_err(out.view(b, 1, hq, d), ro) < 1e-2

@@ -438,11 +438,13 @@ def _split_plan(
                    f"nothing on {num_sms} SMs")
             if setting != 0 and fold_why is None:
                 # (runtime/splitkv.FoldRun, likewise)
-                part = C.fold_part(batch * hk, num_sms, page_size is not None, rec["parts"])
+                part = C.fold_part(batch * hk, num_sms, page_size is not None, bucket,
+                                   rec["parts"])
                 w = rec["parts"].get(part) or {}
                 on = (f"the wide fold kernel {part} ({w.get('tile_n')}-key tiles, "
-                      f"{w.get('ctas_per_sm')} CTA(s) per SM: {batch * hk} CTAs fill the "
-                      f"{num_sms} SMs) of {kern.describe()}" if part else kern.describe())
+                      f"{w.get('ctas_per_sm')} CTA(s) per SM: {batch * hk} CTAs fill its "
+                      f"waves on {num_sms} SMs) of {kern.describe()}" if part else
+                      kern.describe())
                 return {"splits": 0, "why": why, "wide": part is not None,
                         "fold_kernel": part or "fwd", "fold": (
                     f"the fold: one chunk per sequence on {on} (id {kern.id}), "

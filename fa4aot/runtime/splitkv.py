@@ -307,9 +307,10 @@ class FoldRun:
     every batch measured: 32:8 hd128 in a CUDA graph, b2/1K 15.8 -> 11.9 us, b8/4K 49.4 ->
     37.6; in one decode run (2026-12-01-s7-e) against FA4's kernel, eager, b32/128K 4097 ->
     3843 us, b64/128K 9096 -> 7580, b128/64K 8153 -> 7600, b128/1K 145.6 -> 137.0. About 10 us
-    more host time per call (the views). From 1.5 (sequence, KV head) CTAs per SM it runs on
-    a wide fold kernel instead (`wide`, its part name; constraints.fold_kernel,
-    compiler.trace_wide_fold: 64-key tiles, two CTAs per SM, or one for a packed K from 1.9).
+    more host time per call (the views). With more (sequence, KV head) CTAs than SMs it may
+    run on a wide fold kernel instead (`wide`, its part name; constraints.fold_kernel by how
+    the CTAs fill the waves, compiler.trace_wide_fold: 64-key tiles, two CTAs per SM, or one
+    for a packed K's long context).
     Not for a learnable sink (the chunk kernel has none), a head ratio over the tile's rows,
     or a chunk kernel with FA4's own tile (head dims over 128, Blackwell)."""
 
@@ -329,11 +330,12 @@ class FoldRun:
 
     def __init__(self, rt, dev, q, b, hq, hk, d, dv, kind, kern, seqlen_k, varlen_q):
         r, dvc = hq // hk, q.device
-        # a fold of at least 1.5 CTAs per SM runs on a wide fold kernel, where cached
-        # (constraints.fold_kernel, WideFold: 64-key tiles, two CTAs per SM, or one for a
-        # packed K from 1.9); FA4's ABI, the same arguments
+        # a fold of more CTAs than SMs runs on a wide fold kernel, where cached and where its
+        # waves fill the chip (constraints.fold_kernel, WideFold: 64-key tiles, two CTAs per
+        # SM, or one for a packed K's long context); FA4's ABI, the same arguments
         wides = {"fwd_wide": kern.launch_wide, "fwd_wide1": kern.launch_wide1}
         self.wide = C.fold_part(b * hk, rt.device(dev)[1], kind == "paged",
+                                S.plan_bucket(seqlen_k),
                                 [n for n, f in wides.items() if f is not None])
         self.launch = wides[self.wide] if self.wide else kern.launch
         self.scale = float(1.0 / math.sqrt(d))

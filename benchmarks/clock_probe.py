@@ -1,0 +1,122 @@
+"""Does a decode kernel run at the same clocks as cuDNN's when it runs for a while? (H200)
+
+    FA4AOT_CACHE_DIR=<store> python benchmarks/clock_probe.py --out clock.json
+
+A decode step's 4-8 query rows fill a 64-row (fa4aot's fold and chunk kernels) or 128-row
+(FA4's own kernel) MMA tile, so a memory-bound step still issues 8-32x the useful tensor-core
+work. This probe asks whether that costs clocks: for each column (fa4aot as planned, FA4's
+unsplit kernel via FA4AOT_SPLIT_KV=0, torch SDPA's cuDNN backend; same inputs), it runs the
+call back to back for SECONDS while `nvidia-smi -lms 50` samples the SM clock, the memory
+clock and the board power, and reports the time per call (CUDA events over the whole run)
+with the medians of the samples. Then the same call in short bursts (a CUDA graph of a few
+calls, replayed with idle gaps: benchmarks/_timing.graph_us), the regime of fold_kernels.py.
+Columns alternate in 2 rounds (order reversed in the second). bf16 hd128, 32:8, one query row,
+causal, dense K/V.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+CELLS = [(16, 131072), (64, 65536), (32, 16384), (128, 1024)]
+SECONDS = 2.0
+
+
+def sampled(fn, seconds: float):
+    """Run fn back to back for `seconds`, sampling clocks and power: (us per call, samples)."""
+    import torch
+
+    smi = subprocess.Popen(
+        ["nvidia-smi", "--query-gpu=clocks.sm,clocks.mem,power.draw", "--format=csv,noheader,nounits",
+         "-lms", "50"], stdout=subprocess.PIPE, text=True)
+    time.sleep(0.3)
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    n = 0
+    a.record()
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(4):
+            fn()
+        n += 4
+        torch.cuda.synchronize()  # keep the queue short: the samples cover the calls
+    b.record()
+    torch.cuda.synchronize()
+    smi.terminate()
+    lines = smi.communicate()[0].strip().splitlines()
+    rows = []
+    for line in lines:
+        try:
+            rows.append([float(x) for x in line.split(",")])
+        except ValueError:
+            pass
+    rows = rows[6:] or rows  # the first 0.3 s: idle
+    med = [statistics.median(r[i] for r in rows) for i in range(3)] if rows else [None] * 3
+    return a.elapsed_time(b) * 1e3 / n, {"sm_mhz": med[0], "mem_mhz": med[1], "watts": med[2],
+                                          "samples": len(rows)}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import fa4aot
+    import fa4aot.runtime as R
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _timing import graph_us
+
+    rt = R.default_runtime()
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    hq, hk, d, dt = 32, 8, 128, torch.bfloat16
+    out_rows = []
+    for b, sk in CELLS:
+        torch.cuda.empty_cache()
+        q = torch.randn(b, 1, hq, d, device="cuda", dtype=dt)
+        k = torch.randn(b, sk, hk, d, device="cuda", dtype=dt)
+        v = torch.randn_like(k)
+        out = torch.empty_like(q)
+        qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+        def ours():
+            fa4aot.flash_attn_func(q, k, v, causal=True, out=out)
+
+        def unsplit():
+            rt.split = 0
+            fa4aot.flash_attn_func(q, k, v, causal=True, out=out)
+            rt.split = -1
+
+        def cudnn():
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                sdpa(qt, kt, vt, enable_gqa=True)
+
+        cols = {"fa4aot": ours, "fa4_unsplit": unsplit, "cudnn": cudnn}
+        res = {c: {"sustained": [], "burst_us": []} for c in cols}
+        for rnd in range(2):
+            for c in (list(cols) if rnd == 0 else list(cols)[::-1]):
+                us, s = sampled(cols[c], SECONDS)
+                res[c]["sustained"].append({"us": us, **s})
+                res[c]["burst_us"].append(graph_us(cols[c], calls=2, replays=10))
+        row = {"b": b, "sk": sk, "columns": res}
+        out_rows.append(row)
+        for c, r in res.items():
+            us = statistics.median(x["us"] for x in r["sustained"])
+            sm = statistics.median(x["sm_mhz"] for x in r["sustained"])
+            w = statistics.median(x["watts"] for x in r["sustained"])
+            print(f"b{b:<4} sk{sk:<7} {c:<12} sustained {us:9.1f} us  SM {sm:6.0f} MHz  "
+                  f"{w:5.0f} W | bursts {statistics.median(r['burst_us']):9.1f} us", flush=True)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "rows": out_rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
