@@ -440,6 +440,11 @@ def test_explain_says_which_kernel_the_fold_runs_on(run, monkeypatch):
             ctas = {"fwd_wide": 2, "fwd_wide1": 1}.get(want)
             assert (f"the wide fold kernel {want} (64-key tiles, {ctas} CTA(s) per SM"
                     in doc["fold"]) is (want is not None)
+            why = {"16": "fit one wave at one CTA per SM", "40": "thin last wave"}.get(batch)
+            assert (why is not None and bool(held) and want is None) == (
+                "(the chunk kernel: " in doc["fold"]), (held, batch, doc["fold"])
+            if why and held:
+                assert why in doc["fold"], doc["fold"]
 
 
 def test_explain_split_kv(run, split_store):

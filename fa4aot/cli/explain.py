@@ -441,10 +441,19 @@ def _split_plan(
                 part = C.fold_part(batch * hk, num_sms, page_size is not None, bucket,
                                    rec["parts"])
                 w = rec["parts"].get(part) or {}
-                on = (f"the wide fold kernel {part} ({w.get('tile_n')}-key tiles, "
-                      f"{w.get('ctas_per_sm')} CTA(s) per SM: {batch * hk} CTAs fill its "
-                      f"waves on {num_sms} SMs) of {kern.describe()}" if part else
-                      kern.describe())
+                ctas = batch * hk
+                if part:
+                    on = (f"the wide fold kernel {part} ({w.get('tile_n')}-key tiles, "
+                          f"{w.get('ctas_per_sm')} CTA(s) per SM: {ctas} CTAs fill its "
+                          f"waves on {num_sms} SMs) of {kern.describe()}")
+                elif any(n in rec["parts"] for n in ("fwd_wide", "fwd_wide1")):
+                    on = kern.describe() + (
+                        f" (the chunk kernel: {ctas} CTAs fit one wave at one CTA per SM on "
+                        f"{num_sms} SMs" if ctas <= num_sms else
+                        f" (the chunk kernel: {ctas} CTAs would leave the wide fold kernels "
+                        f"a thin last wave on {num_sms} SMs") + "; constraints.fold_kernel)"
+                else:
+                    on = kern.describe()
                 return {"splits": 0, "why": why, "wide": part is not None,
                         "fold_kernel": part or "fwd", "fold": (
                     f"the fold: one chunk per sequence on {on} (id {kern.id}), "
