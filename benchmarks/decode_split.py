@@ -37,7 +37,7 @@ SHORT_ROUNDS = 5  # the same for cells of under 1 GB of KV
 MAX_KV_BYTES = 36e9  # larger cells would not leave room for SDPA's own copies on a 141 GB card
 
 
-def _bench(table_only=False):
+def _bench(table_only=False, grid_only=False):
     import torch
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -158,7 +158,7 @@ def _bench(table_only=False):
         return row
 
     res = {"device": torch.cuda.get_device_name(), "table": [], "grid": [], "paged": []}
-    for b, sk, hq, hk in TABLE:
+    for b, sk, hq, hk in () if grid_only else TABLE:
         res["table"].append(dense_case(b, sk, hq, hk, table=True))
         print(_fmt(res["table"][-1]), flush=True)
         for page in (16, 64, 128):
@@ -260,11 +260,12 @@ def main():
     ap.add_argument("--plot")
     ap.add_argument("--png", default="docs/decode-split-heatmap.png")
     ap.add_argument("--table-only", action="store_true", help="the issue's six shapes only")
+    ap.add_argument("--grid-only", action="store_true", help="the batch x context grid only")
     a = ap.parse_args()
     if a.plot:
         _plot(a.plot, a.png)
         return
-    res = _bench(a.table_only)
+    res = _bench(a.table_only, a.grid_only)
     if a.out:
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)
