@@ -321,9 +321,7 @@ def fold_kernel(ctas: int, num_sms: int, paged: bool, seqlen_k: int) -> str | No
     the CTAs fill the chip's waves. H200, 2026-12-01 (`benchmarks/fold_kernels.py`, s13-c/d,
     32:8 hd128 dense, CUDA graphs, time against the chunk kernel's):
     - one wave at one CTA per SM (b16, 128 CTAs): the chunk kernel (fwd_wide ties it dense,
-      1.04-1.19x paged), or fwd_wide1 for a packed K over >= WIDE1_MIN_KEYS keys whose CTAs
-      keep >= 90% of the SMs streaming (b16 at 16K-64K: 0.996-1.000; one fwd_wide1 CTA
-      streams at ~51 GB/s, so fewer would not reach the HBM's rate);
+      1.04-1.19x paged);
     - a packed K whose last wave at one CTA per SM is >= 60% full, over >= WIDE1_MIN_KEYS keys:
       fwd_wide1 (b28 0.991, b32 0.986, b48 0.988, b64 0.991, b96 0.995, b128 0.989 at 16K;
       fwd_wide 0.996-1.058);
@@ -332,10 +330,9 @@ def fold_kernel(ctas: int, num_sms: int, paged: bool, seqlen_k: int) -> str | No
       last one >= 60% full (b64 0.966, b96 0.976, b128 0.981 at 1K);
     - else the chunk kernel (b40: a thin last wave in either wide kernel, 1.03-1.08x; b48 at
       1K-4K, a tie)."""
-    long_packed = not paged and seqlen_k >= WIDE1_MIN_KEYS
     if ctas <= num_sms:
-        return WIDE_FOLD_1.part if long_packed and ctas * 10 >= num_sms * 9 else None
-    if long_packed and _tail_full(ctas, num_sms):
+        return None
+    if not paged and seqlen_k >= WIDE1_MIN_KEYS and _tail_full(ctas, num_sms):
         return WIDE_FOLD_1.part
     if ctas <= 2 * num_sms or _tail_full(ctas, 2 * num_sms):
         return WIDE_FOLD.part
@@ -344,11 +341,10 @@ def fold_kernel(ctas: int, num_sms: int, paged: bool, seqlen_k: int) -> str | No
 
 def fold_part(ctas: int, num_sms: int, paged: bool, seqlen_k: int, parts) -> str | None:
     """fold_kernel's part among the chunk kernel's `parts` (names), None for the chunk kernel:
-    a store built before `fwd_wide1` serves its folds on `fwd_wide` where they take more than
-    one wave at one CTA per SM, else on the chunk kernel."""
+    a store built before `fwd_wide1` serves its folds on `fwd_wide`."""
     part = fold_kernel(ctas, num_sms, paged, seqlen_k)
     if part == WIDE_FOLD_1.part and part not in parts:
-        part = WIDE_FOLD.part if ctas > num_sms else None
+        part = WIDE_FOLD.part
     return part if part in parts else None
 
 
