@@ -341,10 +341,10 @@ def fold_kernel(ctas: int, num_sms: int, paged: bool, seqlen_k: int) -> str | No
 
 def fold_part(ctas: int, num_sms: int, paged: bool, seqlen_k: int, parts) -> str | None:
     """fold_kernel's part among the chunk kernel's `parts` (names), None for the chunk kernel:
-    a store built before `fwd_wide1` serves its folds on `fwd_wide`."""
+    a store built before `fwd_wide1` chooses as for a paged K (fwd_wide or the chunk kernel)."""
     part = fold_kernel(ctas, num_sms, paged, seqlen_k)
     if part == WIDE_FOLD_1.part and part not in parts:
-        part = WIDE_FOLD.part
+        part = fold_kernel(ctas, num_sms, True, seqlen_k)
     return part if part in parts else None
 
 
