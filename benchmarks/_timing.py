@@ -82,3 +82,31 @@ def host_us_interleaved(fns: dict, n: int = 200, repeats: int = 31) -> dict:
             per[k].append((time.perf_counter() - t) / n * 1e6)
             torch.cuda.synchronize()
     return {k: (statistics.median(v), v) for k, v in per.items()}
+
+
+def decode_columns(q, k, v, out) -> dict:
+    """The columns the decode benchmarks time on the same dense inputs (q, k, v in FA4's
+    (b, s, h, d) layout): "fa4aot" as planned, "unsplit" (the same call with FA4AOT_SPLIT_KV=0,
+    what FA4 itself runs) and "cudnn" (torch SDPA on the transposed views; the caller picks the
+    backend with sdpa_kernel)."""
+    import fa4aot
+    import fa4aot.runtime as R
+
+    rt = R.default_runtime()
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+    def ours():
+        fa4aot.flash_attn_func(q, k, v, causal=True, out=out)
+
+    def unsplit():
+        was, rt.split = rt.split, 0
+        try:
+            fa4aot.flash_attn_func(q, k, v, causal=True, out=out)
+        finally:
+            rt.split = was
+
+    def cudnn():
+        sdpa(qt, kt, vt, enable_gqa=True)
+
+    return {"fa4aot": ours, "unsplit": unsplit, "cudnn": cudnn}

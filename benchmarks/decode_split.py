@@ -41,7 +41,7 @@ def _bench(table_only=False, grid_only=False):
     import torch
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _timing import eager_us, graph_us, host_us
+    from _timing import decode_columns, eager_us, graph_us, host_us
 
     import fa4aot
     import fa4aot.runtime as R
@@ -75,24 +75,13 @@ def _bench(table_only=False, grid_only=False):
         o1 = fa4aot.flash_attn_func(q, k, v, causal=True)[0]
         row["max_diff_vs_unsplit"] = (o1.float() - out.float()).abs().max().item()
         rt.split = -1
-
-        def ours():
-            fa4aot.flash_attn_func(q, k, v, causal=True, out=out)
-
-        def unsplit():
-            rt.split = 0
-            fa4aot.flash_attn_func(q, k, v, causal=True, out=out)
-            rt.split = -1
-
-        def cudnn():
-            sdpa(qt, kt, vt, enable_gqa=True)
-
+        cols = decode_columns(q, k, v, out)
+        ours, unsplit, cudnn = cols["fa4aot"], cols["unsplit"], cols["cudnn"]
         # fa4aot, the unsplit kernel and cuDNN measured in alternation, ROUNDS times each (the
         # order reversed every other round), medians: the card's state drifts over a run (one
         # H200 run, 2026-12-01 02:22 UTC, had FA4's own unsplit kernel 4-7% behind cuDNN at
         # b64-b128 where the run before had it at parity), and a difference between columns
         # measured minutes apart would be that drift
-        cols = {"fa4aot": ours, "unsplit": unsplit, "cudnn": cudnn}
         eager = {c: [] for c in cols}
         graph = {c: [] for c in ("fa4aot", "cudnn")}
         replays = 20 if table else 10

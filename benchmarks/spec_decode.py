@@ -22,17 +22,13 @@ def main():
     import torch
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _timing import eager_us, graph_us
+    from _timing import decode_columns, eager_us, graph_us
 
-    import fa4aot
-    import fa4aot.runtime as R
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     a = ap.parse_args()
-    rt = R.default_runtime()
-    sdpa = torch.nn.functional.scaled_dot_product_attention
     dev, dt = "cuda", torch.bfloat16
     rows = []
     for b, sk, sq in [(1, 65536, 2), (1, 65536, 4), (1, 8192, 4), (2, 32768, 4), (4, 16384, 2),
@@ -43,27 +39,13 @@ def main():
         k = torch.randn(b, sk, hk, d, device=dev, dtype=dt)
         v = torch.randn_like(k)
         out = torch.empty_like(q)
-        qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-
-        def ours():
-            fa4aot.flash_attn_func(q, k, v, causal=True, out=out)
-
-        def unsplit():
-            was, rt.split = rt.split, 0
-            try:
-                fa4aot.flash_attn_func(q, k, v, causal=True, out=out)
-            finally:
-                rt.split = was
-
-        def cudnn():
-            sdpa(qt, kt, vt, enable_gqa=True)
-
+        fns = decode_columns(q, k, v, out)
+        ours, unsplit = fns["fa4aot"], fns["unsplit"]
         ours()
         o1 = out.clone()
         unsplit()
         diff = (o1.float() - out.float()).abs().max().item()
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-            fns = {"fa4aot": ours, "unsplit": unsplit, "cudnn": cudnn}
             g = {n: [] for n in fns}
             e = {n: [] for n in fns}
             for rnd in range(3):

@@ -446,7 +446,7 @@ def _split_plan(
                     on = (f"the wide fold kernel {part} ({w.get('tile_n')}-key tiles, "
                           f"{w.get('ctas_per_sm')} CTA(s) per SM: {ctas} CTAs fill its "
                           f"waves on {num_sms} SMs) of {kern.describe()}")
-                elif any(n in rec["parts"] for n in ("fwd_wide", "fwd_wide1")):
+                elif any(w.part in rec["parts"] for w in C.WIDE_FOLDS):
                     on = kern.describe() + (
                         f" (the chunk kernel: {ctas} CTAs fit one wave at one CTA per SM on "
                         f"{num_sms} SMs" if ctas <= num_sms else
