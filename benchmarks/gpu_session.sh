@@ -3,7 +3,7 @@
 # On the GPU host, from the project root, with a store built here and carried:
 #   source .device/setup.sh && FA4AOT_CACHE_DIR=$PWD/.gpu-store bash benchmarks/gpu_session.sh $OUT [what...]
 # what: any of tests split padding padding-tests dropin conformance host decode startup wheel
-# multidevice compile sweep sweep-small sweep-large fold fold-long clock profile parity (default: tests split padding dropin conformance host decode
+# multidevice compile sweep sweep-small sweep-large sweep-page16 fold fold-long clock profile parity (default: tests split padding dropin conformance host decode
 # startup). padding-tests: the padding GPU tests without the padding benchmarks (which need
 # .gpu-store-bench). parity: from an empty store, needs the compiler bundle.
 # host: with .gpu-base/fa4aot_base present (an earlier fa4aot), timed side by side.
@@ -40,6 +40,7 @@ for w in $what; do
     multidevice) { stamp python3 -m pytest -m gpu tests/test_gpu_multidevice.py; nvidia-smi -L; python3 -m pytest -m gpu tests/test_gpu_multidevice.py -v -p no:cacheprovider -rf 2>&1 | grep -v -e Warning -e exe_args; } > "$out/multidevice.txt"; tail -3 "$out/multidevice.txt";;
     compile) { stamp python3 -m pytest -m gpu tests/test_gpu_compile.py; python3 -m pytest -m gpu tests/test_gpu_compile.py -v -p no:cacheprovider -p no:logging -rf --tb=short 2>&1 | grep -v -e Warning -e exe_args -e warnings.warn; } > "$out/compile.txt"; tail -3 "$out/compile.txt";;
     sweep-small) { stamp python3 benchmarks/split_sweep.py --small; python3 benchmarks/split_sweep.py --small --out "$out/sweep-small.json" 2>&1 | grep -v -e Warning -e exe_args; } > "$out/sweep-small.txt"; cat "$out/sweep-small.txt";;
+    sweep-page16) { stamp python3 benchmarks/split_sweep.py --page 16; python3 benchmarks/split_sweep.py --page 16 --out "$out/sweep-page16.json" 2>&1 | grep -v -e Warning -e exe_args; } > "$out/sweep-page16.txt"; cat "$out/sweep-page16.txt";;
     sweep-large) { stamp python3 benchmarks/split_sweep.py --large; python3 benchmarks/split_sweep.py --large --out "$out/sweep-large.json" 2>&1 | grep -v -e Warning -e exe_args; } > "$out/sweep-large.txt"; cat "$out/sweep-large.txt";;
     fold) { stamp python3 benchmarks/fold_kernels.py; python3 benchmarks/fold_kernels.py --out "$out/fold.json" 2>&1 | grep -v -e Warning -e exe_args; } > "$out/fold.txt"; cat "$out/fold.txt";;
     clock) { stamp python3 benchmarks/clock_probe.py; python3 benchmarks/clock_probe.py --out "$out/clock.json" 2>&1 | grep -v -e Warning -e exe_args; } > "$out/clock.txt"; cat "$out/clock.txt";;

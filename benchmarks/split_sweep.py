@@ -10,6 +10,8 @@ n. Prints, per shape, the best n in a graph and how far auto's graph time is fro
 --small: short contexts (1K-4K), where the split's fixed costs decide.
 --large: batches that (nearly) fill the SMs unsplit (b16-b128), where the plan never splits and
 the fold runs at parity with cuDNN: does any split count beat it?
+--page P: the issue's paged shapes (PAGED) with K/V in pages of P keys behind a shuffled page
+table (flash_attn_varlen_func); cuDNN runs on the same keys gathered dense.
 """
 
 from __future__ import annotations
@@ -39,6 +41,10 @@ SMALL = [(b, sk, 32, 8) for sk in (1024, 2048, 4096) for b in (1, 2, 4, 8, 16)]
 LARGE = [(16, 65536, 32, 8), (16, 131072, 32, 8), (32, 16384, 32, 8), (32, 65536, 32, 8),
          (32, 4096, 32, 8), (32, 1024, 32, 8), (64, 1024, 32, 8), (128, 1024, 32, 8)]
 LARGE_COUNTS = (1, 2, 3, 4, 8, 16, 32)
+# --page: the shapes decode_split.py also runs paged
+PAGED = [(1, 8192, 32, 8), (1, 65536, 32, 8), (1, 131072, 8, 1), (2, 32768, 64, 8),
+         (4, 32768, 32, 8)]
+PAGED_COUNTS = (1, 4, 8, 16, 24, 32, 48, 64, 128)
 
 
 def main():
@@ -46,6 +52,7 @@ def main():
     ap.add_argument("--out")
     ap.add_argument("--small", action="store_true", help="the SMALL shapes instead")
     ap.add_argument("--large", action="store_true", help="the LARGE shapes instead")
+    ap.add_argument("--page", type=int, help="the PAGED shapes in pages of this many keys")
     a = ap.parse_args()
     import torch
 
@@ -64,22 +71,42 @@ def main():
     shapes, counts = (SMALL, COUNTS) if a.small else (SHAPES, COUNTS)
     if a.large:
         shapes, counts = LARGE, LARGE_COUNTS
+    page = a.page
+    if page:
+        shapes, counts = PAGED, PAGED_COUNTS
     for b, sk, hq, hk in shapes:
         torch.cuda.empty_cache()
         q = torch.randn(b, 1, hq, d, device="cuda", dtype=dt)
-        k = torch.randn(b, sk, hk, d, device="cuda", dtype=dt)
-        v = torch.randn_like(k)
         out = torch.empty_like(q)
-        call = lambda: fa4aot.flash_attn_func(q, k, v, causal=True, out=out)  # noqa: E731
+        if page:
+            npg = -(-sk // page)
+            kp = torch.randn(b * npg, page, hk, d, device="cuda", dtype=dt)
+            vp = torch.randn_like(kp)
+            table = torch.randperm(b * npg, device="cuda", dtype=torch.int32).view(b, npg)
+            kw = dict(cu_seqlens_q=torch.arange(b + 1, device="cuda", dtype=torch.int32),
+                      max_seqlen_q=1, max_seqlen_k=sk, page_table=table, causal=True,
+                      seqused_k=torch.full((b,), sk, device="cuda", dtype=torch.int32))
+            q2, o2 = q[:, 0], out[:, 0]
+
+            def call():
+                return fa4aot.flash_attn_varlen_func(q2, kp, vp, out=o2, **kw)
+
+            k = kp[table.long()].reshape(b, npg * page, hk, d)[:, :sk]
+            v = vp[table.long()].reshape(b, npg * page, hk, d)[:, :sk]
+        else:
+            k = torch.randn(b, sk, hk, d, device="cuda", dtype=dt)
+            v = torch.randn_like(k)
+            call = lambda: fa4aot.flash_attn_func(q, k, v, causal=True, out=out)  # noqa: E731
         rt.split = -1
-        sp = rt.split_for(0, dt, b * hk, sk, d, d, None, False, b)
+        sp = rt.split_for(0, dt, b * hk, sk, d, d, page, False, b)
         auto = sp.n if sp else 1
         ref = call()[0].clone()
-        row = {"b": b, "sk": sk, "hq": hq, "hk": hk, "auto": auto, "graph": {}, "eager": {}}
+        row = {"b": b, "sk": sk, "hq": hq, "hk": hk, "page": page, "auto": auto, "graph": {},
+               "eager": {}}
         for n in ("auto",) + counts:
             rt.split = -1 if n == "auto" else n
             if n != "auto":
-                sp = rt.split_for(0, dt, b * hk, sk, d, d, None, False, b)
+                sp = rt.split_for(0, dt, b * hk, sk, d, d, page, False, b)
                 if n > 1 and (sp is None or sp.n != n):
                     continue  # not a count the plan allows here (chunks under the minimum)
             o = call()[0]
@@ -101,7 +128,7 @@ def main():
         row["best_eager"] = min(e, key=e.get)
         row["auto_vs_best_eager"] = row["eager"]["auto"] / e[row["best_eager"]]
         print(
-            f"b{b} sk{sk} {hq}:{hk} auto n={auto}: graph {row['graph']['auto']:.1f} "
+            f"b{b} sk{sk} {hq}:{hk}{f' page {page}' if page else ''} auto n={auto}: graph {row['graph']['auto']:.1f} "
             f"(best n={best} {g[best]:.1f}, x{row['auto_vs_best_graph']:.2f}); eager "
             f"{row['eager']['auto']:.1f} (best n={row['best_eager']} "
             f"{e[row['best_eager']]:.1f}) | "
