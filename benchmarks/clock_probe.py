@@ -12,6 +12,8 @@ with the medians of the samples. Then the same call in short bursts (a CUDA grap
 calls, replayed with idle gaps: benchmarks/_timing.graph_us), the regime of fold_kernels.py.
 Columns alternate in 2 rounds (order reversed in the second). bf16 hd128, 32:8, one query row,
 causal, dense K/V.
+--kernels: also the fold on each of its kernels (chunk, fwd_wide, fwd_wide1), whatever
+constraints.fold_kernel would choose; --cells b:keys,...: other cells.
 """
 
 from __future__ import annotations
@@ -61,10 +63,49 @@ def sampled(fn, seconds: float):
                                           "samples": len(rows)}
 
 
+def fold_on(fn, part):
+    """fn (fa4aot's call) with its fold forced onto `part` (None: the chunk kernel; "planned":
+    as the runtime plans it): the step's run is made once (under an overridden
+    constraints.fold_kernel), then put back in the runtime's cache before every call (another
+    column's call replaces it: they share its key)."""
+    import fa4aot.constraints as C
+    import fa4aot.runtime as R
+
+    rt = R.default_runtime()
+    serves = C.fold_kernel
+    rt._split_runs.clear()
+    if part != "planned":
+        C.fold_kernel = lambda *a: part  # noqa: E731
+    try:
+        fn()
+    finally:
+        C.fold_kernel = serves
+    (key, run), = rt._split_runs.items()
+    if part != "planned" and getattr(run, "wide", "?") != part:
+        raise SystemExit(f"fold on {part}: the runtime made {run!r}")
+    rt._split_runs.clear()
+    forced = serves if part == "planned" else (lambda *a: part)
+
+    def call():  # (the override also holds while a CUDA graph captures, which caches nothing)
+        rt._split_runs[key] = run
+        C.fold_kernel = forced
+        try:
+            fn()
+        finally:
+            C.fold_kernel = serves
+
+    return call
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
+    ap.add_argument("--kernels", action="store_true", help="also each fold kernel, forced")
+    ap.add_argument("--cells", help="b:keys[,b:keys...] instead of CELLS")
     a = ap.parse_args()
+    cells = CELLS
+    if a.cells:
+        cells = [tuple(int(x) for x in c.split(":")) for c in a.cells.split(",")]
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -73,7 +114,7 @@ def main():
 
     hq, hk, d, dt = 32, 8, 128, torch.bfloat16
     out_rows = []
-    for b, sk in CELLS:
+    for b, sk in cells:
         torch.cuda.empty_cache()
         q = torch.randn(b, 1, hq, d, device="cuda", dtype=dt)
         k = torch.randn(b, sk, hk, d, device="cuda", dtype=dt)
@@ -81,6 +122,10 @@ def main():
         out = torch.empty_like(q)
         fns = decode_columns(q, k, v, out)
         cols = {"fa4aot": fns["fa4aot"], "fa4_unsplit": fns["unsplit"], "cudnn": fns["cudnn"]}
+        if a.kernels:
+            cols["fa4aot"] = fold_on(fns["fa4aot"], "planned")
+            for part in (None, "fwd_wide", "fwd_wide1"):
+                cols[f"fold:{part or 'chunk'}"] = fold_on(fns["fa4aot"], part)
         res = {c: {"sustained": [], "burst_us": []} for c in cols}
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
             for rnd in range(2):
