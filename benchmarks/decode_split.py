@@ -35,8 +35,9 @@ GRID_S = (1024, 4096, 16384, 65536, 131072)
 ROUNDS = 3  # alternating measurements per column and cell (dense_case)
 SHORT_ROUNDS = 5  # the same for cells of under 1 GB of KV
 # a cell runs when its K and V fit the card with this much to spare (SDPA's workspace, the
-# outputs); b128/128K (69 GB of KV) fits an H200's 140 GB. A column that then runs out of
-# memory (the flash backend expands a GQA K/V) is left empty with its error.
+# outputs); b128/128K (69 GB of KV) fits an H200's 140 GB (2026-12-02: every column ran). A
+# cuDNN reference that runs out of memory skips the cell; the flash column is left empty with
+# its error.
 SPARE_BYTES = 8e9
 
 

@@ -128,7 +128,8 @@ def main():
         row["best_eager"] = min(e, key=e.get)
         row["auto_vs_best_eager"] = row["eager"]["auto"] / e[row["best_eager"]]
         print(
-            f"b{b} sk{sk} {hq}:{hk}{f' page {page}' if page else ''} auto n={auto}: graph {row['graph']['auto']:.1f} "
+            f"b{b} sk{sk} {hq}:{hk}{f' page {page}' if page else ''} auto n={auto}: graph "
+            f"{row['graph']['auto']:.1f} "
             f"(best n={best} {g[best]:.1f}, x{row['auto_vs_best_graph']:.2f}); eager "
             f"{row['eager']['auto']:.1f} (best n={row['best_eager']} "
             f"{e[row['best_eager']]:.1f}) | "
