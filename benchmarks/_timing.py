@@ -84,29 +84,46 @@ def host_us_interleaved(fns: dict, n: int = 200, repeats: int = 31) -> dict:
     return {k: (statistics.median(v), v) for k, v in per.items()}
 
 
-def decode_columns(q, k, v, out) -> dict:
-    """The columns the decode benchmarks time on the same dense inputs (q, k, v in FA4's
-    (b, s, h, d) layout): "fa4aot" as planned, "unsplit" (the same call with FA4AOT_SPLIT_KV=0,
-    what FA4 itself runs) and "cudnn" (torch SDPA on the transposed views; the caller picks the
-    backend with sdpa_kernel)."""
-    import fa4aot
+def decode_inputs(b: int, sk: int, hq: int = 32, hk: int = 8, d: int = 128, rows: int = 1):
+    """Fresh random bf16 inputs of a decode step over a dense KV, in FA4's (b, s, h, d) layout:
+    (q of `rows` query rows, k, v of sk keys, an empty out like q)."""
+    q = torch.randn(b, rows, hq, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    return q, k, v, torch.empty_like(q)
+
+
+def at_split(setting: int, fn):
+    """fn run with the runtime's split setting (FA4AOT_SPLIT_KV: -1 auto, 0 never, N chunks)
+    set to `setting` for the call, then restored."""
     import fa4aot.runtime as R
 
     rt = R.default_runtime()
+
+    def call():
+        was, rt.split = rt.split, setting
+        try:
+            return fn()
+        finally:
+            rt.split = was
+
+    return call
+
+
+def decode_columns(q, k, v, out) -> dict:
+    """The columns the decode benchmarks time on the same dense inputs (q, k, v in FA4's
+    (b, s, h, d) layout): "fa4aot" as planned, "unsplit" (the same call with FA4AOT_SPLIT_KV=0,
+    what FA4 itself runs) and "cudnn" (torch SDPA on the transposed views, returning its output;
+    the caller picks the backend with sdpa_kernel)."""
+    import fa4aot
+
     sdpa = torch.nn.functional.scaled_dot_product_attention
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
     def ours():
         fa4aot.flash_attn_func(q, k, v, causal=True, out=out)
 
-    def unsplit():
-        was, rt.split = rt.split, 0
-        try:
-            fa4aot.flash_attn_func(q, k, v, causal=True, out=out)
-        finally:
-            rt.split = was
-
     def cudnn():
-        sdpa(qt, kt, vt, enable_gqa=True)
+        return sdpa(qt, kt, vt, enable_gqa=True)
 
-    return {"fa4aot": ours, "unsplit": unsplit, "cudnn": cudnn}
+    return {"fa4aot": ours, "unsplit": at_split(0, ours), "cudnn": cudnn}

@@ -33,12 +33,11 @@ def main():
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    import fa4aot
     import fa4aot.runtime as R
     from fa4aot import split as S
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _timing import eager_us, graph_us
+    from _timing import at_split, decode_columns, decode_inputs, eager_us, graph_us
 
     make_split, tile = S.make_split, 128
 
@@ -60,34 +59,21 @@ def main():
     S.make_split, S.dense_cu_seqlens_k = balanced_split, balanced_cu
     rt = R.default_runtime()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    sdpa = torch.nn.functional.scaled_dot_product_attention
     rows = []
     for cell in a.cells.split(","):
         b, sk = (int(x) for x in cell.split(":"))
         torch.cuda.empty_cache()
         rt._split_runs.clear()
-        q = torch.randn(b, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(b, sk, 8, 128, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn_like(k)
-        out = torch.empty_like(q)
-        qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q, k, v, out = decode_inputs(b, sk)
+        fns = decode_columns(q, k, v, out)
         ctas = b * 8
         n = sms // math.gcd(ctas, sms)
         rt.split = -1
         sp = rt.split_for(0, torch.bfloat16, ctas, sk, 128, 128, None, False, b)
         auto_n = sp.n if sp else 1
 
-        def run(setting):
-            def call():
-                was, rt.split = rt.split, setting
-                try:
-                    fa4aot.flash_attn_func(q, k, v, causal=True, out=out)
-                finally:
-                    rt.split = was
-            return call
-
-        cols = {"auto": run(-1), "balanced": run(n),
-                "cudnn": lambda: sdpa(qt, kt, vt, enable_gqa=True)}
+        cols = {"auto": at_split(-1, fns["fa4aot"]), "balanced": at_split(n, fns["fa4aot"]),
+                "cudnn": fns["cudnn"]}
         row = {"b": b, "sk": sk, "ctas": ctas, "auto_n": auto_n, "balanced_n": n}
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
             ref = cols["cudnn"]().float()

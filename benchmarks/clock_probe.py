@@ -110,17 +110,12 @@ def main():
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _timing import decode_columns, graph_us
+    from _timing import decode_columns, decode_inputs, graph_us
 
-    hq, hk, d, dt = 32, 8, 128, torch.bfloat16
     out_rows = []
     for b, sk in cells:
         torch.cuda.empty_cache()
-        q = torch.randn(b, 1, hq, d, device="cuda", dtype=dt)
-        k = torch.randn(b, sk, hk, d, device="cuda", dtype=dt)
-        v = torch.randn_like(k)
-        out = torch.empty_like(q)
-        fns = decode_columns(q, k, v, out)
+        fns = decode_columns(*decode_inputs(b, sk))
         cols = {"fa4aot": fns["fa4aot"], "fa4_unsplit": fns["unsplit"], "cudnn": fns["cudnn"]}
         if a.kernels:
             cols["fa4aot"] = fold_on(fns["fa4aot"], "planned")

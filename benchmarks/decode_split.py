@@ -45,7 +45,7 @@ def _bench(table_only=False, grid_only=False):
     import torch
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _timing import decode_columns, eager_us, graph_us, host_us
+    from _timing import decode_columns, decode_inputs, eager_us, graph_us, host_us
 
     import fa4aot
     import fa4aot.runtime as R
@@ -63,10 +63,7 @@ def _bench(table_only=False, grid_only=False):
         if kvb + SPARE_BYTES > free:
             return {"b": b, "sk": sk, "hq": hq, "hk": hk,
                     "skipped": f"KV {kvb / 1e9:.0f} GB, {free / 1e9:.0f} GB free"}
-        q = torch.randn(b, 1, hq, d, device=dev, dtype=dt)
-        k = torch.randn(b, sk, hk, d, device=dev, dtype=dt)
-        v = torch.randn(b, sk, hk, d, device=dev, dtype=dt)
-        out = torch.empty_like(q)
+        q, k, v, out = decode_inputs(b, sk, hq, hk, d)
         qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         row = {"b": b, "sk": sk, "hq": hq, "hk": hk, "kv_mb": kvb / 1e6, "limit": kvb / HBM * 1e6}
         try:

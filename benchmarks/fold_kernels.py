@@ -53,11 +53,11 @@ def main():
     import fa4aot.runtime as R
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _timing import capture, replay_us
+    from _timing import capture, decode_inputs, replay_us
 
     rt = R.default_runtime()
     serves = C.fold_kernel
-    hq, hk, d, dt = 32, 8, 128, torch.bfloat16
+    hq, hk, d = 32, 8, 128
     sdpa = torch.nn.functional.scaled_dot_product_attention
     rows = []
     layouts = LAYOUTS if cells is CELLS else ("dense",)
@@ -66,10 +66,7 @@ def main():
     for layout in layouts:
         for b, sk in cells:
             torch.cuda.empty_cache()
-            q = torch.randn(b, 1, hq, d, device="cuda", dtype=dt)
-            k = torch.randn(b, sk, hk, d, device="cuda", dtype=dt)
-            v = torch.randn_like(k)
-            out = torch.empty_like(q)
+            q, k, v, out = decode_inputs(b, sk, hq, hk, d)
             if layout == "dense":
                 def call():
                     return fa4aot.flash_attn_func(q, k, v, causal=True, out=out)

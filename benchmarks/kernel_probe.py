@@ -28,16 +28,13 @@ def main():
     from torch.profiler import ProfilerActivity, profile
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _timing import decode_columns
+    from _timing import decode_columns, decode_inputs
 
     rows = []
     for cell in a.cells.split(","):
         b, sk = (int(x) for x in cell.split(":"))
         torch.cuda.empty_cache()
-        q = torch.randn(b, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(b, sk, 8, 128, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn_like(k)
-        cols = decode_columns(q, k, v, torch.empty_like(q))
+        cols = decode_columns(*decode_inputs(b, sk))
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
             for name in ("fa4aot", "cudnn"):
                 fn = cols[name]

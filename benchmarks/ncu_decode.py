@@ -23,13 +23,10 @@ def main():
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _timing import decode_columns
+    from _timing import decode_columns, decode_inputs
 
     b, sk = (int(x) for x in a.cell.split(":"))
-    q = torch.randn(b, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(b, sk, 8, 128, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn_like(k)
-    cols = decode_columns(q, k, v, torch.empty_like(q))
+    cols = decode_columns(*decode_inputs(b, sk))
     print(f"b{b} sk{sk}: K+V {b * sk * 8 * 128 * 2 * 2 / 1e9:.3f} GB")
     with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
         for _ in range(2):

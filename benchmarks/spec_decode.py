@@ -22,23 +22,19 @@ def main():
     import torch
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _timing import decode_columns, eager_us, graph_us
+    from _timing import decode_columns, decode_inputs, eager_us, graph_us
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     a = ap.parse_args()
-    dev, dt = "cuda", torch.bfloat16
     rows = []
     for b, sk, sq in [(1, 65536, 2), (1, 65536, 4), (1, 8192, 4), (2, 32768, 4), (4, 16384, 2),
                       (8, 4096, 4)]:
         hq, hk, d = 32, 8, 128
         torch.cuda.empty_cache()
-        q = torch.randn(b, sq, hq, d, device=dev, dtype=dt)
-        k = torch.randn(b, sk, hk, d, device=dev, dtype=dt)
-        v = torch.randn_like(k)
-        out = torch.empty_like(q)
+        q, k, v, out = decode_inputs(b, sk, hq, hk, d, rows=sq)
         fns = decode_columns(q, k, v, out)
         ours, unsplit = fns["fa4aot"], fns["unsplit"]
         ours()
