@@ -451,7 +451,7 @@ def _sm90_forward(compiles: list) -> tuple[Any, list, dict]:
     return fa_fwd, args, kwargs
 
 
-def trace_chunk_modes(compiles: list, bounds: bool = False) -> Any:
+def trace_chunk_modes(compiles: list, bounds: bool = False, kernel: Any = None) -> Any:
     """FA4's sm90 forward, compiled again from the arguments FA4 compiled it with (`compiles`,
     from trace), with two of its inputs read through chunk modes; otherwise FA4's kernel:
 
@@ -477,10 +477,13 @@ def trace_chunk_modes(compiles: list, bounds: bool = False) -> Any:
     in 8 6.6 -> 4.7, b4/32K 126.2 -> 122.7; outputs and LSE bit-identical."""
     import cutlass
     import cutlass.cute as cute
+    from flash_attn.cute import flash_fwd as F80
     from flash_attn.cute import flash_fwd_sm90 as F90
     from flash_attn.cute.seqlen_info import SeqlenInfoQK
 
     fa_fwd, args, kwargs = _sm90_forward(compiles)
+    if kernel is not None:  # another forward of FA4's ABI, compiled from the same arguments
+        fa_fwd = kernel
     if len(args) != 19:
         raise RuntimeError(f"FA4's sm90 forward took {len(args)} arguments, fa4aot knows 19")
     assume, create = F90.assume_tensor_aligned, SeqlenInfoQK.create
@@ -567,12 +570,12 @@ def trace_chunk_modes(compiles: list, bounds: bool = False) -> Any:
             applied.append(True)
         return create(*a, mCuSeqlensK=mCuSeqlensK, mSeqUsedK=mSeqUsedK, **kw)
 
-    F90.assume_tensor_aligned = assume_flat
+    F90.assume_tensor_aligned = F80.assume_tensor_aligned = assume_flat
     SeqlenInfoQK.create = staticmethod(create_chunked)
     try:
         fn = cute.compile(ChunkModes(fa_fwd), *args, **kwargs)
     finally:
-        F90.assume_tensor_aligned = assume
+        F90.assume_tensor_aligned = F80.assume_tensor_aligned = assume
         SeqlenInfoQK.create = staticmethod(create)
     if (paged or bounds) and not applied:
         # the runtime passes each sequence's length (or bounds), one per q row: a kernel

@@ -1,0 +1,100 @@
+"""The H200's memory ceiling as a decode step meets it: how fast does anything read K and V?
+
+    python benchmarks/hbm_ceiling.py [--cells 16:65536,...] [--out f.json]
+
+decode_split.py's "limit" column divides the K+V bytes by the 4.8 TB/s nominal bandwidth. This
+measures what the card reaches, per cell (32:8 hd128 bf16, dense K/V of b * sk keys), side by
+side in one process, do_bench medians (eager, L2 flushed between calls) and CUDA graphs:
+  read      a Triton kernel that streams K and V once (16-byte loads, 32 KB per program, a
+            float32 sum per program written out): bytes = K + V
+  sum       torch.sum over K and over V (two reductions): bytes = K + V
+  copy      K and V copied into preallocated buffers (torch copy_): bytes = 2 (K + V), read +
+            written
+  cudnn     torch SDPA's cuDNN backend on the decode step (one query row): bytes = K + V (q and
+            out are under 0.1%)
+Each reported as TB/s and as a share of 4.8 TB/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+CELLS = "16:16384,16:65536,16:131072,32:65536,4:65536"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cells", default=CELLS)
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    import torch
+    import triton
+    import triton.language as tl
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _timing import decode_inputs, eager_us, graph_us
+
+    @triton.jit
+    def read_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        pid = tl.program_id(0)
+        offs = pid * BLOCK + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + offs, mask=offs < n, other=0, eviction_policy="evict_first")
+        tl.store(out_ptr + pid, tl.sum(x.to(tl.float32)))
+
+    block = 4096  # int64 words: 32 KB per program
+    rows = []
+    for cell in a.cells.split(","):
+        b, sk = (int(x) for x in cell.split(":"))
+        torch.cuda.empty_cache()
+        q, k, v, _ = decode_inputs(b, sk)
+        kv_bytes = 2 * k.numel() * k.element_size()
+        kw, vw = k.view(-1).view(torch.int64), v.view(-1).view(torch.int64)
+        # int64 words summed as float32: the values are meaningless, the loads are real
+        parts = torch.empty(2 * triton.cdiv(kw.numel(), block), device="cuda")
+        grid = (triton.cdiv(kw.numel(), block),)
+        half = grid[0]
+        kc, vc = torch.empty_like(k), torch.empty_like(v)
+        qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+        def read():
+            read_kernel[grid](kw, parts, kw.numel(), BLOCK=block)
+            read_kernel[grid](vw, parts[half:], vw.numel(), BLOCK=block)
+
+        def tsum():
+            k.sum(dtype=torch.float32)
+            v.sum(dtype=torch.float32)
+
+        def copy():
+            kc.copy_(k)
+            vc.copy_(v)
+
+        def cudnn():
+            torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
+
+        cols = {"read": (read, 1), "sum": (tsum, 1), "copy": (copy, 2), "cudnn": (cudnn, 1)}
+        row = {"b": b, "sk": sk, "kv_gb": kv_bytes / 1e9, "cols": {}}
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            for rnd in range(2):  # two interleaved rounds: the second is reported
+                for name, (fn, mult) in cols.items():
+                    e, g = eager_us(fn), graph_us(fn, calls=5, replays=10)
+                    row["cols"][name] = {
+                        "eager_us": e, "graph_us": g,
+                        "eager_tbs": mult * kv_bytes / e / 1e6, "graph_tbs": mult * kv_bytes / g / 1e6,
+                    }
+        rows.append(row)
+        print(f"b{b} sk{sk} K+V {kv_bytes / 1e9:.2f} GB", flush=True)
+        for name, x in row["cols"].items():
+            print(f"   {name:6s} eager {x['eager_us']:9.1f} us {x['eager_tbs']:.3f} TB/s "
+                  f"({x['eager_tbs'] / 4.8:.3f})   graph {x['graph_us']:9.1f} us "
+                  f"{x['graph_tbs']:.3f} TB/s ({x['graph_tbs'] / 4.8:.3f})", flush=True)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
