@@ -1,7 +1,7 @@
-"""Build the kernel benchmarks/tma_page_probe.py times (CPU, no GPU): the paged split chunk
-kernel for pages of P keys (P < FA4's 128-key tile, which FA4 serves on its cp.async path)
-compiled again with P-key tiles on FA4's TMA paged path (page size == tile_n), through the
-chunk modes (compiler.trace_chunk_modes(kernel=...)): the chunk kernel's ABI.
+"""Build the kernel benchmarks/tma_page_probe.py --kernel times (CPU, no GPU): the paged split
+chunk kernel for pages of P keys (P < FA4's 128-key tile, which FA4 serves on its cp.async path)
+compiled again with P-key tiles on FA4's TMA paged path (compiler.trace_tma_page, what the
+artifact's part `fwd_tma` holds for P = 64), with the chunk kernel's ABI.
 
     python benchmarks/tma_page_build.py DIR [--page 64]
 """
@@ -9,7 +9,6 @@ chunk modes (compiler.trace_chunk_modes(kernel=...)): the chunk kernel's ABI.
 from __future__ import annotations
 
 import argparse
-import copy
 import pathlib
 
 
@@ -26,19 +25,14 @@ def main():
     v = variants.split_kernel_variant("sm90", "bfloat16", 128, 128, a.page)
     compiles: list = []
     compiler.trace(variants.representative_call(v, 132), compiles)
-    fa_fwd, _, _ = compiler._sm90_forward(compiles)
-    if fa_fwd.use_tma_KV:
-        raise SystemExit(f"FA4 already takes pages of {a.page} on its TMA path")
-    w = copy.copy(fa_fwd)
-    w.tile_n, w.use_tma_KV = a.page, True
-    fn = compiler.trace_chunk_modes(compiles, kernel=w)
+    fn = compiler.trace_tma_page(compiles, a.page)
     obj = out / f"tma_p{a.page}.o"
     fn.export_to_c(object_file_path=str(obj), function_name="fa4aot_fwd")
     problem = cubin.target_problem(obj, "sm_90a")
     if problem:
         raise SystemExit(problem)
     build._link(obj, out / f"tma_p{a.page}.so", compiler.runtime_library_dirs())
-    print(f"tma_p{a.page}: tile {fa_fwd.tile_m}x{w.tile_n}, registers {cubin.register_counts(obj)}")
+    print(f"tma_p{a.page}: registers {cubin.register_counts(obj)}")
 
 
 if __name__ == "__main__":

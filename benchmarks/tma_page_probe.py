@@ -1,11 +1,13 @@
 """Does a paged split step over pages of 64 keys gain from FA4's TMA paged path? (H200)
 
-    FA4AOT_CACHE_DIR=<store> python benchmarks/tma_page_probe.py --kernel .gpu-tma/tma_p64.so
+    FA4AOT_CACHE_DIR=<store> python benchmarks/tma_page_probe.py [--kernel .gpu-tma/tma_p64.so]
 
-The page-64 split chunk kernel fa4aot builds runs FA4's cp.async paged path (FA4 takes its TMA
-path only where the page size equals the kernel's 128-key tile). --kernel (built by
-benchmarks/tma_page_build.py: the same kernel with 64-key tiles on the TMA path, the chunk
-kernel's ABI) replaces that kernel's `launch` for its column. bf16 hd128 32:8, one decode row,
+The paged split chunk kernel runs FA4's cp.async paged path for pages of 64 (FA4 takes its TMA
+path only where the page size equals the kernel's 128-key tile); its part `fwd_tma`
+(constraints.tma_page) is the same kernel with 64-key tiles on the TMA path, which a split step
+over pages of 64 runs (SplitKernel.launch_split). Column "p64" runs the cp.async kernel,
+"p64_tma" the TMA one: the store's part, or --kernel (built by benchmarks/tma_page_build.py,
+as the s15-c run did before the part existed). bf16 hd128 32:8, one decode row,
 per cell, 3 interleaved rounds (median of rounds): the dense step (same shape, its own inputs),
 pages of 64 as planned ("p64"), the same with the TMA kernel ("p64_tma"), pages of 128 ("p128");
 eager (do_bench medians) and CUDA graphs; p64_tma's output against the dense step on the same
@@ -25,7 +27,7 @@ CELLS = "1:8192,1:16384,1:65536,2:32768,4:32768,8:16384"
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--kernel", required=True)
+    ap.add_argument("--kernel")
     ap.add_argument("--cells", default=CELLS)
     ap.add_argument("--out")
     a = ap.parse_args()
@@ -41,8 +43,11 @@ def main():
 
     rt = R.default_runtime()
     kern = rt.split_kernel(0, torch.bfloat16, 128, 128, 64)
-    plan_launch = kern.launch
-    tma_launch = L.SM90.fwd(tvm_ffi.load_module(a.kernel)["fa4aot_fwd"])
+    plan_launch = kern.launch  # the cp.async chunk kernel
+    tma_launch = (L.SM90.fwd(tvm_ffi.load_module(a.kernel)["fa4aot_fwd"]) if a.kernel
+                  else kern.launch_split)
+    if tma_launch is plan_launch:
+        raise SystemExit("the store's paged split kernel has no fwd_tma part: pass --kernel")
     dev, dt, hq, hk, d = "cuda", torch.bfloat16, 32, 8, 128
 
     def paged(b, sk, page):
@@ -59,8 +64,8 @@ def main():
         vd = vp[table.long()].reshape(b, npg * page, hk, d)[:, :sk]
         return (lambda: fa4aot.flash_attn_varlen_func(q, kp, vp, out=out, **kw)), out, q, kd, vd
 
-    def use(launch):
-        kern.launch = launch
+    def use(launch):  # what the page-64 split steps run
+        kern.launch_split = launch
         rt._split_runs.clear()
 
     rows = []

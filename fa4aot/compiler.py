@@ -291,7 +291,7 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
             f"expected one forward kernel for {variant.describe()}, FA4 compiled {len(fwd)}"
         )
     chunk_modes = variant.split_kernel and variant.arch == "sm90"
-    bounds, wides = [], {}
+    bounds, wides, tma_page = [], {}, None
     if chunk_modes:  # the chunk kernel: FA4's, reading q and KV lengths in chunk modes
         fwd = [(fwd[0][0], trace_chunk_modes(compiles))]
         if not variant.paged:  # and a packed K's chunk bounds (its own ABI: part fwd_bounds)
@@ -300,6 +300,8 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
         wides = {w.part: w for w in C.wide_folds(variant.arch, variant.head_dim,
                                                  variant.head_dim_v, variant.tile_m,
                                                  variant.paged)}
+        # and, paged on FA4's cp.async path, one on its TMA path for pages of one tile (fwd_tma)
+        tma_page = C.tma_page(variant.arch, variant.tile_m, variant.paged, variant.paged_tma)
     seconds = time.perf_counter() - t0
     modelled = variant.mla is not None or variant.two_cta is not None
     if modelled and variant_from_fa4_key(fwd[0][0], variant.arch) != variant:
@@ -337,6 +339,8 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
         helpers["fwd_bounds"] = bounds
     for name, wide in wides.items():
         helpers[name] = [(fwd[0][0], trace_wide_fold(compiles, wide, variant.paged))]
+    if tma_page:
+        helpers["fwd_tma"] = [(fwd[0][0], trace_tma_page(compiles, tma_page))]
     for name, entries in [("fwd", fwd), *helpers.items()]:
         for key, fn in entries:
             obj = outdir / f"{name}.o"
@@ -360,6 +364,8 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
         parts["fwd"]["q_broadcast"] = True
         if variant.paged:
             parts["fwd"]["chunk_lengths"] = True
+    if tma_page:  # the page size (and tile) it serves
+        parts["fwd_tma"]["page_size"] = tma_page
     return {"parts": parts, "compile_seconds": seconds, "fa4_key": parts["fwd"]["key"]}
 
 
@@ -645,6 +651,28 @@ def trace_wide_fold(compiles: list, wide: "C.WideFold", paged: bool) -> Any:
             f"{launches}, {threads} threads)"
         )
     return fn
+
+
+def trace_tma_page(compiles: list, page_size: int) -> Any:
+    """A paged split chunk kernel's part `fwd_tma` (constraints.tma_page; the chunk kernel's
+    ABI and chunk modes, trace_chunk_modes): FA4's sm90 forward compiled again from the
+    arguments FA4 compiled the paged chunk kernel with (`compiles`, from trace: its cp.async
+    path, which takes any page size) with N tiles of `page_size` keys on FA4's TMA paged path,
+    which reads one page per tile and so serves pages of exactly `page_size` keys (a kernel on
+    it gets any other size wrong with no error: design.md). FA4 4.0.0b36 takes TMA only where
+    the page size equals its tile_n, 128 at hd128 (its `paged_kv_non_tma`): the compile sets
+    the tile for this kernel only."""
+    import copy
+
+    fa_fwd, _, _ = _sm90_forward(compiles)
+    if getattr(fa_fwd, "use_tma_KV", True) or fa_fwd.tile_m != 64:
+        raise RuntimeError(
+            "the TMA page kernel builds on the 64-row chunk kernel of FA4's cp.async paged path, "
+            f"FA4 compiled tile_m={fa_fwd.tile_m}, use_tma_KV={getattr(fa_fwd, 'use_tma_KV', None)}"
+        )
+    w = copy.copy(fa_fwd)
+    w.tile_n, w.use_tma_KV = page_size, True
+    return trace_chunk_modes(compiles, kernel=w)
 
 
 # fa4aot's merge kernel: its key is (name, version, dtype, head dim v, max splits, threads);

@@ -301,6 +301,25 @@ def wide_folds(
     return ()
 
 
+# the page size a paged split chunk kernel's part `fwd_tma` serves (compiler.trace_tma_page)
+TMA_PAGE = 64
+
+
+def tma_page(arch: str, tile_m: int | None, paged: bool, paged_tma: bool | None) -> int | None:
+    """The page size whose split steps run on the part `fwd_tma` beside a paged split chunk
+    kernel (compiler.trace_tma_page), None where none is built: on the 64-row chunk kernel
+    (split_tile_m) of FA4's cp.async paged path (the one kernel that serves every page size but
+    its tile's), pages of TMA_PAGE keys get FA4's TMA paged path with TMA_PAGE-key tiles (FA4
+    takes TMA only where a page is one tile). H200, 2026-12-02 (`benchmarks/tma_page_probe.py`,
+    `2026-12-02-s15-c-tma-page-probe.txt`, 32:8 hd128, CUDA graphs, time over the dense step's):
+    b1/8K 1.059 -> 1.024, b1/16K 1.049 -> 1.014, b1/64K 1.028 -> 1.022, b2/32K 1.022 -> 1.016;
+    b4/32K 1.025 -> 1.028 and b8/16K 1.016 -> 1.019 (ties). Values as the cp.async kernel's, keys
+    reduced in other blocks: max difference 2.4e-4 from the dense step."""
+    if arch == "sm90" and tile_m == 64 and paged and not paged_tma:
+        return TMA_PAGE
+    return None
+
+
 # keys (the plan's bucket, split.plan_bucket) from which a packed K's fold prefers fwd_wide1:
 # H200, 2026-12-01 (fold_kernels.py, s13-c/d, 32:8 hd128, against the chunk kernel): at 8K
 # b32 0.993 (fwd_wide 0.998), b64 0.997 (1.004); at 4K b32 0.994 (0.988), b128 1.007 (1.000);

@@ -252,7 +252,7 @@ def test_superseded_is_a_split_kernel_merging_with_fa4s_combine_or_copying_q():
     from fa4aot.variants import split_kernel_variant
 
     def art(variant, *parts, q_broadcast=True, chunk_lengths=True, bounds=True, wide=True,
-            wide1=True):
+            wide1=True, tma=True):
         rec = {"variant": variant.to_dict(), "parts": {p: {} for p in ("fwd", *parts)}}
         if q_broadcast:
             rec["parts"]["fwd"]["q_broadcast"] = True
@@ -264,6 +264,8 @@ def test_superseded_is_a_split_kernel_merging_with_fa4s_combine_or_copying_q():
             rec["parts"]["fwd_wide"] = {}
         if wide1 and variant.split_kernel and variant.tile_m == 64 and not variant.paged:
             rec["parts"]["fwd_wide1"] = {}
+        if tma and variant.split_kernel and variant.tile_m == 64 and variant.paged:
+            rec["parts"]["fwd_tma"] = {"page_size": 64}
         return SimpleNamespace(record=rec)
 
     split = split_kernel_variant("sm90", "bfloat16", 128, 128, None)
@@ -286,6 +288,13 @@ def test_superseded_is_a_split_kernel_merging_with_fa4s_combine_or_copying_q():
     assert B.superseded(art(paged, "merge", "chunk_meta", wide=False))
     assert not B.superseded(art(paged, "merge", "chunk_meta", wide1=False))  # packed K only
     assert B.superseded(art(paged, "merge", "chunk_meta", chunk_lengths=False))
+    # FA4's TMA paged kernel (pages of 128) has no fwd_tma; its cp.async one (every other page
+    # size) carries one for pages of 64 (constraints.tma_page)
+    assert not B.superseded(art(paged, "merge", "chunk_meta", tma=False))
+    cpasync = split_kernel_variant("sm90", "bfloat16", 128, 128, 16)
+    assert cpasync == split_kernel_variant("sm90", "bfloat16", 128, 128, 64)
+    assert not B.superseded(art(cpasync, "merge", "chunk_meta"))
+    assert B.superseded(art(cpasync, "merge", "chunk_meta", tma=False))
     assert not any(B.superseded(art(n.variant, "combine", q_broadcast=False))
                    for n in other.values())
     stub = art(split, q_broadcast=False)

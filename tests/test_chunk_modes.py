@@ -84,8 +84,20 @@ out["wide"] = {n: {k: x for k, x in parts[n].items() if k not in ("object", "key
 out["regs"] = {n: cubin.register_counts(parts[n]["object"])
                for n in ("fwd", "fwd_wide", "fwd_wide1")}
 vp = V.split_kernel_variant("sm90", "bfloat16", 64, 64, 64)
-out["paged_parts"] = sorted(
-    compiler.compile_variant(V.representative_call(vp), vp, Path(tempfile.mkdtemp()))["parts"])
+pp = compiler.compile_variant(V.representative_call(vp), vp, Path(tempfile.mkdtemp()))["parts"]
+out["paged_parts"] = sorted(pp)
+out["tma"] = {k: x for k, x in pp["fwd_tma"].items() if k not in ("object", "key")}
+out["tma_regs"] = cubin.register_counts(pp["fwd_tma"]["object"])
+v128 = V.split_kernel_variant("sm90", "bfloat16", 64, 64, 128)  # FA4's TMA path already
+out["page128_parts"] = sorted(
+    compiler.compile_variant(V.representative_call(v128), v128, Path(tempfile.mkdtemp()))["parts"])
+compiles = []
+compiler.trace(V.representative_call(v128), compiles)
+try:
+    compiler.trace_tma_page(compiles, 64)
+    out["tma_on_tma"] = "compiled"
+except RuntimeError as e:
+    out["tma_on_tma"] = str(e)
 # the wide fold builds only on the 64-row chunk kernel: FA4's own decode kernel (128 rows)
 call = V.representative_call(V.split_kernel_variant("sm90", "bfloat16", 64, 64, None))
 import dataclasses
@@ -103,7 +115,8 @@ print(json.dumps(out))
 def test_wide_fold_compiles_two_ctas_per_sm_and_refuses_other_tiles():
     """The packed split kernel's part fwd_wide: 64-key tiles, and ptxas held its threads to
     128 registers (two 256-thread CTAs per SM), where FA4's launch lets them take 255; its part
-    fwd_wide1: the same tiles at 240 (one CTA per SM). A paged one has fwd_wide only."""
+    fwd_wide1: the same tiles at 240 (one CTA per SM). A paged one has fwd_wide only, and on
+    FA4's cp.async paged path fwd_tma (64-key tiles on the TMA path, for pages of 64)."""
     r = subprocess.run([sys.executable, "-c", _WIDE], capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -112,4 +125,10 @@ def test_wide_fold_compiles_two_ctas_per_sm_and_refuses_other_tiles():
                            "fwd_wide1": {"tile_n": 64, "ctas_per_sm": 1, "registers": 240}}
     assert doc["regs"] == {"fwd": [255], "fwd_wide": [128], "fwd_wide1": [240]}
     assert "fwd_wide" in doc["paged_parts"] and "fwd_wide1" not in doc["paged_parts"]
+    # the paged cp.async kernel's TMA part for pages of 64 (constraints.tma_page); none beside
+    # FA4's TMA paged kernel (pages of 128), and none built on it
+    assert "fwd_tma" in doc["paged_parts"] and doc["tma"] == {"page_size": 64}
+    assert len(doc["tma_regs"]) == 1
+    assert "fwd_tma" not in doc["page128_parts"]
+    assert "cp.async paged path" in doc["tma_on_tma"]
     assert "builds on the 64-row chunk kernel" in doc["tile128"]

@@ -258,3 +258,34 @@ def test_launch_is_dispatched_by_arch():
     L.SM90.fwd(lambda *a: raw.append(a))("q", "k", "v", "o", None, 0.5)
     assert len(raw[0]) == 18 and raw[0][:6] == ("q", "k", "v", "o", None, 0.5)
     assert raw[0][15] == (None, None)  # FA4's empty aux data
+
+
+@pytest.mark.parametrize("page,part_page,bound", [(64, 64, True), (16, 64, False),
+                                                  (64, None, False)])
+def test_split_kernel_binds_the_tma_page_part_for_its_pages_only(monkeypatch, tmp_path, knobs,
+                                                                 page, part_page, bound):
+    """Runtime.split_kernel: the paged chunk kernel of FA4's cp.async path serves every page
+    size, one artifact; its part fwd_tma (constraints.tma_page) is bound, and a split step's
+    chunks run on it (SplitKernel.launch_split), only where the step's pages are the size its
+    record names; an artifact built before it splits on fwd."""
+    knobs(cache_dir=str(tmp_path / "cache"), padding=None)
+    v = split_kernel_variant("sm90", "bfloat16", 128, 128, page)
+    loaded = {}
+
+    def load(self, art, *names):
+        loaded[art.id] = names
+        return [f"<{n}>" if n else None for n in names]
+
+    def parts(variant):
+        got = _parts(variant)
+        if part_page:
+            got["fwd_tma"] = {"page_size": part_page}
+        return got
+
+    rt = serve_variants(monkeypatch, tmp_path / "cache", [v], load, "sm90", 132, parts)
+    monkeypatch.setattr(P.SplitKernel, "__post_init__", lambda self: None)  # (names, not kernels)
+    kern = rt.split_kernel(0, torch.bfloat16, 128, 128, page)
+    assert kern is not None and kern.fwd == "<fwd>"
+    assert kern.fwd_tma == ("<fwd_tma>" if bound else None)
+    assert ("fwd_tma" in loaded[v.id]) == bound
+    R.reset(roots=[tmp_path / "cache"])

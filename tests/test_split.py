@@ -522,6 +522,55 @@ def test_a_fold_over_a_full_chip_runs_on_the_kernel_its_waves_fill(kind, b, hk, 
     assert rel_err(out.view(b, 1, hq, d), ro) < 1e-2
 
 
+class _TmaRuntime(_FakeRuntime):
+    """_FakeRuntime's split kernels, the paged one with a TMA page part for pages of 64 (part
+    `fwd_tma`, bound by Runtime.split_kernel only where the step's pages are its own);
+    records which kernel ran. fold: the plan leaves the step unsplit."""
+
+    def __init__(self, n, fold=False):
+        super().__init__(n)
+        self.seen, self.fold = [], fold
+
+    def split_kernel(self, dev, dtype, d, dv, page_size):
+        import dataclasses
+
+        base = super().split_kernel(dev, dtype, d, dv, page_size)
+
+        def named(name, fn):
+            def run(*a, **kw):
+                self.seen.append(name)
+                return fn(*a, **kw)
+
+            return run
+
+        return dataclasses.replace(
+            base, fwd=named("chunk", base.fwd),
+            fwd_tma=named("fwd_tma", base.fwd) if page_size == 64 else None,
+        )
+
+    def split_for(self, *a, **kw):
+        return None if self.fold else super().split_for(*a, **kw)
+
+
+@pytest.mark.parametrize("page,fold,want", [(64, False, "fwd_tma"), (16, False, "chunk"),
+                                            (128, False, "chunk"), (64, True, "chunk")])
+def test_a_split_over_pages_of_64_runs_on_the_tma_page_part(page, fold, want):
+    """constraints.tma_page: a paged split step whose pages are the part's runs its chunks on
+    fwd_tma (SplitKernel.launch_split); other page sizes, and the unsplit fold, on the chunk
+    kernel; the same results."""
+    b, hq, hk, d, lens = 2, 8, 2, 16, [700, 513]
+    q, k, v = _inputs(b, 1, hq, hk, d, lens, seed=page)
+    kk, vv, table = _page_pool(k, v, lens, page)
+    rt = _TmaRuntime(4, fold)
+    out = torch.full((b, hq, d), float("nan")).bfloat16()
+    got = _split(rt, q, kk, vv, "paged", (None, torch.tensor(lens, dtype=torch.int32), table),
+                 table.shape[1] * page, page, True, None, out, None, False, True)
+    assert got is not None and got[0] is out
+    assert rt.seen == [want]
+    ro, _ = _ref(q, k, v, lens, True, None)
+    assert rel_err(out.view(b, 1, hq, d), ro) < 1e-2
+
+
 def test_unsplit_steps_the_chunk_kernel_does_not_take():
     q, k, v = _inputs(2, 1, 8, 2, 16, [700, 700], seed=3)
 

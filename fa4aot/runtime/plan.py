@@ -68,15 +68,21 @@ class SplitKernel:
     # over 128 and (fwd_wide1) for a paged K
     fwd_wide: Any = None
     fwd_wide1: Any = None
+    # a paged K's split steps over pages of one tile of it, on FA4's TMA paged path (part
+    # `fwd_tma`, constraints.tma_page, compiler.trace_tma_page; the chunk kernel's ABI): bound
+    # where the step's page size is the part's, else None (and in older artifacts)
+    fwd_tma: Any = None
     launch: Callable = field(init=False)
     merge: Callable = field(init=False)
     chunk_meta: Callable | None = field(init=False)
     launch_bounds: Callable | None = field(init=False)
     launch_wide: Callable | None = field(init=False)
     launch_wide1: Callable | None = field(init=False)
+    launch_split: Callable = field(init=False)  # what a split step runs: fwd_tma, else fwd
 
     def __post_init__(self):
         self.launch = self.abi.fwd(self.fwd)
+        self.launch_split = self.launch if self.fwd_tma is None else self.abi.fwd(self.fwd_tma)
         self.launch_bounds = None if self.fwd_bounds is None else self.abi.fwd(self.fwd_bounds)
         self.launch_wide = None if self.fwd_wide is None else self.abi.fwd(self.fwd_wide)
         self.launch_wide1 = None if self.fwd_wide1 is None else self.abi.fwd(self.fwd_wide1)
@@ -242,9 +248,9 @@ class Runtime:
                     continue
         return out
 
-    def _load(self, art: Artifact, *names: str) -> list[Any]:
-        """The named parts of `art` (None for a part it lacks), after one check of the whole
-        artifact: every part's sha256 is hashed once per load, not once per part."""
+    def _load(self, art: Artifact, *names: str | None) -> list[Any]:
+        """The named parts of `art` (None for a part it lacks, or for a name of None), after one
+        check of the whole artifact: every part's sha256 is hashed once per load, not per part."""
         art.check_loadable(self.allow_unsafe_dirs)  # stub, unsafe dirs, sha256: before any dlopen
         from .. import runtime_lib
 
@@ -298,13 +304,16 @@ class Runtime:
                 art = self.find(v, sms)
                 name, comb = S.merge_part(art.record["parts"] if art else {}, DTYPES[dtype])
                 if name is not None:
+                    parts = art.record["parts"]
+                    tma = "fwd_tma" if (page_size is not None and page_size == parts.get(
+                        "fwd_tma", {}).get("page_size")) else None
                     if art.id in self._modules:  # the decode fold loaded it (same tile)
-                        combine, meta, bounds, wide, wide1 = self._load(
-                            art, name, "chunk_meta", "fwd_bounds", "fwd_wide", "fwd_wide1")
+                        combine, meta, bounds, wide, wide1, tma = self._load(
+                            art, name, "chunk_meta", "fwd_bounds", "fwd_wide", "fwd_wide1", tma)
                     else:
-                        fwd, helper, combine, meta, bounds, wide, wide1 = self._load(
+                        fwd, helper, combine, meta, bounds, wide, wide1, tma = self._load(
                             art, "fwd", "tile_cumsum", name, "chunk_meta", "fwd_bounds",
-                            "fwd_wide", "fwd_wide1",
+                            "fwd_wide", "fwd_wide1", tma,
                         )
                         self._modules[art.id] = (fwd, helper, art)
                     got = SplitKernel(
@@ -320,6 +329,7 @@ class Runtime:
                         fwd_bounds=bounds,
                         fwd_wide=wide,
                         fwd_wide1=wide1,
+                        fwd_tma=tma,
                     )
         self._split_kernels[key] = got
         return got

@@ -387,7 +387,7 @@ class SplitRun:
         dvc = q.device
         kern = rt.split_kernel(dev, q.dtype, d, dv, page_size)
         self.sp, self.chunk = sp, sp.chunk
-        self.launch, self.merge = kern.launch, kern.merge
+        self.launch, self.merge = kern.launch_split, kern.merge  # (fwd_tma for its pages)
         # a packed K's chunk bounds read by the kernel (compiler.trace_chunk_modes(bounds=True))
         self.launch_bounds = kern.launch_bounds if kind == "varlen" else None
         self.cu_bounds_size = (b + 1, sp.chunk)
