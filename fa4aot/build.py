@@ -455,9 +455,9 @@ def superseded(art) -> bool:
     part `fwd_bounds`) through chunk modes (compiler.trace_chunk_modes), or a 64-row one
     without a wide fold kernel its K takes (parts `fwd_wide`, `fwd_wide1`: constraints.WideFold,
     compiler.trace_wide_fold) or, paged on FA4's cp.async path, without the TMA page kernel
-    (part `fwd_tma`: constraints.tma_page), i.e. built before them. `fa4aot build` replaces it, as it does a corrupt copy; until then the runtime serves
-    it with what it has (FA4's combine, torch's element-wise kernels, a copy of q over the
-    chunks, the metadata kernel)."""
+    (part `fwd_tma`: constraints.tma_page), i.e. built before them. `fa4aot build` replaces it,
+    as it does a corrupt copy; until then the runtime serves it with what it has (FA4's
+    combine, torch's element-wise kernels, a copy of q over the chunks, the metadata kernel)."""
     rec = art.record
     if rec.get("stub"):
         return False  # (a placeholder: never loaded, nothing to supersede)
@@ -467,11 +467,11 @@ def superseded(art) -> bool:
     merge = "merge" if C.merge_threads(v.head_dim_v, MAX_SLOTS) is not None else "combine"
     fwd = rec["parts"].get("fwd", {})
     parts = rec["parts"]
-    wides = {w.part for w in C.wide_folds(v.arch, v.head_dim, v.head_dim_v, v.tile_m, v.paged)}
+    kernels = {w.part for w in C.wide_folds(v.arch, v.head_dim, v.head_dim_v, v.tile_m, v.paged)}
     if C.tma_page(v.arch, v.tile_m, v.paged, v.paged_tma):
-        wides.add("fwd_tma")
+        kernels.add("fwd_tma")
     modes = (fwd.get("chunk_lengths") if v.paged else "fwd_bounds" in parts) and (
-        wides <= set(parts))
+        kernels <= set(parts))
     if v.arch == "sm90" and not (fwd.get("q_broadcast") and modes):
         return True
     return not {merge, "chunk_meta"} <= set(rec["parts"])

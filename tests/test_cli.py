@@ -367,14 +367,14 @@ def split_store(monkeypatch):
     })
 
 
-def _hold_split_kernels(monkeypatch, parts):
+def _hold_split_kernels(monkeypatch, parts, pages=(None, 128)):
     from types import SimpleNamespace
 
     import fa4aot.cli as cli
     from fa4aot.cli.common import Match
     from fa4aot.variants import split_kernel_variant
 
-    held = [split_kernel_variant("sm90", "bfloat16", 128, 128, p) for p in (None, 128)]
+    held = [split_kernel_variant("sm90", "bfloat16", 128, 128, p) for p in pages]
     monkeypatch.setattr(
         cli.explain,
         "_cached_artifacts",
@@ -415,6 +415,21 @@ def test_explain_says_how_the_split_reads_q(run, monkeypatch):
             copied = "q copied over the chunks" in doc["plan"]
             assert copied == (not q_broadcast and batch == "4"), (q_broadcast, batch)
             assert copied != ("q read in place" in doc["plan"])
+
+
+def test_explain_says_a_split_over_pages_of_64_runs_on_the_tma_page_part(run, monkeypatch):
+    """The cp.async paged split kernel serves every page size; its part fwd_tma runs the chunks
+    of a split over pages of its size (64) only (constraints.tma_page)."""
+    merge = {"partial_dtype": "bfloat16", "max_splits": 128, "threads": 256}
+    _hold_split_kernels(monkeypatch, {"fwd": {"q_broadcast": True, "chunk_lengths": True},
+                                      "merge": merge, "fwd_tma": {"page_size": 64}}, pages=(16,))
+    args = ["explain", "--head-dim", "128", "--heads", "32:8", "--seqlen-k", "8192",
+            "--layout", "paged", "--json", "--page-size"]
+    doc = json.loads(run(*args, "64").stdout)["split"]
+    assert doc["splits"] > 1 and doc["chunk_kernel"] == "fwd_tma"
+    assert "chunks on fwd_tma (64-key tiles on FA4's TMA paged path) of" in doc["plan"]
+    doc = json.loads(run(*args, "16").stdout)["split"]
+    assert doc["splits"] > 1 and doc["chunk_kernel"] == "fwd" and "fwd_tma" not in doc["plan"]
 
 
 def test_explain_says_which_kernel_the_fold_runs_on(run, monkeypatch):
