@@ -9,7 +9,8 @@ over pages of 64 runs (SplitKernel.launch_split). Column "p64" runs the cp.async
 "p64_tma" the TMA one: the store's part, or --kernel (built by benchmarks/tma_page_build.py,
 as the s15-c run did before the part existed). bf16 hd128 32:8, one decode row,
 per cell, 3 interleaved rounds (median of rounds): the dense step (same shape, its own inputs),
-pages of 64 as planned ("p64"), the same with the TMA kernel ("p64_tma"), pages of 128 ("p128");
+pages of 64 on the cp.async kernel ("p64"), the same with the TMA kernel ("p64_tma"; for a step the
+plan leaves unsplit, the fold on it, which the runtime does not do), pages of 128 ("p128");
 eager (do_bench medians) and CUDA graphs; p64_tma's output against the dense step on the same
 (gathered) keys, NaN-poisoned first.
 """
@@ -22,7 +23,9 @@ import os
 import statistics
 import sys
 
-CELLS = "1:8192,1:16384,1:65536,2:32768,4:32768,8:16384"
+# split steps, then steps the plan leaves unsplit (the fold: b16 on the chunk kernel, 128 CTAs;
+# b8/4K, 64)
+CELLS = "1:8192,1:16384,1:65536,2:32768,4:32768,8:16384,16:16384,16:65536,8:4096"
 
 
 def main():
@@ -64,8 +67,8 @@ def main():
         vd = vp[table.long()].reshape(b, npg * page, hk, d)[:, :sk]
         return (lambda: fa4aot.flash_attn_varlen_func(q, kp, vp, out=out, **kw)), out, q, kd, vd
 
-    def use(launch):  # what the page-64 split steps run
-        kern.launch_split = launch
+    def use(launch):  # what the page-64 steps run: split (launch_split) and fold (launch)
+        kern.launch = kern.launch_split = launch
         rt._split_runs.clear()
 
     rows = []

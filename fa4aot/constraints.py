@@ -314,7 +314,9 @@ def tma_page(arch: str, tile_m: int | None, paged: bool, paged_tma: bool | None)
     `2026-12-02-s15-c-tma-page-probe.txt`, 32:8 hd128, CUDA graphs, time over the dense step's):
     b1/8K 1.059 -> 1.024, b1/16K 1.049 -> 1.014, b1/64K 1.028 -> 1.022, b2/32K 1.022 -> 1.016;
     b4/32K 1.025 -> 1.028 and b8/16K 1.016 -> 1.019 (ties). Values as the cp.async kernel's, keys
-    reduced in other blocks: max difference 2.4e-4 from the dense step."""
+    reduced in other blocks: max difference 2.4e-4 from the dense step. Split steps only: the
+    decode fold on it ran slower (`s15-f`: b16/16K 1.007 -> 1.021, b16/64K 1.015 -> 1.034, b8/4K
+    1.192 -> 1.237), so the fold stays on the chunk kernel."""
     if arch == "sm90" and tile_m == 64 and paged and not paged_tma:
         return TMA_PAGE
     return None
