@@ -9,7 +9,9 @@ artifact's part `fwd_tma` holds for P = 64), with the chunk kernel's ABI.
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
+import sys
 
 
 def main():
@@ -17,7 +19,10 @@ def main():
     ap.add_argument("outdir")
     ap.add_argument("--page", type=int, default=64)
     a = ap.parse_args()
-    from fa4aot import build, compiler, cubin, variants
+    from fa4aot import compiler, variants
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from warp_build import export_so
 
     compiler.configure("sm90", 132)
     out = pathlib.Path(a.outdir)
@@ -25,14 +30,8 @@ def main():
     v = variants.split_kernel_variant("sm90", "bfloat16", 128, 128, a.page)
     compiles: list = []
     compiler.trace(variants.representative_call(v, 132), compiles)
-    fn = compiler.trace_tma_page(compiles, a.page)
-    obj = out / f"tma_p{a.page}.o"
-    fn.export_to_c(object_file_path=str(obj), function_name="fa4aot_fwd")
-    problem = cubin.target_problem(obj, "sm_90a")
-    if problem:
-        raise SystemExit(problem)
-    build._link(obj, out / f"tma_p{a.page}.so", compiler.runtime_library_dirs())
-    print(f"tma_p{a.page}: registers {cubin.register_counts(obj)}")
+    regs = export_so(compiler.trace_tma_page(compiles, a.page), out / f"tma_p{a.page}")
+    print(f"tma_p{a.page}: registers {regs}")
 
 
 if __name__ == "__main__":

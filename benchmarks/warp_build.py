@@ -17,12 +17,27 @@ import pathlib
 import time
 
 
+def export_so(fn, stem: pathlib.Path) -> list[int]:
+    """A compiled kernel (`fn`, from cute.compile) exported as `stem`.o with the artifact's
+    function name (`fa4aot_fwd`), its cubin checked for sm_90a, linked into `stem`.so as the
+    builder links parts: -> its registers per thread."""
+    from fa4aot import build, compiler, cubin
+
+    obj = stem.with_suffix(".o")
+    fn.export_to_c(object_file_path=str(obj), function_name="fa4aot_fwd")
+    problem = cubin.target_problem(obj, "sm_90a")
+    if problem:
+        raise SystemExit(problem)
+    build._link(obj, stem.with_suffix(".so"), compiler.runtime_library_dirs())
+    return cubin.register_counts(obj)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("outdir")
     ap.add_argument("configs", help="tile_m x tile_n x stages x threads, comma-separated")
     a = ap.parse_args()
-    from fa4aot import build, compiler, cubin, variants
+    from fa4aot import compiler, variants
 
     compiler.configure("sm90", 132)
     from flash_attn.cute.flash_fwd import FlashAttentionForwardSm80
@@ -43,14 +58,8 @@ def main():
         w = Warp(fa_fwd.dtype, fa_fwd.tile_hdim, fa_fwd.tile_hdimv, fa_fwd.qhead_per_kvhead,
                  is_causal=fa_fwd.is_causal, is_local=fa_fwd.is_local, pack_gqa=fa_fwd.pack_gqa,
                  tile_m=tm, tile_n=tn, num_stages=st, num_threads=th, Q_in_regs=False)
-        fn = compiler.trace_chunk_modes(compiles, kernel=w)
-        obj = out / f"warp_{c}.o"
-        fn.export_to_c(object_file_path=str(obj), function_name="fa4aot_fwd")
-        problem = cubin.target_problem(obj, "sm_90a")
-        if problem:
-            raise SystemExit(problem)
-        build._link(obj, out / f"warp_{c}.so", compiler.runtime_library_dirs())
-        print(f"warp_{c}: {time.time() - t:.1f} s, registers {cubin.register_counts(obj)}")
+        regs = export_so(compiler.trace_chunk_modes(compiles, kernel=w), out / f"warp_{c}")
+        print(f"warp_{c}: {time.time() - t:.1f} s, registers {regs}")
 
 
 if __name__ == "__main__":

@@ -50,8 +50,9 @@ def main():
             fn = tvm_ffi.load_module(os.path.join(a.kernels, f))["fa4aot_fwd"]
             warps[f[:-3]] = (L.SM90.fwd(fn), per_sm)
 
-    def use(launch):
+    def use(launch):  # the chunk kernel of split steps (launch_split) and of the fold (launch)
         kern.launch, kern.launch_wide, kern.launch_wide1 = launch
+        kern.launch_split = launch[0]
         rt._split_runs.clear()
 
     rows = []
