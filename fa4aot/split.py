@@ -192,6 +192,17 @@ def merge_part(parts: dict, dtype: str) -> tuple[str | None, dict]:
     return None, {}
 
 
+def tma_part(parts: dict, page_size: int | None) -> str | None:
+    """The part of a paged split chunk kernel's artifact a split step over pages of
+    `page_size` runs its chunks on instead of `fwd`: `fwd_tma` (constraints.tma_page), where
+    its record's page size is the step's; None otherwise (other page sizes, a packed K,
+    artifacts built before it). Shared by the runtime (plan.Runtime.split_kernel) and `fa4aot
+    explain`."""
+    if page_size is not None and parts.get("fwd_tma", {}).get("page_size") == page_size:
+        return "fwd_tma"
+    return None
+
+
 # Page sizes a dense KV of several query rows is viewed in (dense_page_size), largest first.
 DENSE_PAGES = (128, 64, 16)
 

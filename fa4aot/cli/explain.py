@@ -468,15 +468,14 @@ def _split_plan(
     q_read = ("q read in place through a chunk mode" if q_broadcast or batch * seqlen_q == 1
               else "q copied over the chunks (a store built before the chunk mode: "
               "`fa4aot build` replaces it)")
-    # (runtime/plan.Runtime.split_kernel: fwd_tma where the pages are its own)
-    tma = page_size is not None and rec["parts"].get("fwd_tma", {}).get("page_size") == page_size
+    tma = S.tma_part(rec["parts"], page_size)  # (as runtime/plan.Runtime.split_kernel)
     on = (f"fwd_tma ({page_size}-key tiles on FA4's TMA paged path) of " if tma else "")
     return {
         "splits": sp.n,
         "chunk": sp.chunk,
         "slots": sp.slots,
         "kernel": kern.id,
-        "chunk_kernel": "fwd_tma" if tma else "fwd",
+        "chunk_kernel": tma or "fwd",
         "merge": merge_name,
         "q_broadcast": q_broadcast,
         "plan": f"{sp.describe()}{rows}; chunks on {on}{kern.describe()} (id {kern.id}), "

@@ -304,9 +304,7 @@ class Runtime:
                 art = self.find(v, sms)
                 name, comb = S.merge_part(art.record["parts"] if art else {}, DTYPES[dtype])
                 if name is not None:
-                    parts = art.record["parts"]
-                    tma = "fwd_tma" if (page_size is not None and page_size == parts.get(
-                        "fwd_tma", {}).get("page_size")) else None
+                    tma = S.tma_part(art.record["parts"], page_size)
                     if art.id in self._modules:  # the decode fold loaded it (same tile)
                         combine, meta, bounds, wide, wide1, tma = self._load(
                             art, name, "chunk_meta", "fwd_bounds", "fwd_wide", "fwd_wide1", tma)
