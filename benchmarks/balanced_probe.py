@@ -37,7 +37,7 @@ def main():
     from fa4aot import split as S
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _timing import at_split, decode_columns, decode_inputs, eager_us, graph_us
+    from _timing import at_split, decode_columns, decode_inputs, eager_us, graph_us, parse_cells
 
     make_split, tile = S.make_split, 128
 
@@ -60,8 +60,7 @@ def main():
     rt = R.default_runtime()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
-    for cell in a.cells.split(","):
-        b, sk = (int(x) for x in cell.split(":"))
+    for b, sk in parse_cells(a.cells):
         torch.cuda.empty_cache()
         rt._split_runs.clear()
         q, k, v, out = decode_inputs(b, sk)

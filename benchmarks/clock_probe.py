@@ -104,13 +104,14 @@ def main():
     ap.add_argument("--cells", help="b:keys[,b:keys...] instead of CELLS")
     a = ap.parse_args()
     cells = CELLS
-    if a.cells:
-        cells = [tuple(int(x) for x in c.split(":")) for c in a.cells.split(",")]
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _timing import decode_columns, decode_inputs, graph_us
+    from _timing import decode_columns, decode_inputs, graph_us, parse_cells
+
+    if a.cells:
+        cells = parse_cells(a.cells)
 
     out_rows = []
     for b, sk in cells:

@@ -43,8 +43,6 @@ def main():
     cells = CELLS
     if a.long:
         cells = LONG_CELLS
-    if a.cells:
-        cells = [tuple(int(x) for x in c.split(":")) for c in a.cells.split(",")]
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -53,7 +51,10 @@ def main():
     import fa4aot.runtime as R
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _timing import capture, decode_inputs, replay_us
+    from _timing import capture, decode_inputs, parse_cells, replay_us
+
+    if a.cells:
+        cells = parse_cells(a.cells)
 
     rt = R.default_runtime()
     serves = C.fold_kernel

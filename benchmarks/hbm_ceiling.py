@@ -36,7 +36,7 @@ def main():
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _timing import decode_inputs, eager_us, graph_us
+    from _timing import decode_inputs, eager_us, graph_us, parse_cells
 
     @triton.jit
     def read_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
@@ -47,8 +47,7 @@ def main():
 
     block = 4096  # int64 words: 32 KB per program
     rows = []
-    for cell in a.cells.split(","):
-        b, sk = (int(x) for x in cell.split(":"))
+    for b, sk in parse_cells(a.cells):
         torch.cuda.empty_cache()
         q, k, v, _ = decode_inputs(b, sk)
         kv_bytes = 2 * k.numel() * k.element_size()

@@ -28,11 +28,10 @@ def main():
     from torch.profiler import ProfilerActivity, profile
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _timing import decode_columns, decode_inputs
+    from _timing import decode_columns, decode_inputs, parse_cells
 
     rows = []
-    for cell in a.cells.split(","):
-        b, sk = (int(x) for x in cell.split(":"))
+    for b, sk in parse_cells(a.cells):
         torch.cuda.empty_cache()
         cols = decode_columns(*decode_inputs(b, sk))
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):

@@ -42,7 +42,7 @@ def main():
     from fa4aot.runtime import launch as L
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _timing import decode_inputs, eager_us, graph_us
+    from _timing import decode_inputs, eager_us, graph_us, parse_cells
 
     rt = R.default_runtime()
     kern = rt.split_kernel(0, torch.bfloat16, 128, 128, 64)
@@ -72,8 +72,7 @@ def main():
         rt._split_runs.clear()
 
     rows = []
-    for cell in a.cells.split(","):
-        b, sk = (int(x) for x in cell.split(":"))
+    for b, sk in parse_cells(a.cells):
         torch.cuda.empty_cache()
         qd, kd_, vd_, od = decode_inputs(b, sk)
         dense = lambda: fa4aot.flash_attn_func(qd, kd_, vd_, causal=True, out=od)  # noqa: E731

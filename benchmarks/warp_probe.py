@@ -35,7 +35,7 @@ def main():
     from fa4aot.runtime import launch as L
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _timing import at_split, decode_columns, decode_inputs, eager_us, graph_us
+    from _timing import at_split, decode_columns, decode_inputs, eager_us, graph_us, parse_cells
 
     rt = R.default_runtime()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -56,8 +56,7 @@ def main():
         rt._split_runs.clear()
 
     rows = []
-    for cell in a.cells.split(","):
-        b, sk = (int(x) for x in cell.split(":"))
+    for b, sk in parse_cells(a.cells):
         torch.cuda.empty_cache()
         q, k, v, out = decode_inputs(b, sk)
         fns = decode_columns(q, k, v, out)
