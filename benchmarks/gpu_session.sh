@@ -3,7 +3,7 @@
 # On the GPU host, from the project root, with a store built here and carried:
 #   source .device/setup.sh && FA4AOT_CACHE_DIR=$PWD/.gpu-store bash benchmarks/gpu_session.sh $OUT [what...]
 # what: any of tests split padding padding-tests dropin conformance host decode startup wheel
-# multidevice compile hbm warp tma sweep sweep-small sweep-large sweep-page16 fold fold-long clock profile parity (default: tests split padding dropin conformance host decode
+# multidevice compile hbm warp tma smoke sweep sweep-small sweep-large sweep-page16 fold fold-long clock profile parity (default: tests split padding dropin conformance host decode
 # startup). padding-tests: the padding GPU tests without the padding benchmarks (which need
 # .gpu-store-bench). parity: from an empty store, needs the compiler bundle.
 # host: with .gpu-base/fa4aot_base present (an earlier fa4aot), timed side by side.
@@ -49,6 +49,11 @@ for w in $what; do
     hbm) { stamp python3 benchmarks/hbm_ceiling.py; python3 benchmarks/hbm_ceiling.py --out "$out/hbm.json" 2>&1 | grep -v -e Warning -e exe_args; } > "$out/hbm.txt"; cat "$out/hbm.txt";;
     warp) { stamp python3 benchmarks/warp_probe.py --kernels .gpu-warp; python3 benchmarks/warp_probe.py --kernels .gpu-warp --out "$out/warp.json" 2>&1 | grep -v -e Warning -e exe_args; } > "$out/warp.txt"; cat "$out/warp.txt";;
     tma) { stamp python3 benchmarks/tma_page_probe.py; python3 benchmarks/tma_page_probe.py --out "$out/tma.json" 2>&1 | grep -v -e Warning -e exe_args; } > "$out/tma.txt"; cat "$out/tma.txt";;
+    smoke) # every script that parses --cells (benchmarks/_timing.parse_cells), on one small cell
+      { for sc in balanced_probe hbm_ceiling kernel_probe tma_page_probe clock_probe fold_kernels "warp_probe --kernels .gpu-warp"; do
+          read -r name args <<< "$sc"
+          stamp python3 benchmarks/$name.py $args --cells 4:4096; python3 benchmarks/$name.py $args --cells 4:4096 2>&1 | grep -v -e Warning -e exe_args | tail -6; echo "exit ${PIPESTATUS[0]}"
+        done; } > "$out/smoke.txt"; grep -e "^exit" -e command "$out/smoke.txt";;
     sweep) { stamp python3 benchmarks/split_sweep.py; python3 benchmarks/split_sweep.py --out "$out/sweep.json" 2>&1 | grep -v -e Warning -e exe_args; } > "$out/sweep.txt"; cat "$out/sweep.txt";;
     parity) # issue 13's loop, from an empty store: the tests' own miss log, one build, all served
       # (needs the compiler bundle: install() and the build)

@@ -1,0 +1,125 @@
+"""Do split steps gain from two CTAs per SM? (H200)
+
+    FA4AOT_CACHE_DIR=<store> python benchmarks/wide_split_probe.py --out wide-split.json
+
+The plan splits a long-context decode step at b1-b8 (32:8) into n chunks so that b * 8 * n CTAs
+fill one wave at one CTA per SM (128 CTAs on 132 SMs), on the chunk kernel (128-key tiles). At
+b4/4K cuDNN launches 256 CTAs of 128 threads and 86 KB, two per SM (benchmarks/kernel_probe.py,
+2026-12-02-s16-c-smoke). This times, side by side in one process on the same inputs: the plan
+("auto"); the chunk kernel at 2n chunks (two waves at one CTA per SM); the split's chunks on the
+wide fold kernel `fwd_wide` (64-key tiles, two CTAs per SM; compiler.trace_wide_fold) at n and
+at 2n (256 CTAs: one wave at two per SM); torch SDPA's cuDNN backend. Columns alternate in 3
+rounds (order reversed every other round), eager do_bench and CUDA-graph medians; each column's
+output is compared with the plan's (max abs difference), and a column that differs by more
+than 1e-2 is reported and not timed. So far every `fwd_wide` column is: that part takes FA4's
+ABI without the split's chunk modes (compiler.trace_chunk_modes), so a split step's chunks on it
+read the wrong keys (2026-12-02-s16-d, where they were still timed: diffs 3e-2 to inf, times
+0.35-0.72 of cuDNN's, i.e. not the step's work). A fair test needs the part compiled through the
+chunk modes.
+bf16 hd128 32:8, one query row, causal, dense K/V.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+CELLS = "1:65536,2:65536,4:65536,8:65536,2:131072,4:131072,8:131072,8:16384"
+ROUNDS = 3
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cells", default=CELLS)
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import fa4aot.runtime as R
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _timing import at_split, decode_columns, decode_inputs, eager_us, graph_us, parse_cells
+
+    rt = R.default_runtime()
+    kern = rt.split_kernel(0, torch.bfloat16, 128, 128, None)
+    if kern.launch_wide is None:
+        sys.exit("the store's split kernel has no part fwd_wide")
+    chunk = kern.launch_split
+
+    def use(launch):  # the split's chunks on `launch` (a SplitRun binds it when made)
+        kern.launch_split = launch
+        rt._split_runs.clear()
+
+    rows = []
+    for b, sk in parse_cells(a.cells):
+        torch.cuda.empty_cache()
+        q, k, v, out = decode_inputs(b, sk)
+        fns = decode_columns(q, k, v, out)
+        rt.split = -1
+        sp = rt.split_for(0, torch.bfloat16, b * 8, sk, 128, 128, None, False, b)
+        n = sp.n if sp else 1
+        cols = {  # name: (chunk launcher, the call)
+            "auto": (chunk, fns["fa4aot"]),
+            f"chunk n={2 * n}": (chunk, at_split(2 * n, fns["fa4aot"])),
+            f"wide n={n}": (kern.launch_wide, at_split(n, fns["fa4aot"])),
+            f"wide n={2 * n}": (kern.launch_wide, at_split(2 * n, fns["fa4aot"])),
+            "cudnn": (chunk, fns["cudnn"]),
+        }
+        row = {"b": b, "sk": sk, "auto_n": n, "diff": {}, "eager": {}, "graph": {}}
+        use(chunk)
+        fns["fa4aot"]()
+        ref = out.clone()
+        for c, (launch, fn) in cols.items():
+            if c in ("auto", "cudnn"):
+                continue
+            use(launch)
+            out.fill_(float("nan"))
+            fn()
+            torch.cuda.synchronize()
+            row["diff"][c] = (out.float() - ref.float()).abs().max().item()
+        use(chunk)
+        # a column whose output is not the plan's (beyond the chunking's rounding) computed
+        # something else: not timed (2026-12-02-s16-d: fwd_wide takes FA4's ABI without the
+        # chunk modes, so a split's chunks on it read the wrong keys; the diffs were 3e-2-inf)
+        wrong = [c for c, d in row["diff"].items() if not d <= 1e-2]
+        for c in wrong:
+            print(f"b{b} sk{sk} {c}: output differs from the plan's by {row['diff'][c]:.1e}: "
+                  "not timed", flush=True)
+            del cols[c]
+        row["wrong"] = wrong
+        eager = {c: [] for c in cols}
+        graph = {c: [] for c in cols}
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            for i in range(ROUNDS):
+                for c in (list(cols) if i % 2 == 0 else list(cols)[::-1]):
+                    launch, fn = cols[c]
+                    use(launch)
+                    try:
+                        eager[c].append(eager_us(fn))
+                        graph[c].append(graph_us(fn, 5, 10))
+                    finally:
+                        use(chunk)
+        for c in cols:
+            row["eager"][c] = statistics.median(eager[c])
+            row["graph"][c] = statistics.median(graph[c])
+        ce, cg = row["eager"]["cudnn"], row["graph"]["cudnn"]
+        print(f"b{b} sk{sk} auto n={n}  cudnn {ce:.1f}/{cg:.1f}", flush=True)
+        for c in cols:
+            if c != "cudnn":
+                print(f"   {c:12s} eager {row['eager'][c]:8.1f} ({row['eager'][c] / ce:.3f})  "
+                      f"graph {row['graph'][c]:8.1f} ({row['graph'][c] / cg:.3f})"
+                      + (f"  diff {row['diff'][c]:.1e}" if c in row["diff"] else ""),
+                      flush=True)
+        rows.append(row)
+        del q, k, v, out, ref
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
