@@ -594,7 +594,8 @@ def trace_chunk_modes(compiles: list, bounds: bool = False, kernel: Any = None) 
     return fn
 
 
-def trace_wide_fold(compiles: list, wide: "C.WideFold", paged: bool) -> Any:
+def trace_wide_fold(compiles: list, wide: "C.WideFold", paged: bool,
+                    chunk_modes: bool = False) -> Any:
     """A decode fold's kernel for a chip full of CTAs (constraints.WideFold; a split chunk
     kernel's part `wide.part`, FA4's forward ABI): FA4's sm90 forward compiled again from the
     arguments FA4 compiled the chunk kernel with (`compiles`, from trace; its 64-row M tile),
@@ -638,8 +639,9 @@ def trace_wide_fold(compiles: list, wide: "C.WideFold", paged: bool) -> Any:
             config, min_blocks_per_mp=wide.ctas_per_sm, preferred_smem_carveout=100))
 
     CutlassBaseDSL._generate_kernel_attrs = occupancy
-    try:
-        fn = cute.compile(w, *args, **kwargs)
+    try:  # chunk_modes: with the split chunk kernel's ABI (trace_chunk_modes), for probes
+        fn = (trace_chunk_modes(compiles, kernel=w) if chunk_modes
+              else cute.compile(w, *args, **kwargs))
     finally:
         CutlassBaseDSL._generate_kernel_attrs = attrs
     threads = getattr(w, "num_threads", None)
