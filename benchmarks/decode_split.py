@@ -9,7 +9,8 @@ bf16, hd128, one query row per sequence, 32:8 heads unless a row says otherwise.
 fa4aot, the unsplit kernel and cuDNN are measured in alternation, ROUNDS times each (SHORT_ROUNDS
 for cells of under 1 GB of KV, which take milliseconds: a slow phase of the shared host moves
 their eager times most), and each column is the median of its rounds.
-limit = K+V bytes / 4.8 TB/s. "unsplit" is the same fa4aot call with FA4AOT_SPLIT_KV=0 (what
+limit = K+V bytes / 4.8 TB/s. n: the plan's chunks ("w": on the wide split kernel,
+split.wide_split). "unsplit" is the same fa4aot call with FA4AOT_SPLIT_KV=0 (what
 FA4 itself runs). Every fa4aot output is checked against SDPA's before it is timed.
 """
 
@@ -73,8 +74,9 @@ def _bench(table_only=False, grid_only=False):
             return {"b": b, "sk": sk, "hq": hq, "hk": hk,
                     "skipped": "cuDNN: " + str(e).splitlines()[0][:80]}
         rt.split = -1
-        sp = rt.split_for(0, dt, b * hk, sk, d, d, None, False, b)
+        sp = rt.split_for(0, dt, b * hk, sk, d, d, None, False, b, dense=True)
         row["splits"] = sp.n if sp else 1
+        row["wide"] = bool(sp and sp.wide)
         out.fill_(float("nan"))
         fa4aot.flash_attn_func(q, k, v, causal=True, out=out)
         row["err_vs_cudnn"] = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
@@ -206,7 +208,8 @@ def _fmt(r):
         return f"b{r['b']} sk{r['sk']} {r['hq']}:{r['hk']}: skipped ({r['skipped']})"
     f = lambda x: "-" if x is None else f"{x:.1f}"  # noqa: E731
     return (
-        f"b{r['b']:<3} sk{r['sk']:<6} {r['hq']}:{r['hk']} n={r['splits']:<3} limit {f(r['limit'])} "
+        f"b{r['b']:<3} sk{r['sk']:<6} {r['hq']}:{r['hk']} "
+        f"n={str(r['splits']) + ('w' if r.get('wide') else ''):<4} limit {f(r['limit'])} "
         f"fa4aot {f(r['fa4aot'])} unsplit {f(r['unsplit'])} cudnn {f(r['cudnn'])} "
         f"flash {f(r['flash'])} graph {f(r.get('fa4aot_graph'))} cudnn_graph "
         f"{f(r.get('cudnn_graph'))} host {f(r.get('host'))}/"

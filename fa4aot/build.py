@@ -454,8 +454,9 @@ def superseded(art) -> bool:
     sm90, whose forward does not read q (and a paged K's lengths, a packed K's chunk bounds:
     part `fwd_bounds`) through chunk modes (compiler.trace_chunk_modes), or a 64-row one
     without a wide fold kernel its K takes (parts `fwd_wide`, `fwd_wide1`: constraints.WideFold,
-    compiler.trace_wide_fold) or, paged on FA4's cp.async path, without the TMA page kernel
-    (part `fwd_tma`: constraints.tma_page), i.e. built before them. `fa4aot build` replaces it,
+    compiler.trace_wide_fold) or, for a packed K, without the wide split kernel (part
+    `fwd_wide_split`: constraints.wide_split) or, paged on FA4's cp.async path, without the TMA
+    page kernel (part `fwd_tma`: constraints.tma_page), i.e. built before them. `fa4aot build` replaces it,
     as it does a corrupt copy; until then the runtime serves it with what it has (FA4's
     combine, torch's element-wise kernels, a copy of q over the chunks, the metadata kernel)."""
     rec = art.record
@@ -470,6 +471,8 @@ def superseded(art) -> bool:
     kernels = {w.part for w in C.wide_folds(v.arch, v.head_dim, v.head_dim_v, v.tile_m, v.paged)}
     if C.tma_page(v.arch, v.tile_m, v.paged, v.paged_tma):
         kernels.add("fwd_tma")
+    if C.wide_split(v.arch, v.head_dim, v.head_dim_v, v.tile_m, v.paged):
+        kernels.add(C.WIDE_SPLIT.part)
     modes = (fwd.get("chunk_lengths") if v.paged else "fwd_bounds" in parts) and (
         kernels <= set(parts))
     if v.arch == "sm90" and not (fwd.get("q_broadcast") and modes):

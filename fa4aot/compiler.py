@@ -291,7 +291,7 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
             f"expected one forward kernel for {variant.describe()}, FA4 compiled {len(fwd)}"
         )
     chunk_modes = variant.split_kernel and variant.arch == "sm90"
-    bounds, wides, tma_page = [], {}, None
+    bounds, wides, wide_split, tma_page = [], {}, None, None
     if chunk_modes:  # the chunk kernel: FA4's, reading q and KV lengths in chunk modes
         fwd = [(fwd[0][0], trace_chunk_modes(compiles))]
         if not variant.paged:  # and a packed K's chunk bounds (its own ABI: part fwd_bounds)
@@ -300,6 +300,10 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
         wides = {w.part: w for w in C.wide_folds(variant.arch, variant.head_dim,
                                                  variant.head_dim_v, variant.tile_m,
                                                  variant.paged)}
+        # and, for a dense K's long split steps, fwd_wide through the chunk modes
+        # (fwd_wide_split; split.wide_split)
+        wide_split = C.wide_split(variant.arch, variant.head_dim, variant.head_dim_v,
+                                  variant.tile_m, variant.paged)
         # and, paged on FA4's cp.async path, one on its TMA path for pages of one tile (fwd_tma)
         tma_page = C.tma_page(variant.arch, variant.tile_m, variant.paged, variant.paged_tma)
     seconds = time.perf_counter() - t0
@@ -339,6 +343,10 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
         helpers["fwd_bounds"] = bounds
     for name, wide in wides.items():
         helpers[name] = [(fwd[0][0], trace_wide_fold(compiles, wide, variant.paged))]
+    if wide_split:
+        helpers[wide_split.part] = [
+            (fwd[0][0], trace_wide_fold(compiles, wide_split, False, chunk_modes=True))]
+        wides = {**wides, wide_split.part: wide_split}
     if tma_page:
         helpers["fwd_tma"] = [(fwd[0][0], trace_tma_page(compiles, tma_page))]
     for name, entries in [("fwd", fwd), *helpers.items()]:
@@ -362,6 +370,8 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
                                    registers=max(regs))
     if chunk_modes:  # (trace_chunk_modes)
         parts["fwd"]["q_broadcast"] = True
+        if wide_split:
+            parts[wide_split.part]["q_broadcast"] = True
         if variant.paged:
             parts["fwd"]["chunk_lengths"] = True
     if tma_page:  # the page size (and tile) it serves

@@ -301,6 +301,28 @@ def wide_folds(
     return ()
 
 
+# A dense K's split steps that the plan runs as one wave of long chunks at one CTA per SM run
+# instead as more, shorter chunks on the wide fold kernel compiled through the chunk modes (part
+# `fwd_wide_split`: compiler.trace_wide_fold(chunk_modes=True); split.wide_split says when).
+WIDE_SPLIT = WideFold(part="fwd_wide_split", paged=False)
+
+
+def wide_split(arch: str, head_dim: int, head_dim_v: int, tile_m: int | None,
+               paged: bool) -> WideFold | None:
+    """The wide split kernel fa4aot builds beside a split chunk kernel (WIDE_SPLIT), None where
+    none is: on the 64-row chunk kernel (split_tile_m) of a packed K, whose artifact also serves
+    dense K (the runtime views a dense K as packed). H200, 2026-12-02 (`warp_probe.py` with
+    `benchmarks/wide_chunk_build.py`'s kernel, `2026-12-02-s16-f/g-wide-chunk.txt`, 32:8 hd128
+    dense, eager, against cuDNN, on a machine where the plan trailed it): b16/128K 1.017 ->
+    0.998 (8 chunks), b16/64K 1.018 -> 0.996 (8), b8/128K 0.996 -> 0.972 (16), b8/64K 0.995 ->
+    0.974 (16), b4/64K 0.996 -> 0.983 (16), b2/128K 0.996 -> 0.988 (33); ties or losses where
+    the plan's chunks are short (b16/16K 1.009 -> 1.015, b2/64K 0.993 -> 0.995, b1/64K 0.980 ->
+    0.988) and at b32-b64 (two waves or more: 0.979 -> 0.975, 0.991 -> 0.991)."""
+    if not paged and tile_m == 64 and split_tile_m(arch, head_dim, head_dim_v) == 64:
+        return WIDE_SPLIT
+    return None
+
+
 # the page size a paged split chunk kernel's part `fwd_tma` serves (compiler.trace_tma_page)
 TMA_PAGE = 64
 

@@ -31,6 +31,7 @@ by a few torch ops, so a captured CUDA graph replays the plan.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -249,17 +250,48 @@ def split_refusal(
 @dataclass(frozen=True)
 class Split:
     """One split plan: n chunks of `chunk` keys per (sequence, query row); `slots` = n, plus
-    one for a learnable sink."""
+    one for a learnable sink; `wide`: the chunks run on the wide split kernel (wide_split)."""
 
     n: int
     chunk: int
     slots: int
+    wide: bool = False
 
     def describe(self) -> str:
         s = f"split-KV: {self.n} chunks of {self.chunk} keys, merged by LSE"
         if self.slots > self.n:
             s += " (+1 sink slot)"
         return s
+
+
+# split.wide_split: the shortest chunk (bytes a CTA streams) of a one-wave plan whose step goes
+# wide; for an unsplit step (the fold, which has no merge to pay) the shortest sequence; how
+# many CTAs the wide plan aims at (about four waves of two CTAs per SM on 132 SMs); its
+# shortest chunk. H200, 2026-12-02 (constraints.wide_split): gains from one-wave chunks of 16K
+# keys at hd128 (b4/64K, b2/128K), ties at 8K (b2/64K, b4/32K); the fold at b16 gains from 64K
+# keys (b16/16K loses: the merge costs what the chunks gain); 8-16 chunks of 4K-16K keys per
+# (sequence, KV head), 512-1024 CTAs, ran best.
+WIDE_MIN_CHUNK_BYTES = 16384 * 512
+WIDE_MIN_FOLD_BYTES = 65536 * 512
+WIDE_CTAS = 1024
+WIDE_CHUNK_BYTES = 4096 * 512
+
+
+def wide_split(
+    n: int, *, ctas: int, seqlen_k: int, bytes_per_key: int, num_sms: int, max_slots: int
+) -> int | None:
+    """The chunk count of a dense K's decode step that runs on the wide split kernel
+    (constraints.wide_split) instead of the plan's n chunks (1: unsplit) on the chunk kernel,
+    or None (keep the plan): where the plan is one wave at one CTA per SM (ctas * n <= SMs)
+    of long chunks, n' chunks of at least WIDE_CHUNK_BYTES for about WIDE_CTAS CTAs. ctas:
+    (sequence, KV head) pairs."""
+    if ctas * n > num_sms:
+        return None
+    least = WIDE_MIN_CHUNK_BYTES if n > 1 else WIDE_MIN_FOLD_BYTES
+    if seqlen_k * bytes_per_key < least * n:
+        return None
+    wide = min(-(-WIDE_CTAS // ctas), seqlen_k * bytes_per_key // WIDE_CHUNK_BYTES, max_slots)
+    return wide if wide > n else None
 
 
 def make_split(
@@ -316,23 +348,33 @@ def plan_split(
     max_slots: int = MAX_SLOTS,
     decode_rows: int = 1,
     fold: bool = True,
+    wide: bool = False,
 ) -> Split | None:
     """The runtime's split of a decode step (None: unsplit): `setting` is FA4AOT_SPLIT_KV
     (-1 auto: the cost model; 0 never; N forced), ctas the (sequence, row, KV head) triples,
     of which decode_rows (sequence, row) pairs; seqlen_k a bound on every KV length; fold:
-    whether the step, unsplit, runs as the fold (fold_refusal). Shared by the runtime and
-    `fa4aot explain`."""
+    whether the step, unsplit, runs as the fold (fold_refusal); wide: a dense K with one row
+    and no sink whose split kernel has the wide split part (auto only: wide_split). Shared by
+    the runtime and `fa4aot explain`."""
     if setting == 0:
         return None
     align = 128 if page_size is None else math.lcm(128, page_size)
     n = setting
+    on_wide = False
     if n < 0:
         n = choose_splits(
             batch=decode_rows, kv_heads=ctas // decode_rows, rows=1, seqlen_k=seqlen_k,
             bytes_per_key=bytes_per_key, num_sms=num_sms, align=align, fold=fold,
         )
+        if wide and fold and not sink and page_size is None:
+            w = wide_split(n, ctas=ctas, seqlen_k=seqlen_k, bytes_per_key=bytes_per_key,
+                           num_sms=num_sms, max_slots=max_slots)
+            if w is not None:
+                n, on_wide = w, True
     n = min(n, max_slots - sink)
     if n <= 1:
         return None
     sp = make_split(n, seqlen_k, page_size=page_size, sink=sink, align=align)
-    return sp if sp.n > 1 else None
+    if sp.n <= 1:
+        return None
+    return dataclasses.replace(sp, wide=True) if on_wide else sp

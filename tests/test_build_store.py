@@ -252,7 +252,7 @@ def test_superseded_is_a_split_kernel_merging_with_fa4s_combine_or_copying_q():
     from fa4aot.variants import split_kernel_variant
 
     def art(variant, *parts, q_broadcast=True, chunk_lengths=True, bounds=True, wide=True,
-            wide1=True, tma=True):
+            wide1=True, tma=True, wide_split=True):
         rec = {"variant": variant.to_dict(), "parts": {p: {} for p in ("fwd", *parts)}}
         if q_broadcast:
             rec["parts"]["fwd"]["q_broadcast"] = True
@@ -264,6 +264,8 @@ def test_superseded_is_a_split_kernel_merging_with_fa4s_combine_or_copying_q():
             rec["parts"]["fwd_wide"] = {}
         if wide1 and variant.split_kernel and variant.tile_m == 64 and not variant.paged:
             rec["parts"]["fwd_wide1"] = {}
+        if wide_split and variant.split_kernel and variant.tile_m == 64 and not variant.paged:
+            rec["parts"]["fwd_wide_split"] = {}
         if tma and variant.split_kernel and variant.tile_m == 64 and variant.paged:
             rec["parts"]["fwd_tma"] = {"page_size": 64}
         return SimpleNamespace(record=rec)
@@ -279,6 +281,8 @@ def test_superseded_is_a_split_kernel_merging_with_fa4s_combine_or_copying_q():
     # decode fold's 1:1 kernel (FA4's M tile) and head dims over 128 (FA4's tile) do not
     assert B.superseded(art(split, "merge", "chunk_meta", wide=False))
     assert B.superseded(art(split, "merge", "chunk_meta", wide1=False))  # before fwd_wide1
+    # and the wide split kernel (constraints.wide_split): packed K's 64-row kernel only
+    assert B.superseded(art(split, "merge", "chunk_meta", wide_split=False))
     fa4_tile = replace(split, tile_m=None)
     assert not B.superseded(art(fa4_tile, "merge", "chunk_meta", wide=False))
     big = split_kernel_variant("sm90", "bfloat16", 192, 128, None)
@@ -287,6 +291,7 @@ def test_superseded_is_a_split_kernel_merging_with_fa4s_combine_or_copying_q():
     assert not B.superseded(art(paged, "merge", "chunk_meta"))
     assert B.superseded(art(paged, "merge", "chunk_meta", wide=False))
     assert not B.superseded(art(paged, "merge", "chunk_meta", wide1=False))  # packed K only
+    assert not B.superseded(art(paged, "merge", "chunk_meta", wide_split=False))
     assert B.superseded(art(paged, "merge", "chunk_meta", chunk_lengths=False))
     # FA4's TMA paged kernel (pages of 128) has no fwd_tma; its cp.async one (every other page
     # size) carries one for pages of 64 (constraints.tma_page)

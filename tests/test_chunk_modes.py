@@ -80,9 +80,9 @@ v = V.split_kernel_variant("sm90", "bfloat16", 64, 64, None)
 rec = compiler.compile_variant(V.representative_call(v), v, Path(tempfile.mkdtemp()))
 parts = rec["parts"]
 out["wide"] = {n: {k: x for k, x in parts[n].items() if k not in ("object", "key")}
-               for n in ("fwd_wide", "fwd_wide1")}
+               for n in ("fwd_wide", "fwd_wide1", "fwd_wide_split")}
 out["regs"] = {n: cubin.register_counts(parts[n]["object"])
-               for n in ("fwd", "fwd_wide", "fwd_wide1")}
+               for n in ("fwd", "fwd_wide", "fwd_wide1", "fwd_wide_split")}
 vp = V.split_kernel_variant("sm90", "bfloat16", 64, 64, 64)
 pp = compiler.compile_variant(V.representative_call(vp), vp, Path(tempfile.mkdtemp()))["parts"]
 out["paged_parts"] = sorted(pp)
@@ -115,16 +115,22 @@ print(json.dumps(out))
 def test_wide_fold_compiles_two_ctas_per_sm_and_refuses_other_tiles():
     """The packed split kernel's part fwd_wide: 64-key tiles, and ptxas held its threads to
     128 registers (two 256-thread CTAs per SM), where FA4's launch lets them take 255; its part
-    fwd_wide1: the same tiles at 240 (one CTA per SM). A paged one has fwd_wide only, and on
-    FA4's cp.async paged path fwd_tma (64-key tiles on the TMA path, for pages of 64)."""
+    fwd_wide1: the same tiles at 240 (one CTA per SM); its part fwd_wide_split: fwd_wide
+    through the chunk modes (q read per chunk, constraints.wide_split). A paged one has
+    fwd_wide only, and on FA4's cp.async paged path fwd_tma (64-key tiles on the TMA path, for
+    pages of 64)."""
     r = subprocess.run([sys.executable, "-c", _WIDE], capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     doc = json.loads(r.stdout.strip().splitlines()[-1])
     assert doc["wide"] == {"fwd_wide": {"tile_n": 64, "ctas_per_sm": 2, "registers": 128},
-                           "fwd_wide1": {"tile_n": 64, "ctas_per_sm": 1, "registers": 240}}
-    assert doc["regs"] == {"fwd": [255], "fwd_wide": [128], "fwd_wide1": [240]}
+                           "fwd_wide1": {"tile_n": 64, "ctas_per_sm": 1, "registers": 240},
+                           "fwd_wide_split": {"tile_n": 64, "ctas_per_sm": 2, "registers": 128,
+                                              "q_broadcast": True}}
+    assert doc["regs"] == {"fwd": [255], "fwd_wide": [128], "fwd_wide1": [240],
+                           "fwd_wide_split": [128]}
     assert "fwd_wide" in doc["paged_parts"] and "fwd_wide1" not in doc["paged_parts"]
+    assert "fwd_wide_split" not in doc["paged_parts"]
     # the paged cp.async kernel's TMA part for pages of 64 (constraints.tma_page); none beside
     # FA4's TMA paged kernel (pages of 128), and none built on it
     assert "fwd_tma" in doc["paged_parts"] and doc["tma"] == {"page_size": 64}

@@ -432,6 +432,28 @@ def test_explain_says_a_split_over_pages_of_64_runs_on_the_tma_page_part(run, mo
     assert doc["splits"] > 1 and doc["chunk_kernel"] == "fwd" and "fwd_tma" not in doc["plan"]
 
 
+def test_explain_says_a_long_dense_step_runs_on_the_wide_split_part(run, monkeypatch):
+    """split.wide_split: a dense K's one-wave plan of long chunks (b8/64K at 32:8: 2 chunks of
+    32K keys) runs 16 chunks on fwd_wide_split where the store holds it; a packed K, or a store
+    without the part, keeps the plan."""
+    merge = {"partial_dtype": "bfloat16", "max_splits": 128, "threads": 256}
+    args = ["explain", "--head-dim", "128", "--heads", "32:8", "--seqlen-k", "65536", "--batch",
+            "8", "--json"]
+    parts = {"fwd": {"q_broadcast": True}, "merge": merge}
+    _hold_split_kernels(monkeypatch, {**parts, "fwd_wide_split": {"tile_n": 64,
+                                                                   "ctas_per_sm": 2}})
+    doc = json.loads(run(*args).stdout)["split"]
+    assert doc["splits"] == 16 and doc["chunk_kernel"] == "fwd_wide_split"
+    assert ("chunks on fwd_wide_split (fwd_wide through the chunk modes: 64-key tiles, 2 CTAs "
+            "per SM) of") in doc["plan"]
+    assert "1024 CTAs" in doc["plan"]
+    doc = json.loads(run(*args, "--layout", "varlen").stdout)["split"]
+    assert doc["splits"] == 2 and doc["chunk_kernel"] == "fwd"
+    _hold_split_kernels(monkeypatch, parts)
+    doc = json.loads(run(*args).stdout)["split"]
+    assert doc["splits"] == 2 and doc["chunk_kernel"] == "fwd"
+
+
 def test_explain_says_which_kernel_the_fold_runs_on(run, monkeypatch):
     """A one-row step left unsplit: on a wide fold kernel (parts fwd_wide, fwd_wide1:
     constraints.fold_kernel) where its CTAs fill that kernel's waves on the SMs and the store

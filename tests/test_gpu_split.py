@@ -446,6 +446,43 @@ def test_cuda_graph_replay_of_the_wide_fold_is_bit_identical(page, b, sk, part):
     _replays_match_eager(step, q, used, out, sk, captured)
 
 
+@pytest.mark.parametrize("b,sk", [(8, 32768), (16, 65536)])
+@pytest.mark.parametrize("lse", [False, True])
+def test_wide_split_of_a_long_dense_step(monkeypatch, b, sk, lse):
+    """split.wide_split: a one-row dense step whose plan is one wave of long chunks (b8/32K:
+    2 chunks; b16/64K: the fold) runs 8 chunks on the part fwd_wide_split (auto plan), exact to
+    the unsplit kernel's precision, LSE too; then a CUDA graph of it replays bit-identically."""
+    import fa4aot
+
+    spy = _Spy(monkeypatch)
+    hq, hk, d = 32, 8, 128
+    q = torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    rt = _rt(-1)
+    rt._split_runs.clear()
+
+    def call():
+        kw = dict(out=_poison((b, 1, hq, d)), causal=True)
+        if lse:
+            kw["lse"] = _poison((b, hq, 1), torch.float32)
+        return fa4aot.flash_attn_func(q, k, v, **kw)
+
+    (o1, l1), (o0, l0) = _both(call, -1, spy, True)
+    runs = [r for r in rt._split_runs.values() if r and not r.fold]
+    assert runs and all(r.sp.wide and r.sp.n == 8 for r in runs), [r.sp for r in runs]
+    lens = torch.full((b,), sk, device="cuda")
+    ro, rl = attention_ref(q, k, v, torch.ones(b, device="cuda", dtype=torch.long), lens,
+                           causal=True)
+    assert not o1.isnan().any()
+    _record(f"wide dense b{b} sk{sk}", rel_err(o1, ro), rel_err(o0, ro),
+            _lse_err(l1, rl) if lse else None)
+    if not lse:
+        out = torch.empty_like(q)
+        _replays_match_eager(lambda: fa4aot.flash_attn_func(q, k, v, causal=True, out=out),
+                             q, None, out, sk)
+
+
 @pytest.mark.parametrize("kind", ["dense", "varlen", "paged"])
 def test_split_step_runs_on_the_current_stream(monkeypatch, kind):
     """A split step on a side stream whose q is written there behind a 0.1 s sleep: both

@@ -212,7 +212,7 @@ class _FakeRuntime:
         return S.make_split(self.n, seqlen_k, page_size=page_size, sink=sink)
 
     def split_for(self, dev, dtype, ctas, seqlen_k, d, dv, page_size, sink, decode_rows=1,
-                  fold=True):
+                  fold=True, dense=False):
         return self.plan(seqlen_k, page_size, sink)
 
     def device(self, dev):
@@ -565,6 +565,98 @@ def test_a_split_over_pages_of_64_runs_on_the_tma_page_part(page, fold, want):
     out = torch.full((b, hq, d), float("nan")).bfloat16()
     got = _split(rt, q, kk, vv, "paged", (None, torch.tensor(lens, dtype=torch.int32), table),
                  table.shape[1] * page, page, True, None, out, None, False, True)
+    assert got is not None and got[0] is out
+    assert rt.seen == [want]
+    ro, _ = _ref(q, k, v, lens, True, None)
+    assert rel_err(out.view(b, 1, hq, d), ro) < 1e-2
+
+
+@pytest.mark.parametrize("b,sk,want", [
+    # (batch at 32:8, keys, (chunks, keys a chunk) on the wide split kernel, or None)
+    (16, 65536, (8, 8192)), (16, 131072, (8, 16384)),  # the fold over >= 64K keys
+    (16, 16384, None),  # a fold of 16K: the merge would cost what the chunks gain
+    (8, 65536, (16, 4096)), (8, 131072, (16, 8192)), (4, 65536, (16, 4096)),
+    (4, 131072, (32, 4096)), (2, 131072, (32, 4096)), (8, 32768, (8, 4096)),
+    (8, 16384, None), (4, 32768, None), (2, 65536, None),  # one-wave chunks of 8K keys
+    (1, 65536, None), (1, 131072, None),  # 16 chunks of 4K-8K
+    (32, 131072, None), (64, 16384, None),  # two waves or more: the fold's wide kernels
+])
+def test_wide_split_takes_one_wave_plans_of_long_chunks(b, sk, want):
+    """split.wide_split on the H200 (132 SMs, hd128, 32:8): one-wave plans whose chunks hold
+    >= 16K keys (the unsplit fold: >= 64K) run ~1024 CTAs of >= 4K keys on the wide split
+    kernel; the rest keep the plan. Only auto plans of a dense K with no sink, whose store
+    has the part, go wide."""
+    kw = dict(ctas=b * 8, seqlen_k=sk, bytes_per_key=512, page_size=None, sink=False,
+              num_sms=132, setting=-1)
+    sp = S.plan_split(**kw, wide=True)
+    plain = S.plan_split(**kw)
+    assert plain is None or not plain.wide
+    if want is None:
+        assert sp == plain
+    else:
+        assert sp.wide and (sp.n, sp.chunk) == want and sp.n * sp.chunk >= sk
+        assert S.plan_split(**{**kw, "setting": 5}, wide=True) == S.make_split(
+            5, sk, page_size=None, sink=False)  # a forced count stays on the chunk kernel
+        for other in ({"sink": True}, {"page_size": 128}):
+            got = S.plan_split(**{**kw, **other}, wide=True)
+            assert got is None or not got.wide
+
+
+class _WideSplitRuntime(_FakeRuntime):
+    """_FakeRuntime's split kernels with the wide split part (`fwd_wide_split`, bound for a
+    packed K's kernel); its plan is wide for a dense K (as split.wide_split may make it);
+    records which kernel ran."""
+
+    def __init__(self, n):
+        super().__init__(n)
+        self.seen = []
+
+    def split_kernel(self, dev, dtype, d, dv, page_size):
+        import dataclasses
+
+        base = super().split_kernel(dev, dtype, d, dv, page_size)
+
+        def named(name, fn):
+            def run(*a, **kw):
+                self.seen.append(name)
+                return fn(*a, **kw)
+
+            return run
+
+        return dataclasses.replace(
+            base, fwd=named("chunk", base.fwd), fwd_bounds=base.fwd_bounds and named(
+                "chunk", base.fwd_bounds),
+            fwd_wide_split=named("wide", base.fwd) if page_size is None else None,
+        )
+
+    def split_for(self, *a, dense=False, **kw):
+        import dataclasses
+
+        sp = super().split_for(*a, **kw)
+        return dataclasses.replace(sp, wide=True) if dense else sp
+
+
+@pytest.mark.parametrize("kind,want", [("dense", "wide"), ("varlen", "chunk"),
+                                       ("paged", "chunk")])
+def test_a_wide_plan_runs_its_chunks_on_the_wide_split_part(kind, want):
+    """split.wide_split: a dense K's wide plan runs its chunks on fwd_wide_split
+    (SplitRun.launch); a packed or paged K's steps (never wide) on the chunk kernel; the same
+    results as the reference."""
+    b, hq, hk, d, lens = 2, 8, 2, 16, [700, 700]
+    q, k, v = _inputs(b, 1, hq, hk, d, lens, seed=5)
+    rt = _WideSplitRuntime(4)
+    out = torch.full((b, hq, d), float("nan")).bfloat16()
+    if kind == "dense":
+        kv, kk, vv, sk, page = (None, None, None), k, v, 700, None
+    elif kind == "varlen":
+        cu = torch.tensor([0, 700, 1400], dtype=torch.int32)
+        kv, kk, vv, sk, page = (cu, None, None), k.reshape(-1, hk, d), v.reshape(-1, hk, d), \
+            700, None
+    else:
+        kk, vv, table = _page_pool(k, v, lens, 128)
+        kv, sk, page = (None, torch.tensor(lens, dtype=torch.int32), table), \
+            table.shape[1] * 128, 128
+    got = _split(rt, q, kk, vv, kind, kv, sk, page, True, None, out, None, False, True)
     assert got is not None and got[0] is out
     assert rt.seen == [want]
     ro, _ = _ref(q, k, v, lens, True, None)

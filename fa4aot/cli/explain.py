@@ -431,6 +431,7 @@ def _split_plan(
             ctas=batch * seqlen_q * hk, seqlen_k=bucket, bytes_per_key=(d + dv) * 2,
             page_size=page_size, sink=sink, num_sms=num_sms, setting=setting,
             max_slots=max_slots, decode_rows=batch * seqlen_q, fold=fold_why is None,
+            wide=(layout == "dense" and seqlen_q == 1 and C.WIDE_SPLIT.part in rec["parts"]),
         )
         if sp is None:
             why = ("FA4AOT_SPLIT_KV=0" if setting == 0 else
@@ -470,6 +471,10 @@ def _split_plan(
               "`fa4aot build` replaces it)")
     tma = S.tma_part(rec["parts"], page_size)  # (as runtime/plan.Runtime.split_kernel)
     on = (f"fwd_tma ({page_size}-key tiles on FA4's TMA paged path) of " if tma else "")
+    if sp.wide:  # (runtime/splitkv.SplitRun, likewise)
+        w = C.WIDE_SPLIT
+        tma, on = w.part, (f"{w.part} (fwd_wide through the chunk modes: {w.tile_n}-key tiles, "
+                           f"{w.ctas_per_sm} CTAs per SM) of ")
     return {
         "splits": sp.n,
         "chunk": sp.chunk,

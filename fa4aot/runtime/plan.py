@@ -72,6 +72,10 @@ class SplitKernel:
     # `fwd_tma`, constraints.tma_page, compiler.trace_tma_page; the chunk kernel's ABI): bound
     # where the step's page size is the part's, else None (and in older artifacts)
     fwd_tma: Any = None
+    # a dense K's long split steps on fwd_wide through the chunk modes (part `fwd_wide_split`:
+    # constraints.wide_split, split.wide_split; the chunk kernel's ABI), None in older
+    # artifacts and for a paged K
+    fwd_wide_split: Any = None
     launch: Callable = field(init=False)
     merge: Callable = field(init=False)
     chunk_meta: Callable | None = field(init=False)
@@ -79,6 +83,7 @@ class SplitKernel:
     launch_wide: Callable | None = field(init=False)
     launch_wide1: Callable | None = field(init=False)
     launch_split: Callable = field(init=False)  # what a split step runs: fwd_tma, else fwd
+    launch_wide_split: Callable | None = field(init=False)  # a wide split step's (Split.wide)
 
     def __post_init__(self):
         self.launch = self.abi.fwd(self.fwd)
@@ -86,6 +91,8 @@ class SplitKernel:
         self.launch_bounds = None if self.fwd_bounds is None else self.abi.fwd(self.fwd_bounds)
         self.launch_wide = None if self.fwd_wide is None else self.abi.fwd(self.fwd_wide)
         self.launch_wide1 = None if self.fwd_wide1 is None else self.abi.fwd(self.fwd_wide1)
+        self.launch_wide_split = (None if self.fwd_wide_split is None
+                                  else self.abi.fwd(self.fwd_wide_split))
         self.merge = (L.fa4aot_merge if self.fa4aot_merge else self.abi.combine)(self.combine)
         self.chunk_meta = None if self.meta is None else L.fa4aot_chunk_meta(self.meta)
 
@@ -305,13 +312,15 @@ class Runtime:
                 name, comb = S.merge_part(art.record["parts"] if art else {}, DTYPES[dtype])
                 if name is not None:
                     tma = S.tma_part(art.record["parts"], page_size)
+                    ws = C.WIDE_SPLIT.part if page_size is None else None
                     if art.id in self._modules:  # the decode fold loaded it (same tile)
-                        combine, meta, bounds, wide, wide1, tma = self._load(
-                            art, name, "chunk_meta", "fwd_bounds", "fwd_wide", "fwd_wide1", tma)
+                        combine, meta, bounds, wide, wide1, tma, ws = self._load(
+                            art, name, "chunk_meta", "fwd_bounds", "fwd_wide", "fwd_wide1", tma,
+                            ws)
                     else:
-                        fwd, helper, combine, meta, bounds, wide, wide1, tma = self._load(
+                        fwd, helper, combine, meta, bounds, wide, wide1, tma, ws = self._load(
                             art, "fwd", "tile_cumsum", name, "chunk_meta", "fwd_bounds",
-                            "fwd_wide", "fwd_wide1", tma,
+                            "fwd_wide", "fwd_wide1", tma, ws,
                         )
                         self._modules[art.id] = (fwd, helper, art)
                     got = SplitKernel(
@@ -328,6 +337,7 @@ class Runtime:
                         fwd_wide=wide,
                         fwd_wide1=wide1,
                         fwd_tma=tma,
+                        fwd_wide_split=ws,
                     )
         self._split_kernels[key] = got
         return got
@@ -335,15 +345,19 @@ class Runtime:
     def split_for(
         self, dev: int, dtype, ctas: int, seqlen_k: int, d: int, dv: int,
         page_size: int | None, sink: bool, decode_rows: int = 1, fold: bool = True,
+        dense: bool = False,
     ) -> S.Split | None:
         """The split plan of a decode step with `ctas` (sequence, row, KV head) triples, of
         which `decode_rows` (sequence, row) pairs, over at most seqlen_k keys, or None (run it
         unsplit: the cost model says splitting loses, FA4AOT_SPLIT_KV=0, or the store lacks
         the split kernel). Planned for seqlen_k rounded up to 256 keys and cached, so a decode
         loop whose KV grows a key a step replans (and reallocates nothing) once per 256
-        steps. fold: whether the step, unsplit, runs as the fold (split.fold_refusal)."""
+        steps. fold: whether the step, unsplit, runs as the fold (split.fold_refusal); dense:
+        the step's K is dense (its long steps may run on the wide split kernel,
+        split.wide_split)."""
         bucket = S.plan_bucket(seqlen_k)
-        key = (dev, dtype, ctas, bucket, d, dv, page_size, sink, self.split, decode_rows, fold)
+        key = (dev, dtype, ctas, bucket, d, dv, page_size, sink, self.split, decode_rows, fold,
+               dense)
         try:
             return self._split_n[key]
         except KeyError:
@@ -355,7 +369,7 @@ class Runtime:
                 ctas=ctas, seqlen_k=bucket, bytes_per_key=(d + dv) * dtype.itemsize,
                 page_size=page_size, sink=sink, num_sms=self.device(dev)[1],
                 setting=self.split, max_slots=kern.max_slots, decode_rows=decode_rows,
-                fold=fold,
+                fold=fold, wide=dense and kern.launch_wide_split is not None,
             )
         if len(self._split_n) > 4096:
             self._split_n.clear()

@@ -107,7 +107,7 @@ def split_step(
         fold = not S.fold_refusal(arch=rt.device(dev)[0], head_dim=d, head_dim_v=dv,
                                   ratio=hq // hk, rows=rows, sink=sink is not None)
         sp = rt.split_for(dev, q.dtype, b * rows * hk, seqlen_k, d, dv, page_size,
-                          sink is not None, b * rows, fold=fold)
+                          sink is not None, b * rows, fold=fold, dense=kind == "dense")
         if sp is not None:
             run = SplitRun(rt, dev, q, b, rows, hq, hk, d, dv, kind, sp, page_size, causal,
                            seqlen_k, varlen_q, ffi=q.is_cuda)
@@ -387,7 +387,9 @@ class SplitRun:
         dvc = q.device
         kern = rt.split_kernel(dev, q.dtype, d, dv, page_size)
         self.sp, self.chunk = sp, sp.chunk
-        self.launch, self.merge = kern.launch_split, kern.merge  # (fwd_tma for its pages)
+        # (fwd_tma for its pages; fwd_wide_split for a wide plan: split.wide_split)
+        self.launch = kern.launch_wide_split if sp.wide else kern.launch_split
+        self.merge = kern.merge
         # a packed K's chunk bounds read by the kernel (compiler.trace_chunk_modes(bounds=True))
         self.launch_bounds = kern.launch_bounds if kind == "varlen" else None
         self.cu_bounds_size = (b + 1, sp.chunk)
