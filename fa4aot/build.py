@@ -456,8 +456,8 @@ def superseded(art) -> bool:
     without a wide fold kernel its K takes (parts `fwd_wide`, `fwd_wide1`: constraints.WideFold,
     compiler.trace_wide_fold) or, for a packed K, without the wide split kernel (part
     `fwd_wide_split`: constraints.wide_split) or, paged on FA4's cp.async path, without the TMA
-    page kernel (part `fwd_tma`: constraints.tma_page), i.e. built before them. `fa4aot build` replaces it,
-    as it does a corrupt copy; until then the runtime serves it with what it has (FA4's
+    page kernel (part `fwd_tma`: constraints.tma_page), i.e. built before them. `fa4aot build`
+    replaces it, as it does a corrupt copy; until then the runtime serves it with what it has (FA4's
     combine, torch's element-wise kernels, a copy of q over the chunks, the metadata kernel)."""
     rec = art.record
     if rec.get("stub"):

@@ -618,7 +618,9 @@ def trace_wide_fold(compiles: list, wide: "C.WideFold", paged: bool,
     interface (its launch spells min_blocks_per_mp=1; the register split is a table in
     __call__): the compile sets them for this kernel only. Values as FA4's kernel, but keys
     reduced in other blocks: not bit-identical to it (H200: max difference 9.8e-4 at 1K keys,
-    error to an fp32 reference the same)."""
+    error to an fp32 reference the same). chunk_modes: compiled through the split's chunk modes
+    (trace_chunk_modes), the chunk kernel's ABI: part `fwd_wide_split` (constraints.wide_split),
+    which runs a split step's chunks."""
     import copy
     import dataclasses
 
@@ -649,7 +651,7 @@ def trace_wide_fold(compiles: list, wide: "C.WideFold", paged: bool,
             config, min_blocks_per_mp=wide.ctas_per_sm, preferred_smem_carveout=100))
 
     CutlassBaseDSL._generate_kernel_attrs = occupancy
-    try:  # chunk_modes: with the split chunk kernel's ABI (trace_chunk_modes), for probes
+    try:  # chunk_modes: with the split chunk kernel's ABI (trace_chunk_modes): fwd_wide_split
         fn = (trace_chunk_modes(compiles, kernel=w) if chunk_modes
               else cute.compile(w, *args, **kwargs))
     finally:
