@@ -6,16 +6,15 @@ The plan splits a long-context decode step at b1-b8 (32:8) into n chunks so that
 fill one wave at one CTA per SM (128 CTAs on 132 SMs), on the chunk kernel (128-key tiles). At
 b4/4K cuDNN launches 256 CTAs of 128 threads and 86 KB, two per SM (benchmarks/kernel_probe.py,
 2026-12-02-s16-c-smoke). This times, side by side in one process on the same inputs: the plan
-("auto"); the chunk kernel at 2n chunks (two waves at one CTA per SM); the split's chunks on the
-wide fold kernel `fwd_wide` (64-key tiles, two CTAs per SM; compiler.trace_wide_fold) at n and
-at 2n (256 CTAs: one wave at two per SM); torch SDPA's cuDNN backend. Columns alternate in 3
-rounds (order reversed every other round), eager do_bench and CUDA-graph medians; each column's
-output is compared with the plan's (max abs difference), and a column that differs by more
-than 1e-2 is reported and not timed. So far every `fwd_wide` column is: that part takes FA4's
-ABI without the split's chunk modes (compiler.trace_chunk_modes), so a split step's chunks on it
-read the wrong keys (2026-12-02-s16-d, where they were still timed: diffs 3e-2 to inf, times
-0.35-0.72 of cuDNN's, i.e. not the step's work). A fair test needs the part compiled through the
-chunk modes.
+("auto": since `fwd_wide_split`, split.wide_split may already put the step on it); the chunk
+kernel at 2n chunks (two waves at one CTA per SM); the chunks on the part `fwd_wide_split`
+(`fwd_wide` compiled through the chunk modes: 64-key tiles, two CTAs per SM) at n and 2n; torch
+SDPA's cuDNN backend. Columns alternate in 3 rounds (order reversed every other round), eager
+do_bench and CUDA-graph medians; each column's output is compared with the plan's (max abs
+difference), and a column that differs by more than 1e-2 is reported and not timed. (In
+2026-12-02-s16-d, before `fwd_wide_split`, the wide columns ran `fwd_wide`, which lacks the
+chunk modes: wrong outputs, diffs 3e-2 to inf, timed then.) n: the chunk kernel's plan
+(split.plan_split without wide).
 bf16 hd128 32:8, one query row, causal, dense K/V.
 """
 
@@ -46,8 +45,8 @@ def main():
 
     rt = R.default_runtime()
     kern = rt.split_kernel(0, torch.bfloat16, 128, 128, None)
-    if kern.launch_wide is None:
-        sys.exit("the store's split kernel has no part fwd_wide")
+    if kern.launch_wide_split is None:
+        sys.exit("the store's split kernel has no part fwd_wide_split (fa4aot build adds it)")
     chunk = kern.launch_split
 
     def use(launch):  # the split's chunks on `launch` (a SplitRun binds it when made)
@@ -65,8 +64,8 @@ def main():
         cols = {  # name: (chunk launcher, the call)
             "auto": (chunk, fns["fa4aot"]),
             f"chunk n={2 * n}": (chunk, at_split(2 * n, fns["fa4aot"])),
-            f"wide n={n}": (kern.launch_wide, at_split(n, fns["fa4aot"])),
-            f"wide n={2 * n}": (kern.launch_wide, at_split(2 * n, fns["fa4aot"])),
+            f"wide n={n}": (kern.launch_wide_split, at_split(n, fns["fa4aot"])),
+            f"wide n={2 * n}": (kern.launch_wide_split, at_split(2 * n, fns["fa4aot"])),
             "cudnn": (chunk, fns["cudnn"]),
         }
         row = {"b": b, "sk": sk, "auto_n": n, "diff": {}, "eager": {}, "graph": {}}
