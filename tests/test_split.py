@@ -522,10 +522,11 @@ def test_a_fold_over_a_full_chip_runs_on_the_kernel_its_waves_fill(kind, b, hk, 
     assert rel_err(out.view(b, 1, hq, d), ro) < 1e-2
 
 
-class _TmaRuntime(_FakeRuntime):
-    """_FakeRuntime's split kernels, the paged one with a TMA page part for pages of 64 (part
-    `fwd_tma`, bound by Runtime.split_kernel only where the step's pages are its own);
-    records which kernel ran. fold: the plan leaves the step unsplit."""
+class _PartsRuntime(_FakeRuntime):
+    """_FakeRuntime's split kernels with the parts Runtime.split_kernel binds beside them: for
+    pages of 64 the TMA page part (`fwd_tma`, constraints.tma_page), for a packed K the wide
+    split part (`fwd_wide_split`, constraints.wide_split); records which kernel ran. Its plan
+    is wide for a dense K (as split.wide_split may make it); fold: it leaves the step unsplit."""
 
     def __init__(self, n, fold=False):
         super().__init__(n)
@@ -545,11 +546,18 @@ class _TmaRuntime(_FakeRuntime):
 
         return dataclasses.replace(
             base, fwd=named("chunk", base.fwd),
+            fwd_bounds=base.fwd_bounds and named("chunk", base.fwd_bounds),
             fwd_tma=named("fwd_tma", base.fwd) if page_size == 64 else None,
+            fwd_wide_split=named("wide", base.fwd) if page_size is None else None,
         )
 
-    def split_for(self, *a, **kw):
-        return None if self.fold else super().split_for(*a, **kw)
+    def split_for(self, *a, dense=False, **kw):
+        import dataclasses
+
+        if self.fold:
+            return None
+        sp = super().split_for(*a, **kw)
+        return dataclasses.replace(sp, wide=True) if dense else sp
 
 
 @pytest.mark.parametrize("page,fold,want", [(64, False, "fwd_tma"), (16, False, "chunk"),
@@ -561,7 +569,7 @@ def test_a_split_over_pages_of_64_runs_on_the_tma_page_part(page, fold, want):
     b, hq, hk, d, lens = 2, 8, 2, 16, [700, 513]
     q, k, v = _inputs(b, 1, hq, hk, d, lens, seed=page)
     kk, vv, table = _page_pool(k, v, lens, page)
-    rt = _TmaRuntime(4, fold)
+    rt = _PartsRuntime(4, fold)
     out = torch.full((b, hq, d), float("nan")).bfloat16()
     got = _split(rt, q, kk, vv, "paged", (None, torch.tensor(lens, dtype=torch.int32), table),
                  table.shape[1] * page, page, True, None, out, None, False, True)
@@ -602,40 +610,6 @@ def test_wide_split_takes_one_wave_plans_of_long_chunks(b, sk, want):
             assert got is None or not got.wide
 
 
-class _WideSplitRuntime(_FakeRuntime):
-    """_FakeRuntime's split kernels with the wide split part (`fwd_wide_split`, bound for a
-    packed K's kernel); its plan is wide for a dense K (as split.wide_split may make it);
-    records which kernel ran."""
-
-    def __init__(self, n):
-        super().__init__(n)
-        self.seen = []
-
-    def split_kernel(self, dev, dtype, d, dv, page_size):
-        import dataclasses
-
-        base = super().split_kernel(dev, dtype, d, dv, page_size)
-
-        def named(name, fn):
-            def run(*a, **kw):
-                self.seen.append(name)
-                return fn(*a, **kw)
-
-            return run
-
-        return dataclasses.replace(
-            base, fwd=named("chunk", base.fwd), fwd_bounds=base.fwd_bounds and named(
-                "chunk", base.fwd_bounds),
-            fwd_wide_split=named("wide", base.fwd) if page_size is None else None,
-        )
-
-    def split_for(self, *a, dense=False, **kw):
-        import dataclasses
-
-        sp = super().split_for(*a, **kw)
-        return dataclasses.replace(sp, wide=True) if dense else sp
-
-
 @pytest.mark.parametrize("kind,want", [("dense", "wide"), ("varlen", "chunk"),
                                        ("paged", "chunk")])
 def test_a_wide_plan_runs_its_chunks_on_the_wide_split_part(kind, want):
@@ -644,7 +618,7 @@ def test_a_wide_plan_runs_its_chunks_on_the_wide_split_part(kind, want):
     results as the reference."""
     b, hq, hk, d, lens = 2, 8, 2, 16, [700, 700]
     q, k, v = _inputs(b, 1, hq, hk, d, lens, seed=5)
-    rt = _WideSplitRuntime(4)
+    rt = _PartsRuntime(4)
     out = torch.full((b, hq, d), float("nan")).bfloat16()
     if kind == "dense":
         kv, kk, vv, sk, page = (None, None, None), k, v, 700, None
