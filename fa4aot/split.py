@@ -204,6 +204,19 @@ def tma_part(parts: dict, page_size: int | None) -> str | None:
     return None
 
 
+def wide_part(parts: dict, arch: str, head_dim: int, head_dim_v: int,
+              page_size: int | None) -> str | None:
+    """The part of a split chunk kernel's artifact a dense K's wide plan (Split.wide,
+    wide_split) runs its chunks on: `fwd_wide_split`, where the artifact holds it and
+    constraints.wide_split builds it for these head dims (a store built before that rule may
+    hold one for others: unused); None otherwise (a paged K, older artifacts). Shared by the
+    runtime (plan.Runtime.split_kernel) and `fa4aot explain`."""
+    from . import constraints as C
+
+    w = C.wide_split(arch, head_dim, head_dim_v, 64, page_size is not None)
+    return w.part if w is not None and w.part in parts else None
+
+
 # Page sizes a dense KV of several query rows is viewed in (dense_page_size), largest first.
 DENSE_PAGES = (128, 64, 16)
 

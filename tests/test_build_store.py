@@ -264,7 +264,8 @@ def test_superseded_is_a_split_kernel_merging_with_fa4s_combine_or_copying_q():
             rec["parts"]["fwd_wide"] = {}
         if wide1 and variant.split_kernel and variant.tile_m == 64 and not variant.paged:
             rec["parts"]["fwd_wide1"] = {}
-        if wide_split and variant.split_kernel and variant.tile_m == 64 and not variant.paged:
+        if (wide_split and variant.split_kernel and variant.tile_m == 64 and not variant.paged
+                and variant.head_dim == 128):
             rec["parts"]["fwd_wide_split"] = {}
         if tma and variant.split_kernel and variant.tile_m == 64 and variant.paged:
             rec["parts"]["fwd_tma"] = {"page_size": 64}
@@ -283,6 +284,8 @@ def test_superseded_is_a_split_kernel_merging_with_fa4s_combine_or_copying_q():
     assert B.superseded(art(split, "merge", "chunk_meta", wide1=False))  # before fwd_wide1
     # and the wide split kernel (constraints.wide_split): packed K's 64-row kernel only
     assert B.superseded(art(split, "merge", "chunk_meta", wide_split=False))
+    hd64 = split_kernel_variant("sm90", "bfloat16", 64, 64, None)  # head dim 128 only
+    assert not B.superseded(art(hd64, "merge", "chunk_meta", wide_split=False))
     fa4_tile = replace(split, tile_m=None)
     assert not B.superseded(art(fa4_tile, "merge", "chunk_meta", wide=False))
     big = split_kernel_variant("sm90", "bfloat16", 192, 128, None)

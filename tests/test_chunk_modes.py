@@ -80,9 +80,15 @@ v = V.split_kernel_variant("sm90", "bfloat16", 64, 64, None)
 rec = compiler.compile_variant(V.representative_call(v), v, Path(tempfile.mkdtemp()))
 parts = rec["parts"]
 out["wide"] = {n: {k: x for k, x in parts[n].items() if k not in ("object", "key")}
-               for n in ("fwd_wide", "fwd_wide1", "fwd_wide_split")}
+               for n in ("fwd_wide", "fwd_wide1")}
 out["regs"] = {n: cubin.register_counts(parts[n]["object"])
-               for n in ("fwd", "fwd_wide", "fwd_wide1", "fwd_wide_split")}
+               for n in ("fwd", "fwd_wide", "fwd_wide1")}
+out["hd64_parts"] = sorted(parts)
+# the wide split part (constraints.wide_split: head dim 128 only) through the chunk modes
+v128 = V.split_kernel_variant("sm90", "bfloat16", 128, 128, None)
+p128 = compiler.compile_variant(V.representative_call(v128), v128, Path(tempfile.mkdtemp()))["parts"]
+out["wide_split"] = {k: x for k, x in p128["fwd_wide_split"].items() if k not in ("object", "key")}
+out["wide_split_regs"] = cubin.register_counts(p128["fwd_wide_split"]["object"])
 vp = V.split_kernel_variant("sm90", "bfloat16", 64, 64, 64)
 pp = compiler.compile_variant(V.representative_call(vp), vp, Path(tempfile.mkdtemp()))["parts"]
 out["paged_parts"] = sorted(pp)
@@ -115,8 +121,8 @@ print(json.dumps(out))
 def test_wide_fold_compiles_two_ctas_per_sm_and_refuses_other_tiles():
     """The packed split kernel's part fwd_wide: 64-key tiles, and ptxas held its threads to
     128 registers (two 256-thread CTAs per SM), where FA4's launch lets them take 255; its part
-    fwd_wide1: the same tiles at 240 (one CTA per SM); its part fwd_wide_split: fwd_wide
-    through the chunk modes (q read per chunk, constraints.wide_split). A paged one has
+    fwd_wide1: the same tiles at 240 (one CTA per SM); at head dim 128 its part fwd_wide_split:
+    fwd_wide through the chunk modes (q read per chunk, constraints.wide_split). A paged one has
     fwd_wide only, and on FA4's cp.async paged path fwd_tma (64-key tiles on the TMA path, for
     pages of 64)."""
     r = subprocess.run([sys.executable, "-c", _WIDE], capture_output=True, text=True,
@@ -124,11 +130,11 @@ def test_wide_fold_compiles_two_ctas_per_sm_and_refuses_other_tiles():
     assert r.returncode == 0, r.stderr[-2000:]
     doc = json.loads(r.stdout.strip().splitlines()[-1])
     assert doc["wide"] == {"fwd_wide": {"tile_n": 64, "ctas_per_sm": 2, "registers": 128},
-                           "fwd_wide1": {"tile_n": 64, "ctas_per_sm": 1, "registers": 240},
-                           "fwd_wide_split": {"tile_n": 64, "ctas_per_sm": 2, "registers": 128,
-                                              "q_broadcast": True}}
-    assert doc["regs"] == {"fwd": [255], "fwd_wide": [128], "fwd_wide1": [240],
-                           "fwd_wide_split": [128]}
+                           "fwd_wide1": {"tile_n": 64, "ctas_per_sm": 1, "registers": 240}}
+    assert doc["regs"] == {"fwd": [255], "fwd_wide": [128], "fwd_wide1": [240]}
+    assert doc["wide_split"] == {"tile_n": 64, "ctas_per_sm": 2, "registers": 128,
+                                 "q_broadcast": True} and doc["wide_split_regs"] == [128]
+    assert "fwd_wide_split" not in doc["hd64_parts"]  # hd128 only
     assert "fwd_wide" in doc["paged_parts"] and "fwd_wide1" not in doc["paged_parts"]
     assert "fwd_wide_split" not in doc["paged_parts"]
     # the paged cp.async kernel's TMA part for pages of 64 (constraints.tma_page); none beside

@@ -522,6 +522,18 @@ def test_a_fold_over_a_full_chip_runs_on_the_kernel_its_waves_fill(kind, b, hk, 
     assert rel_err(out.view(b, 1, hq, d), ro) < 1e-2
 
 
+def test_wide_part_is_bound_where_the_rule_builds_it():
+    """split.wide_part: fwd_wide_split for a packed (or dense) K's hd128 split kernel that
+    holds it; not for a paged K, other head dims (a store built before the head-dim rule may
+    hold one: unused), Blackwell, or an artifact without it."""
+    parts = {"fwd": {}, "fwd_wide_split": {}}
+    assert S.wide_part(parts, "sm90", 128, 128, None) == "fwd_wide_split"
+    assert S.wide_part(parts, "sm90", 128, 128, 128) is None
+    assert S.wide_part(parts, "sm90", 64, 64, None) is None
+    assert S.wide_part(parts, "sm100", 128, 128, None) is None
+    assert S.wide_part({"fwd": {}}, "sm90", 128, 128, None) is None
+
+
 class _PartsRuntime(_FakeRuntime):
     """_FakeRuntime's split kernels with the parts Runtime.split_kernel binds beside them: for
     pages of 64 the TMA page part (`fwd_tma`, constraints.tma_page), for a packed K the wide
