@@ -32,7 +32,7 @@ def main():
     v = variants.split_kernel_variant("sm90", "bfloat16", 128, 128, None)
     compiles: list = []
     compiler.trace(variants.representative_call(v, 132), compiles)
-    fn = compiler.trace_wide_fold(compiles, C.WIDE_FOLD, paged=False, chunk_modes=True)
+    fn = compiler.trace_wide_fold(compiles, C.WIDE_SPLIT, paged=False)
     regs = export_so(fn, out / "warp_64x64x2x256")
     print(f"warp_64x64x2x256 (fwd_wide through the chunk modes): registers {regs}")
 

@@ -291,7 +291,7 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
             f"expected one forward kernel for {variant.describe()}, FA4 compiled {len(fwd)}"
         )
     chunk_modes = variant.split_kernel and variant.arch == "sm90"
-    bounds, wides, wide_split, tma_page = [], {}, None, None
+    bounds, wides, tma_page = [], {}, None
     if chunk_modes:  # the chunk kernel: FA4's, reading q and KV lengths in chunk modes
         fwd = [(fwd[0][0], trace_chunk_modes(compiles))]
         if not variant.paged:  # and a packed K's chunk bounds (its own ABI: part fwd_bounds)
@@ -304,6 +304,8 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
         # (fwd_wide_split; split.wide_split)
         wide_split = C.wide_split(variant.arch, variant.head_dim, variant.head_dim_v,
                                   variant.tile_m, variant.paged)
+        if wide_split:
+            wides[wide_split.part] = wide_split
         # and, paged on FA4's cp.async path, one on its TMA path for pages of one tile (fwd_tma)
         tma_page = C.tma_page(variant.arch, variant.tile_m, variant.paged, variant.paged_tma)
     seconds = time.perf_counter() - t0
@@ -343,10 +345,6 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
         helpers["fwd_bounds"] = bounds
     for name, wide in wides.items():
         helpers[name] = [(fwd[0][0], trace_wide_fold(compiles, wide, variant.paged))]
-    if wide_split:
-        helpers[wide_split.part] = [
-            (fwd[0][0], trace_wide_fold(compiles, wide_split, False, chunk_modes=True))]
-        wides = {**wides, wide_split.part: wide_split}
     if tma_page:
         helpers["fwd_tma"] = [(fwd[0][0], trace_tma_page(compiles, tma_page))]
     for name, entries in [("fwd", fwd), *helpers.items()]:
@@ -368,10 +366,10 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
                                        f"registers per thread, not at most {cap}")
                 parts[name].update(tile_n=wide.tile_n, ctas_per_sm=wide.ctas_per_sm,
                                    registers=max(regs))
+                if wide.chunk_modes:  # (trace_chunk_modes)
+                    parts[name]["q_broadcast"] = True
     if chunk_modes:  # (trace_chunk_modes)
         parts["fwd"]["q_broadcast"] = True
-        if wide_split:
-            parts[wide_split.part]["q_broadcast"] = True
         if variant.paged:
             parts["fwd"]["chunk_lengths"] = True
     if tma_page:  # the page size (and tile) it serves
@@ -604,8 +602,7 @@ def trace_chunk_modes(compiles: list, bounds: bool = False, kernel: Any = None) 
     return fn
 
 
-def trace_wide_fold(compiles: list, wide: "C.WideFold", paged: bool,
-                    chunk_modes: bool = False) -> Any:
+def trace_wide_fold(compiles: list, wide: "C.WideFold", paged: bool) -> Any:
     """A decode fold's kernel for a chip full of CTAs (constraints.WideFold; a split chunk
     kernel's part `wide.part`, FA4's forward ABI): FA4's sm90 forward compiled again from the
     arguments FA4 compiled the chunk kernel with (`compiles`, from trace; its 64-row M tile),
@@ -618,9 +615,9 @@ def trace_wide_fold(compiles: list, wide: "C.WideFold", paged: bool,
     interface (its launch spells min_blocks_per_mp=1; the register split is a table in
     __call__): the compile sets them for this kernel only. Values as FA4's kernel, but keys
     reduced in other blocks: not bit-identical to it (H200: max difference 9.8e-4 at 1K keys,
-    error to an fp32 reference the same). chunk_modes: compiled through the split's chunk modes
-    (trace_chunk_modes), the chunk kernel's ABI: part `fwd_wide_split` (constraints.wide_split),
-    which runs a split step's chunks."""
+    error to an fp32 reference the same). wide.chunk_modes: compiled through the split's chunk
+    modes (trace_chunk_modes), the chunk kernel's ABI: part `fwd_wide_split`
+    (constraints.wide_split), which runs a split step's chunks."""
     import copy
     import dataclasses
 
@@ -651,8 +648,8 @@ def trace_wide_fold(compiles: list, wide: "C.WideFold", paged: bool,
             config, min_blocks_per_mp=wide.ctas_per_sm, preferred_smem_carveout=100))
 
     CutlassBaseDSL._generate_kernel_attrs = occupancy
-    try:  # chunk_modes: with the split chunk kernel's ABI (trace_chunk_modes): fwd_wide_split
-        fn = (trace_chunk_modes(compiles, kernel=w) if chunk_modes
+    try:
+        fn = (trace_chunk_modes(compiles, kernel=w) if wide.chunk_modes
               else cute.compile(w, *args, **kwargs))
     finally:
         CutlassBaseDSL._generate_kernel_attrs = attrs

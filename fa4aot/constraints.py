@@ -257,6 +257,8 @@ class WideFold(NamedTuple):
     kernel's part `part`): the chunk kernel with N tiles of tile_n keys, launched ctas_per_sm
     CTAs per SM (its two warpgroups' registers split mma_regs / producer_regs by setmaxnreg,
     within 65536 / ctas_per_sm per CTA). `paged`: built (and served) for a paged K too.
+    `chunk_modes`: compiled through the split's chunk modes (compiler.trace_chunk_modes), the
+    chunk kernel's ABI, to run a split step's chunks (WIDE_SPLIT); else FA4's ABI, the fold's.
 
     `fwd_wide` (WIDE_FOLD, two CTAs per SM: one CTA's prologue and epilogue overlap another's
     streaming). H200, 2026-12-01 (`benchmarks/fold_kernels.py`, `2026-12-01-s10-d-fold.txt`:
@@ -282,6 +284,7 @@ class WideFold(NamedTuple):
     producer_regs: int = 24
     part: str = "fwd_wide"
     paged: bool = True
+    chunk_modes: bool = False
 
 
 WIDE_FOLD = WideFold()
@@ -303,8 +306,8 @@ def wide_folds(
 
 # A dense K's split steps that the plan runs as one wave of long chunks at one CTA per SM run
 # instead as more, shorter chunks on the wide fold kernel compiled through the chunk modes (part
-# `fwd_wide_split`: compiler.trace_wide_fold(chunk_modes=True); split.wide_split says when).
-WIDE_SPLIT = WideFold(part="fwd_wide_split", paged=False)
+# `fwd_wide_split`: compiler.trace_wide_fold; split.wide_split says when).
+WIDE_SPLIT = WideFold(part="fwd_wide_split", paged=False, chunk_modes=True)
 
 
 def wide_split(arch: str, head_dim: int, head_dim_v: int, tile_m: int | None,

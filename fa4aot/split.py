@@ -204,16 +204,16 @@ def tma_part(parts: dict, page_size: int | None) -> str | None:
     return None
 
 
-def wide_part(parts: dict, arch: str, head_dim: int, head_dim_v: int,
-              page_size: int | None) -> str | None:
-    """The part of a split chunk kernel's artifact a dense K's wide plan (Split.wide,
-    wide_split) runs its chunks on: `fwd_wide_split`, where the artifact holds it and
-    constraints.wide_split builds it for these head dims (a store built before that rule may
-    hold one for others: unused); None otherwise (a paged K, older artifacts). Shared by the
-    runtime (plan.Runtime.split_kernel) and `fa4aot explain`."""
+def wide_part(parts: dict, variant) -> str | None:
+    """The part of split chunk kernel `variant`'s artifact (record parts `parts`) a dense K's
+    wide plan (Split.wide, wide_split) runs its chunks on: `fwd_wide_split`, where the artifact
+    holds it and constraints.wide_split builds it for the variant (a store built before that
+    rule may hold one for other head dims: unused); None otherwise (a paged K, older
+    artifacts). Shared by the runtime (plan.Runtime.split_kernel) and `fa4aot explain`."""
     from . import constraints as C
 
-    w = C.wide_split(arch, head_dim, head_dim_v, 64, page_size is not None)
+    v = variant
+    w = C.wide_split(v.arch, v.head_dim, v.head_dim_v, v.tile_m, v.paged)
     return w.part if w is not None and w.part in parts else None
 
 

@@ -526,12 +526,14 @@ def test_wide_part_is_bound_where_the_rule_builds_it():
     """split.wide_part: fwd_wide_split for a packed (or dense) K's hd128 split kernel that
     holds it; not for a paged K, other head dims (a store built before the head-dim rule may
     hold one: unused), Blackwell, or an artifact without it."""
+    from fa4aot.variants import split_kernel_variant as kv
+
     parts = {"fwd": {}, "fwd_wide_split": {}}
-    assert S.wide_part(parts, "sm90", 128, 128, None) == "fwd_wide_split"
-    assert S.wide_part(parts, "sm90", 128, 128, 128) is None
-    assert S.wide_part(parts, "sm90", 64, 64, None) is None
-    assert S.wide_part(parts, "sm100", 128, 128, None) is None
-    assert S.wide_part({"fwd": {}}, "sm90", 128, 128, None) is None
+    assert S.wide_part(parts, kv("sm90", "bfloat16", 128, 128, None)) == "fwd_wide_split"
+    assert S.wide_part(parts, kv("sm90", "bfloat16", 128, 128, 128)) is None
+    assert S.wide_part(parts, kv("sm90", "bfloat16", 64, 64, None)) is None
+    assert S.wide_part(parts, kv("sm100", "bfloat16", 128, 128, None)) is None
+    assert S.wide_part({"fwd": {}}, kv("sm90", "bfloat16", 128, 128, None)) is None
 
 
 class _PartsRuntime(_FakeRuntime):

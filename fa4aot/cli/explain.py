@@ -432,7 +432,7 @@ def _split_plan(
             page_size=page_size, sink=sink, num_sms=num_sms, setting=setting,
             max_slots=max_slots, decode_rows=batch * seqlen_q, fold=fold_why is None,
             wide=(layout == "dense" and seqlen_q == 1
-                  and S.wide_part(rec["parts"], arch, d, dv, page_size) is not None),
+                  and S.wide_part(rec["parts"], kern) is not None),
         )
         if sp is None:
             why = ("FA4AOT_SPLIT_KV=0" if setting == 0 else
@@ -470,18 +470,18 @@ def _split_plan(
     q_read = ("q read in place through a chunk mode" if q_broadcast or batch * seqlen_q == 1
               else "q copied over the chunks (a store built before the chunk mode: "
               "`fa4aot build` replaces it)")
-    tma = S.tma_part(rec["parts"], page_size)  # (as runtime/plan.Runtime.split_kernel)
-    on = (f"fwd_tma ({page_size}-key tiles on FA4's TMA paged path) of " if tma else "")
+    part = S.tma_part(rec["parts"], page_size)  # (as runtime/plan.Runtime.split_kernel)
+    on = (f"fwd_tma ({page_size}-key tiles on FA4's TMA paged path) of " if part else "")
     if sp.wide:  # (runtime/splitkv.SplitRun, likewise)
         w = C.WIDE_SPLIT
-        tma, on = w.part, (f"{w.part} (fwd_wide through the chunk modes: {w.tile_n}-key tiles, "
-                           f"{w.ctas_per_sm} CTAs per SM) of ")
+        part, on = w.part, (f"{w.part} (fwd_wide through the chunk modes: {w.tile_n}-key tiles, "
+                            f"{w.ctas_per_sm} CTAs per SM) of ")
     return {
         "splits": sp.n,
         "chunk": sp.chunk,
         "slots": sp.slots,
         "kernel": kern.id,
-        "chunk_kernel": tma or "fwd",
+        "chunk_kernel": part or "fwd",
         "merge": merge_name,
         "q_broadcast": q_broadcast,
         "plan": f"{sp.describe()}{rows}; chunks on {on}{kern.describe()} (id {kern.id}), "

@@ -312,8 +312,7 @@ class Runtime:
                 name, comb = S.merge_part(art.record["parts"] if art else {}, DTYPES[dtype])
                 if name is not None:
                     tma = S.tma_part(art.record["parts"], page_size)
-                    ws = S.wide_part(art.record["parts"], arch, head_dim, head_dim_v,
-                                     page_size)
+                    ws = S.wide_part(art.record["parts"], v)
                     if art.id in self._modules:  # the decode fold loaded it (same tile)
                         combine, meta, bounds, wide, wide1, tma, ws = self._load(
                             art, name, "chunk_meta", "fwd_bounds", "fwd_wide", "fwd_wide1", tma,
