@@ -19,17 +19,14 @@ def main():
     ap.add_argument("outdir")
     ap.add_argument("--page", type=int, default=64)
     a = ap.parse_args()
-    from fa4aot import compiler, variants
+    from fa4aot import compiler
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from warp_build import export_so
+    from warp_build import chunk_compiles, export_so
 
-    compiler.configure("sm90", 132)
+    compiles = chunk_compiles(a.page)
     out = pathlib.Path(a.outdir)
     out.mkdir(exist_ok=True)
-    v = variants.split_kernel_variant("sm90", "bfloat16", 128, 128, a.page)
-    compiles: list = []
-    compiler.trace(variants.representative_call(v, 132), compiles)
     regs = export_so(compiler.trace_tma_page(compiles, a.page), out / f"tma_p{a.page}")
     print(f"tma_p{a.page}: registers {regs}")
 

@@ -32,21 +32,31 @@ def export_so(fn, stem: pathlib.Path) -> list[int]:
     return cubin.register_counts(obj)
 
 
+def chunk_compiles(page_size: int | None = None) -> list:
+    """FA4's compiles of fa4aot's sm90 bf16 hd128 split chunk kernel (compiler.trace of its
+    representative call, for 132 SMs; page_size None: packed K), what the probe kernels here
+    are compiled again from."""
+    from fa4aot import compiler, variants
+
+    compiler.configure("sm90", 132)
+    v = variants.split_kernel_variant("sm90", "bfloat16", 128, 128, page_size)
+    compiles: list = []
+    compiler.trace(variants.representative_call(v, 132), compiles)
+    return compiles
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("outdir")
     ap.add_argument("configs", help="tile_m x tile_n x stages x threads, comma-separated")
     a = ap.parse_args()
-    from fa4aot import compiler, variants
+    from fa4aot import compiler
 
-    compiler.configure("sm90", 132)
+    compiles = chunk_compiles()
     from flash_attn.cute.flash_fwd import FlashAttentionForwardSm80
 
     out = pathlib.Path(a.outdir)
     out.mkdir(exist_ok=True)
-    v = variants.split_kernel_variant("sm90", "bfloat16", 128, 128, None)
-    compiles: list = []
-    compiler.trace(variants.representative_call(v, 132), compiles)
     fa_fwd, _, _ = compiler._sm90_forward(compiles)
 
     class Warp(FlashAttentionForwardSm80):

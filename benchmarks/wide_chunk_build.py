@@ -1,9 +1,9 @@
 """Build the kernel benchmarks/warp_probe.py times as `warp_64x64x2x256` (CPU, no GPU): the
-dense split chunk kernel's wide fold part `fwd_wide` (64-key tiles, two CTAs per SM;
+packed split chunk kernel's wide fold kernel (64-key tiles, two CTAs per SM;
 compiler.trace_wide_fold) compiled through the split's chunk modes (compiler.trace_chunk_modes),
-so a split step's chunks can run on it: the 256-CTA, two-per-SM geometry cuDNN launches at
-b1-b8 (2026-12-02-s16-d). The artifact's `fwd_wide` has FA4's ABI without the chunk modes and
-serves only the fold.
+so a split step's chunks can run on it: constraints.WIDE_SPLIT, what the artifact's part
+`fwd_wide_split` holds since `acce2a3` (this script measured it first: 2026-12-02-s16-f/g). The
+artifact's `fwd_wide` has FA4's ABI without the chunk modes and serves only the fold.
 
     python benchmarks/wide_chunk_build.py DIR      # -> DIR/warp_64x64x2x256.so
 """
@@ -20,18 +20,15 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("outdir")
     a = ap.parse_args()
-    from fa4aot import compiler, variants
+    from fa4aot import compiler
     from fa4aot import constraints as C
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from warp_build import export_so
+    from warp_build import chunk_compiles, export_so
 
-    compiler.configure("sm90", 132)
+    compiles = chunk_compiles()
     out = pathlib.Path(a.outdir)
     out.mkdir(exist_ok=True)
-    v = variants.split_kernel_variant("sm90", "bfloat16", 128, 128, None)
-    compiles: list = []
-    compiler.trace(variants.representative_call(v, 132), compiles)
     fn = compiler.trace_wide_fold(compiles, C.WIDE_SPLIT, paged=False)
     regs = export_so(fn, out / "warp_64x64x2x256")
     print(f"warp_64x64x2x256 (fwd_wide through the chunk modes): registers {regs}")
