@@ -17,14 +17,14 @@ import pathlib
 import time
 
 
-def export_so(fn, stem: pathlib.Path) -> list[int]:
-    """A compiled kernel (`fn`, from cute.compile) exported as `stem`.o with the artifact's
-    function name (`fa4aot_fwd`), its cubin checked for sm_90a, linked into `stem`.so as the
+def export_so(fn, stem: pathlib.Path, name: str = "fa4aot_fwd") -> list[int]:
+    """A compiled kernel (`fn`, from cute.compile) exported as `stem`.o with an artifact's
+    function name (`name`), its cubin checked for sm_90a, linked into `stem`.so as the
     builder links parts: -> its registers per thread."""
     from fa4aot import build, compiler, cubin
 
     obj = stem.with_suffix(".o")
-    fn.export_to_c(object_file_path=str(obj), function_name="fa4aot_fwd")
+    fn.export_to_c(object_file_path=str(obj), function_name=name)
     problem = cubin.target_problem(obj, "sm_90a")
     if problem:
         raise SystemExit(problem)

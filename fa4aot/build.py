@@ -449,9 +449,9 @@ def _check_spec_index(store: Store, spec: Spec) -> None:
 
 def superseded(art) -> bool:
     """A split chunk kernel's artifact that lacks a helper part this fa4aot builds beside it:
-    fa4aot's merge kernel (where C.merge_threads has a layout for its head dim; FA4's combine
-    otherwise) and the chunk metadata kernel (compiler.trace_merge, trace_chunk_meta), or, on
-    sm90, whose forward does not read q (and a paged K's lengths, a packed K's chunk bounds:
+    fa4aot's merge kernel at its current version (C.MERGE_VERSION), where C.merge_threads has
+    a layout for its head dim (FA4's combine otherwise), and the chunk metadata kernel
+    (compiler.trace_merge, trace_chunk_meta), or, on sm90, whose forward does not read q (and a paged K's lengths, a packed K's chunk bounds:
     part `fwd_bounds`) through chunk modes (compiler.trace_chunk_modes), or a 64-row one
     without a wide fold kernel its K takes (parts `fwd_wide`, `fwd_wide1`: constraints.WideFold,
     compiler.trace_wide_fold) or, for a packed K, without the wide split kernel (part
@@ -477,6 +477,8 @@ def superseded(art) -> bool:
         kernels <= set(parts))
     if v.arch == "sm90" and not (fwd.get("q_broadcast") and modes):
         return True
+    if merge == "merge" and parts.get("merge", {}).get("version") != C.MERGE_VERSION:
+        return True  # fa4aot's merge as an earlier fa4aot compiled it (C.MERGE_VERSION)
     return not {merge, "chunk_meta"} <= set(rec["parts"])
 
 

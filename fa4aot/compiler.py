@@ -393,6 +393,7 @@ def part_record(name: str, key, arch: str) -> dict:
         rec["tile_m"] = int(key[5])
     if name == "merge":  # MERGE_KEY's fields
         rec["partial_dtype"], rec["max_splits"], rec["threads"] = key[2], int(key[4]), int(key[5])
+        rec["version"] = int(key[1])
     if name == "chunk_meta":  # CHUNK_META_KEY's fields
         rec["form"] = key[2]
     return rec
@@ -465,7 +466,8 @@ def _sm90_forward(compiles: list) -> tuple[Any, list, dict]:
     return fa_fwd, args, kwargs
 
 
-def trace_chunk_modes(compiles: list, bounds: bool = False, kernel: Any = None) -> Any:
+def trace_chunk_modes(compiles: list, bounds: bool = False, kernel: Any = None,
+                      trigger: bool = False) -> Any:
     """FA4's sm90 forward, compiled again from the arguments FA4 compiled it with (`compiles`,
     from trace), with two of its inputs read through chunk modes; otherwise FA4's kernel:
 
@@ -479,6 +481,11 @@ def trace_chunk_modes(compiles: list, bounds: bool = False, kernel: Any = None) 
       virtual sequence v of u = out's batch // b starts at min(cu[v // u] + (v % u) * c,
       cu[v // u + 1]) and ends where v + 1 starts (FA4 reads cu[v] and cu[v + 1]): the chunk
       bounds the metadata kernel wrote, with no launch.
+
+    trigger (benchmarks only: benchmarks/pdl_build.py): each CTA runs
+    griddepcontrol.launch_dependents at its first tile, so a programmatic dependent launch
+    after it (the merge: trace_merge(pdl=True)) may launch once every CTA has started. H200,
+    2026-12-02: no gain over the merge's launch alone. Not shipped.
 
     Why: a split step runs the chunks of sequence i as virtual sequences i * n .. i * n + n - 1
     of one kernel, and FA4 indexes q, O and the KV lengths by the same batch index, so the
@@ -576,6 +583,8 @@ def trace_chunk_modes(compiles: list, bounds: bool = False, kernel: Any = None) 
         return assume(t, **kw)
 
     def create_chunked(*a, mCuSeqlensK=None, mSeqUsedK=None, **kw):
+        if trigger:  # (in the kernel, at a CTA's first tile: its dependents may launch)
+            cute.arch.griddepcontrol_launch_dependents()
         if mSeqUsedK is not None and cute.rank(mSeqUsedK) == 2:  # the chunk-length mode
             mSeqUsedK = ChunkLengths(mSeqUsedK)
             applied.append(True)
@@ -602,7 +611,8 @@ def trace_chunk_modes(compiles: list, bounds: bool = False, kernel: Any = None) 
     return fn
 
 
-def trace_wide_fold(compiles: list, wide: "C.WideFold", paged: bool) -> Any:
+def trace_wide_fold(compiles: list, wide: "C.WideFold", paged: bool,
+                    trigger: bool = False) -> Any:
     """A decode fold's kernel for a chip full of CTAs (constraints.WideFold; a split chunk
     kernel's part `wide.part`, FA4's forward ABI): FA4's sm90 forward compiled again from the
     arguments FA4 compiled the chunk kernel with (`compiles`, from trace; its 64-row M tile),
@@ -617,7 +627,8 @@ def trace_wide_fold(compiles: list, wide: "C.WideFold", paged: bool) -> Any:
     reduced in other blocks: not bit-identical to it (H200: max difference 9.8e-4 at 1K keys,
     error to an fp32 reference the same). wide.chunk_modes: compiled through the split's chunk
     modes (trace_chunk_modes), the chunk kernel's ABI: part `fwd_wide_split`
-    (constraints.wide_split), which runs a split step's chunks."""
+    (constraints.wide_split), which runs a split step's chunks. trigger: trace_chunk_modes'
+    (with chunk_modes)."""
     import copy
     import dataclasses
 
@@ -649,7 +660,7 @@ def trace_wide_fold(compiles: list, wide: "C.WideFold", paged: bool) -> Any:
 
     CutlassBaseDSL._generate_kernel_attrs = occupancy
     try:
-        fn = (trace_chunk_modes(compiles, kernel=w) if wide.chunk_modes
+        fn = (trace_chunk_modes(compiles, kernel=w, trigger=trigger) if wide.chunk_modes
               else cute.compile(w, *args, **kwargs))
     finally:
         CutlassBaseDSL._generate_kernel_attrs = attrs
@@ -688,11 +699,11 @@ def trace_tma_page(compiles: list, page_size: int) -> Any:
 
 # fa4aot's merge kernel: its key is (name, version, dtype, head dim v, max splits, threads);
 # bump the version when the kernel's code changes
-MERGE_KEY = ("fa4aot_merge", 1)
+MERGE_KEY = ("fa4aot_merge", C.MERGE_VERSION)
 _MERGE_CLASS = None
 
 
-def trace_merge(variant: Variant) -> list[tuple[Any, Any]]:
+def trace_merge(variant: Variant, pdl: bool = True) -> list[tuple[Any, Any]]:
     """Compile fa4aot's split-KV merge for `variant`'s split plans, or [] where it has no
     thread layout for the head dim (C.merge_threads: FA4's combine then). The runtime calls it
     as `merge(out_partial, lse_partial, out, lse)` with FA4's combine's shapes: partials
@@ -709,7 +720,17 @@ def trace_merge(variant: Variant) -> list[tuple[Any, Any]]:
     chunks; errors against the fp32 reference unchanged, outputs within bf16 rounding of FA4's
     combine). Merging follows FA4's combine: lse = log(sum_s exp(lse_s)) (-inf when every
     chunk is empty, the row's output then 0), and a chunk of scale 0 is skipped, so an empty
-    chunk's unwritten partial is never read into the sum."""
+    chunk's unwritten partial is never read into the sum.
+
+    pdl (the shipped form since C.MERGE_VERSION 2): launched as a programmatic dependent launch
+    (the launch's programmatic stream serialization), so the GPU launches it as the chunk
+    kernel's CTAs exit rather than after the grid completes, and it waits in
+    griddepcontrol.wait, which returns once the chunk kernel's grid has completed and its
+    writes are visible, before it reads a partial. H200, 2026-12-02 (benchmarks/pdl_probe.py,
+    one process, outputs bit-identical): eager 1.1-1.5 us less per split step at b1-b16 (b1/8K
+    21.3 -> 20.1 us, b2/64K 136.1 -> 134.7, b16/64K 946.5 -> 943.8), CUDA graphs the same
+    within the run's spread. A chunk kernel that also triggers its dependents at each CTA's
+    start (compiler.trace_chunk_modes(trigger=True)) gained less: not shipped."""
     dv = variant.head_dim_v
     max_splits = 1 << COMBINE_LOG_MAX_SPLITS
     threads = C.merge_threads(dv, max_splits)
@@ -731,7 +752,7 @@ def trace_merge(variant: Variant) -> list[tuple[Any, Any]]:
         make_fake_tensor(dt, (batch, seqlen, nh, dv), divisibility=div),
         make_fake_tensor(f32, (batch, seqlen, nh), divisibility=1, leading_dim=None),
     )
-    kernel = _merge_class()(dt, dv, max_splits, threads)
+    kernel = _merge_class()(dt, dv, max_splits, threads, pdl)
     fn = cute.compile(
         kernel, *args, cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
         options="--enable-tvm-ffi",
@@ -754,8 +775,9 @@ def _merge_class():
     vec = 8  # columns per thread: one 16-byte load of 2-byte partials
 
     class SplitMerge:
-        def __init__(self, dtype, dv: int, max_splits: int, threads: int):
+        def __init__(self, dtype, dv: int, max_splits: int, threads: int, pdl: bool = False):
             self.dtype, self.dv, self.max_splits, self.threads = dtype, dv, max_splits, threads
+            self.pdl = pdl
             self.lanes = dv // vec
             self.groups = threads // self.lanes
             self.warps = threads // 32
@@ -769,7 +791,7 @@ def _merge_class():
         def __call__(self, mOp, mLp, mO, mLSE, stream):
             self.kernel(mOp, mLp, mO, mLSE).launch(
                 grid=[mO.shape[2], mO.shape[1], mO.shape[0]], block=[self.threads, 1, 1],
-                smem=self.smem_bytes(), stream=stream,
+                smem=self.smem_bytes(), stream=stream, use_pdl=self.pdl,
             )
 
         @cute.jit
@@ -794,6 +816,8 @@ def _merge_class():
 
         @cute.kernel
         def kernel(self, mOp, mLp, mO, mLSE):
+            if cutlass.const_expr(self.pdl):  # launched early: wait for the chunks' grid
+                cute.arch.griddepcontrol_wait()
             tidx, _, _ = cute.arch.thread_idx()
             h, m, b = cute.arch.block_idx()  # one CTA per (head, query row, batch)
             n = mOp.shape[0]

@@ -397,6 +397,12 @@ def fold_part(ctas: int, num_sms: int, paged: bool, seqlen_k: int, parts) -> str
 
 
 MERGE_MAX_THREADS = 256
+# the version of fa4aot's merge kernel (compiler.MERGE_KEY; a split chunk kernel's artifact
+# records it as parts.merge.version, and `fa4aot build` replaces one built with an older
+# merge: build.superseded). 2: launched as a programmatic dependent launch, so it launches
+# while the chunk kernel drains and waits in griddepcontrol.wait (H200, 2026-12-02, eager:
+# 1.1-1.5 us less per split step; benchmarks/pdl_probe.py)
+MERGE_VERSION = 2
 
 
 def merge_threads(head_dim_v: int, max_splits: int) -> int | None:

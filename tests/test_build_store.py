@@ -13,6 +13,7 @@ import pytest
 
 from fa4aot import settings
 import fa4aot.build as B
+from fa4aot import constraints as C
 from fa4aot.errors import CorruptArtifact, FingerprintMismatch
 from fa4aot.runtime import Runtime
 from fa4aot.specs import parse_spec
@@ -245,15 +246,17 @@ def test_build_writes_nothing_outside_its_root(tmp_path, stub):
 
 def test_superseded_is_a_split_kernel_merging_with_fa4s_combine_or_copying_q():
     """`fa4aot build` replaces a split chunk kernel's artifact built before fa4aot's merge and
-    chunk metadata kernels (its chunks merged by FA4's combine) or, on sm90, before its
-    forward read q through a chunk mode; nothing else."""
+    chunk metadata kernels (its chunks merged by FA4's combine) or its current merge, or, on
+    sm90, before its forward read q through a chunk mode; nothing else."""
     from types import SimpleNamespace
 
     from fa4aot.variants import split_kernel_variant
 
     def art(variant, *parts, q_broadcast=True, chunk_lengths=True, bounds=True, wide=True,
-            wide1=True, tma=True, wide_split=True):
+            wide1=True, tma=True, wide_split=True, merge_version=C.MERGE_VERSION):
         rec = {"variant": variant.to_dict(), "parts": {p: {} for p in ("fwd", *parts)}}
+        if "merge" in parts and merge_version is not None:
+            rec["parts"]["merge"]["version"] = merge_version
         if q_broadcast:
             rec["parts"]["fwd"]["q_broadcast"] = True
         if chunk_lengths and variant.paged:
@@ -278,6 +281,9 @@ def test_superseded_is_a_split_kernel_merging_with_fa4s_combine_or_copying_q():
     assert not B.superseded(art(split, "merge", "chunk_meta"))
     assert B.superseded(art(split, "merge", "chunk_meta", q_broadcast=False))
     assert B.superseded(art(split, "merge", "chunk_meta", bounds=False))
+    # a merge an earlier fa4aot compiled (before C.MERGE_VERSION 2, the PDL launch)
+    assert B.superseded(art(split, "merge", "chunk_meta", merge_version=1))
+    assert B.superseded(art(split, "merge", "chunk_meta", merge_version=None))
     # the packed 64-row chunk kernel carries the wide fold (compiler.trace_wide_fold); the
     # decode fold's 1:1 kernel (FA4's M tile) and head dims over 128 (FA4's tile) do not
     assert B.superseded(art(split, "merge", "chunk_meta", wide=False))

@@ -1,0 +1,128 @@
+"""Does programmatic dependent launch (PDL) shorten a split decode step? (H200)
+
+    FA4AOT_CACHE_DIR=<store> python benchmarks/pdl_probe.py --kernels DIR [--cells ...]
+
+A dense split step is two kernels on one stream: the chunk kernel (or the wide split kernel)
+and fa4aot's merge. Between them the GPU drains the first grid and launches the second. With
+PDL the merge launches early and waits in griddepcontrol.wait. The kernels in DIR (built by
+benchmarks/pdl_build.py) replace the step's kernels in these columns, side by side in one
+process on the same inputs:
+
+- `store`: the store's kernels as served (its merge: a PDL launch since C.MERGE_VERSION 2; the
+  plain one in stores built before, as in 2026-12-02-s17-a, where this column was `base`);
+- `plain`: merge_plain.so (the merge launched plainly; in a store of version 1 an A/A check);
+- `pdl`: the merge as a PDL secondary (merge_pdl.so);
+- `trig+pdl`: that, and chunk kernels that trigger their dependents at each CTA's start
+  (chunk_trig.so, wide_trig.so);
+- `trig`: those chunk kernels with the plain merge;
+- `cudnn`: torch SDPA's cuDNN backend.
+
+Columns alternate in 3 rounds (order reversed every other round); eager (do_bench) and CUDA
+graph medians. Each column's output, on a NaN-poisoned out, is compared with `store`'s: they
+must be bit-identical (the same arithmetic). bf16 hd128 32:8, one query row, causal, dense K/V.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+CELLS = ("1:8192,1:65536,2:16384,2:65536,4:65536,2:131072,4:131072,8:16384,8:65536,"
+         "16:65536,16:131072")
+ROUNDS = 3
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kernels", required=True)
+    ap.add_argument("--cells", default=CELLS)
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    import torch
+    import tvm_ffi
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import fa4aot.runtime as R
+    from fa4aot.runtime import launch as L
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _timing import decode_columns, decode_inputs, eager_us, graph_us, parse_cells
+
+    def so(name, fn):
+        return tvm_ffi.load_module(os.path.join(a.kernels, name + ".so"))[fn]
+
+    rt = R.default_runtime()
+    kern = rt.split_kernel(0, torch.bfloat16, 128, 128, None)
+    if kern.launch_wide_split is None or not kern.fa4aot_merge:
+        sys.exit("the store's split kernel lacks fwd_wide_split or fa4aot's merge")
+    store = (kern.launch_split, kern.launch_wide_split, kern.merge)
+    plain = L.fa4aot_merge(so("merge_plain", "fa4aot_merge"))
+    pdl = L.fa4aot_merge(so("merge_pdl", "fa4aot_merge"))
+    trig = (L.SM90.fwd(so("chunk_trig", "fa4aot_fwd")), L.SM90.fwd(so("wide_trig", "fa4aot_fwd")))
+    kernels = {
+        "store": store,
+        "plain": (*store[:2], plain),
+        "pdl": (*store[:2], pdl),
+        "trig+pdl": (*trig, pdl),
+        "trig": (*trig, plain),
+    }
+
+    def use(k):  # the step's chunk kernels and merge (a SplitRun binds them when made)
+        kern.launch_split, kern.launch_wide_split, kern.merge = k
+        rt._split_runs.clear()
+
+    rows = []
+    for b, sk in parse_cells(a.cells):
+        torch.cuda.empty_cache()
+        q, k, v, out = decode_inputs(b, sk)
+        fns = decode_columns(q, k, v, out)
+        rt.split = -1
+        sp = rt.split_for(0, torch.bfloat16, b * 8, sk, 128, 128, None, False, b, dense=True)
+        row = {"b": b, "sk": sk, "n": sp.n if sp else 1, "wide": bool(sp and sp.wide),
+               "diff": {}, "eager": {}, "graph": {}}
+        outs = {}
+        for c, ks in kernels.items():
+            use(ks)
+            out.fill_(float("nan"))
+            fns["fa4aot"]()
+            torch.cuda.synchronize()
+            outs[c] = out.clone()
+        use(store)
+        for c in kernels:
+            row["diff"][c] = (outs[c].float() - outs["store"].float()).abs().max().item()
+        cols = [*kernels, "cudnn"]
+        eager = {c: [] for c in cols}
+        graph = {c: [] for c in cols}
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            for i in range(ROUNDS):
+                for c in (cols if i % 2 == 0 else cols[::-1]):
+                    fn = fns["cudnn"] if c == "cudnn" else fns["fa4aot"]
+                    if c != "cudnn":
+                        use(kernels[c])
+                    try:
+                        eager[c].append(eager_us(fn))
+                        graph[c].append(graph_us(fn, 5, 10))
+                    finally:
+                        use(store)
+        for c in cols:
+            row["eager"][c] = statistics.median(eager[c])
+            row["graph"][c] = statistics.median(graph[c])
+        ce, cg = row["eager"]["cudnn"], row["graph"]["cudnn"]
+        print(f"b{b} sk{sk} n={row['n']}{'w' if row['wide'] else ''}  cudnn {ce:.1f}/{cg:.1f}",
+              flush=True)
+        for c in kernels:
+            print(f"   {c:9s} eager {row['eager'][c]:8.1f} ({row['eager'][c] / ce:.3f})  "
+                  f"graph {row['graph'][c]:8.1f} ({row['graph'][c] / cg:.3f})  "
+                  f"diff {row['diff'][c]:.1e}", flush=True)
+        rows.append(row)
+        del q, k, v, out, outs
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
