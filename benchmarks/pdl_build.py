@@ -1,16 +1,18 @@
-"""Build the kernels benchmarks/pdl_probe.py times (CPU, no GPU): the split step's two kernels
-with and without programmatic dependent launch (PDL).
+"""Build the kernels benchmarks/pdl_probe.py times against the store's (CPU, no GPU): the split
+step's kernels with and without programmatic dependent launch (PDL), for the bf16 hd128 split
+chunk kernel (packed K).
 
-- merge_plain.so, merge_pdl.so: fa4aot's merge (compiler.trace_merge) for the bf16 hd128 split
-  chunk kernel, launched as the store's (a plain launch) and as a PDL secondary (the launch's
-  programmatic stream serialization; the kernel waits on griddepcontrol.wait before it reads
-  the partials), function `fa4aot_merge`;
-- chunk_trig.so, wide_trig.so: the chunk kernel (the artifact's part `fwd`) and the wide split
-  kernel (part `fwd_wide_split`) compiled with griddepcontrol.launch_dependents at each CTA's
-  start (compiler.trace_chunk_modes(trigger=True)), so a PDL merge may launch as soon as every
-  chunk CTA has started rather than when the last has exited; function `fa4aot_fwd`.
+- merge_plain.so, merge_pdl.so: fa4aot's merge (compiler.trace_merge) launched plainly (as
+  before C.MERGE_VERSION 2) and as a PDL secondary (as shipped), function `fa4aot_merge`;
+- chunk_plain.so, wide_plain.so, fold_plain.so, fold1_plain.so: the chunk kernel (the
+  artifact's part `fwd`), the wide split kernel (part `fwd_wide_split`) and the fold's wide
+  kernels (parts `fwd_wide`, `fwd_wide1`) launched plainly, as before compiler._pdl_secondary
+  (the store now ships each as a PDL secondary), function `fa4aot_fwd`.
 
     python benchmarks/pdl_build.py DIR
+
+(The first probes, 2026-12-02-s17-a/b, also timed chunk kernels that ran
+griddepcontrol.launch_dependents at each CTA's first tile, built by this script at 9a5d6d5.)
 """
 
 from __future__ import annotations
@@ -37,12 +39,13 @@ def main():
     v = variants.split_kernel_variant("sm90", "bfloat16", 128, 128, None)
     for name, pdl in (("merge_plain", False), ("merge_pdl", True)):
         [(_, fn)] = compiler.trace_merge(v, pdl=pdl)
-        regs = export_so(fn, out / name, "fa4aot_merge")
-        print(f"{name}: registers {regs}")
-    fn = compiler.trace_chunk_modes(compiles, trigger=True)
-    print(f"chunk_trig: registers {export_so(fn, out / 'chunk_trig')}")
-    fn = compiler.trace_wide_fold(compiles, C.WIDE_SPLIT, paged=False, trigger=True)
-    print(f"wide_trig: registers {export_so(fn, out / 'wide_trig')}")
+        print(f"{name}: registers {export_so(fn, out / name, 'fa4aot_merge')}")
+    fn = compiler.trace_chunk_modes(compiles)
+    print(f"chunk_plain: registers {export_so(fn, out / 'chunk_plain')}")
+    for name, wide in (("wide_plain", C.WIDE_SPLIT), ("fold_plain", C.WIDE_FOLD),
+                       ("fold1_plain", C.WIDE_FOLD_1)):
+        fn = compiler.trace_wide_fold(compiles, wide, paged=False)
+        print(f"{name}: registers {export_so(fn, out / name)}")
 
 
 if __name__ == "__main__":

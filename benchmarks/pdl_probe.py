@@ -3,23 +3,26 @@
     FA4AOT_CACHE_DIR=<store> python benchmarks/pdl_probe.py --kernels DIR [--cells ...]
 
 A dense split step is two kernels on one stream: the chunk kernel (or the wide split kernel)
-and fa4aot's merge. Between them the GPU drains the first grid and launches the second. With
-PDL the merge launches early and waits in griddepcontrol.wait. The kernels in DIR (built by
-benchmarks/pdl_build.py) replace the step's kernels in these columns, side by side in one
-process on the same inputs:
+and fa4aot's merge, and before them the caller's last kernel. Between kernels the GPU drains
+one grid and then launches the next. A PDL secondary launches as the previous grid's CTAs exit
+and waits in griddepcontrol.wait before it reads. The kernels in DIR (benchmarks/pdl_build.py,
+launched plainly, or the merge as a PDL secondary) replace the step's kernels in these columns,
+side by side in one process on the same inputs:
 
-- `store`: the store's kernels as served (its merge: a PDL launch since C.MERGE_VERSION 2; the
-  plain one in stores built before, as in 2026-12-02-s17-a, where this column was `base`);
-- `plain`: merge_plain.so (the merge launched plainly; in a store of version 1 an A/A check);
-- `pdl`: the merge as a PDL secondary (merge_pdl.so);
-- `trig+pdl`: that, and chunk kernels that trigger their dependents at each CTA's start
-  (chunk_trig.so, wide_trig.so);
-- `trig`: those chunk kernels with the plain merge;
+- `store`: the store's kernels as served (since compiler._pdl_secondary, every one a PDL
+  secondary);
+- `plain`: every kernel launched plainly (chunk_plain.so, wide_plain.so, merge_plain.so, and
+  the fold's fold_plain.so, fold1_plain.so: what the store shipped before this session);
+- `merge-pdl`: those chunk kernels with the merge as a PDL secondary (merge_pdl.so: the store
+  of 9a5d6d5);
 - `cudnn`: torch SDPA's cuDNN backend.
 
-Columns alternate in 3 rounds (order reversed every other round); eager (do_bench) and CUDA
-graph medians. Each column's output, on a NaN-poisoned out, is compared with `store`'s: they
-must be bit-identical (the same arithmetic). bf16 hd128 32:8, one query row, causal, dense K/V.
+(2026-12-02-s17-a/b ran an earlier column set: `base` / `store` the store's kernels, `plain`,
+`pdl` (the PDL merge), `trig+pdl` and `trig` (chunk kernels running
+griddepcontrol.launch_dependents at each CTA's first tile).) Columns alternate in 3 rounds
+(order reversed every other round); eager (do_bench) and CUDA graph medians. Each column's
+output, on a NaN-poisoned out, is compared with `store`'s: they must be bit-identical (the same
+arithmetic). bf16 hd128 32:8, one query row, causal, dense K/V.
 """
 
 from __future__ import annotations
@@ -30,8 +33,7 @@ import os
 import statistics
 import sys
 
-CELLS = ("1:8192,1:65536,2:16384,2:65536,4:65536,2:131072,4:131072,8:16384,8:65536,"
-         "16:65536,16:131072")
+CELLS = "1:8192,2:65536,4:65536,2:131072,8:16384,16:1024,16:16384,16:65536,32:16384"
 ROUNDS = 3
 
 
@@ -58,20 +60,20 @@ def main():
     kern = rt.split_kernel(0, torch.bfloat16, 128, 128, None)
     if kern.launch_wide_split is None or not kern.fa4aot_merge:
         sys.exit("the store's split kernel lacks fwd_wide_split or fa4aot's merge")
-    store = (kern.launch_split, kern.launch_wide_split, kern.merge)
-    plain = L.fa4aot_merge(so("merge_plain", "fa4aot_merge"))
-    pdl = L.fa4aot_merge(so("merge_pdl", "fa4aot_merge"))
-    trig = (L.SM90.fwd(so("chunk_trig", "fa4aot_fwd")), L.SM90.fwd(so("wide_trig", "fa4aot_fwd")))
+    names = ("launch_split", "launch_wide_split", "launch", "launch_wide", "launch_wide1")
+    store = (*(getattr(kern, n) for n in names), kern.merge)
+    plain = tuple(L.SM90.fwd(so(f, "fa4aot_fwd")) for f in (
+        "chunk_plain", "wide_plain", "chunk_plain", "fold_plain", "fold1_plain"))
     kernels = {
         "store": store,
-        "plain": (*store[:2], plain),
-        "pdl": (*store[:2], pdl),
-        "trig+pdl": (*trig, pdl),
-        "trig": (*trig, plain),
+        "plain": (*plain, L.fa4aot_merge(so("merge_plain", "fa4aot_merge"))),
+        "merge-pdl": (*plain, L.fa4aot_merge(so("merge_pdl", "fa4aot_merge"))),
     }
 
-    def use(k):  # the step's chunk kernels and merge (a SplitRun binds them when made)
-        kern.launch_split, kern.launch_wide_split, kern.merge = k
+    def use(k):  # a step's kernels: the split's and the fold's (bound when a run is made)
+        for n, launch in zip(names, k[:-1]):
+            setattr(kern, n, launch)
+        kern.merge = k[-1]
         rt._split_runs.clear()
 
     rows = []

@@ -14,7 +14,8 @@ do_bench and CUDA-graph medians; each column's output is compared with the plan'
 difference), and a column that differs by more than 1e-2 is reported and not timed. (In
 2026-12-02-s16-d, before `fwd_wide_split`, the wide columns ran `fwd_wide`, which lacks the
 chunk modes: wrong outputs, diffs 3e-2 to inf, timed then.) n: the chunk kernel's plan
-(split.plan_split without wide).
+(split.plan_split without wide). --wide-ns N,...: the wide kernel at those chunk counts instead
+(`wide n=1`: the step unsplit, i.e. the fold).
 bf16 hd128 32:8, one query row, causal, dense K/V.
 """
 
@@ -33,6 +34,9 @@ ROUNDS = 3
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cells", default=CELLS)
+    ap.add_argument("--wide-ns", help="comma-separated chunk counts: the columns `wide n=N` "
+                    "(N=1: the unsplit step, the fold) instead of the chunk kernel's at 2n and "
+                    "the wide kernel's at n and 2n")
     ap.add_argument("--out")
     a = ap.parse_args()
     import torch
@@ -61,13 +65,16 @@ def main():
         rt.split = -1
         sp = rt.split_for(0, torch.bfloat16, b * 8, sk, 128, 128, None, False, b)
         n = sp.n if sp else 1
-        cols = {  # name: (chunk launcher, the call)
-            "auto": (chunk, fns["fa4aot"]),
-            f"chunk n={2 * n}": (chunk, at_split(2 * n, fns["fa4aot"])),
-            f"wide n={n}": (kern.launch_wide_split, at_split(n, fns["fa4aot"])),
-            f"wide n={2 * n}": (kern.launch_wide_split, at_split(2 * n, fns["fa4aot"])),
-            "cudnn": (chunk, fns["cudnn"]),
-        }
+        plan = rt.split_for(0, torch.bfloat16, b * 8, sk, 128, 128, None, False, b, dense=True)
+        cols = {"auto": (chunk, fns["fa4aot"])}  # name: (chunk launcher, the call)
+        if a.wide_ns:
+            for w in (int(x) for x in a.wide_ns.split(",")):
+                cols[f"wide n={w}"] = (kern.launch_wide_split, at_split(w, fns["fa4aot"]))
+        else:
+            cols[f"chunk n={2 * n}"] = (chunk, at_split(2 * n, fns["fa4aot"]))
+            cols[f"wide n={n}"] = (kern.launch_wide_split, at_split(n, fns["fa4aot"]))
+            cols[f"wide n={2 * n}"] = (kern.launch_wide_split, at_split(2 * n, fns["fa4aot"]))
+        cols["cudnn"] = (chunk, fns["cudnn"])
         row = {"b": b, "sk": sk, "auto_n": n, "diff": {}, "eager": {}, "graph": {}}
         use(chunk)
         fns["fa4aot"]()
@@ -106,7 +113,8 @@ def main():
             row["eager"][c] = statistics.median(eager[c])
             row["graph"][c] = statistics.median(graph[c])
         ce, cg = row["eager"]["cudnn"], row["graph"]["cudnn"]
-        print(f"b{b} sk{sk} auto n={n}  cudnn {ce:.1f}/{cg:.1f}", flush=True)
+        print(f"b{b} sk{sk} chunk plan n={n}, auto n={plan.n if plan else 1}"
+              f"{'w' if plan and plan.wide else ''}  cudnn {ce:.1f}/{cg:.1f}", flush=True)
         for c in cols:
             if c != "cudnn":
                 print(f"   {c:12s} eager {row['eager'][c]:8.1f} ({row['eager'][c] / ce:.3f})  "

@@ -456,9 +456,11 @@ def superseded(art) -> bool:
     without a wide fold kernel its K takes (parts `fwd_wide`, `fwd_wide1`: constraints.WideFold,
     compiler.trace_wide_fold) or, for a packed K, without the wide split kernel (part
     `fwd_wide_split`: constraints.wide_split) or, paged on FA4's cp.async path, without the TMA
-    page kernel (part `fwd_tma`: constraints.tma_page), i.e. built before them. `fa4aot build`
-    replaces it, as it does a corrupt copy; until then the runtime serves it with what it has (FA4's
-    combine, torch's element-wise kernels, a copy of q over the chunks, the metadata kernel)."""
+    page kernel (part `fwd_tma`: constraints.tma_page), or whose kernels are not programmatic
+    dependent launches (parts.fwd.pdl: compiler._pdl_secondary), i.e. built before them.
+    `fa4aot build` replaces it, as it does a corrupt copy; until then the runtime serves it with
+    what it has (FA4's combine, torch's element-wise kernels, a copy of q over the chunks, the
+    metadata kernel, plain launches)."""
     rec = art.record
     if rec.get("stub"):
         return False  # (a placeholder: never loaded, nothing to supersede)
@@ -475,7 +477,7 @@ def superseded(art) -> bool:
         kernels.add(C.WIDE_SPLIT.part)
     modes = (fwd.get("chunk_lengths") if v.paged else "fwd_bounds" in parts) and (
         kernels <= set(parts))
-    if v.arch == "sm90" and not (fwd.get("q_broadcast") and modes):
+    if v.arch == "sm90" and not (fwd.get("q_broadcast") and modes and fwd.get("pdl")):
         return True
     if merge == "merge" and parts.get("merge", {}).get("version") != C.MERGE_VERSION:
         return True  # fa4aot's merge as an earlier fa4aot compiled it (C.MERGE_VERSION)

@@ -8,6 +8,7 @@ export it (`export_to_c`) as an object file with the cubin embedded.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import sys
@@ -292,10 +293,11 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
         )
     chunk_modes = variant.split_kernel and variant.arch == "sm90"
     bounds, wides, tma_page = [], {}, None
-    if chunk_modes:  # the chunk kernel: FA4's, reading q and KV lengths in chunk modes
-        fwd = [(fwd[0][0], trace_chunk_modes(compiles))]
+    if chunk_modes:  # the chunk kernel: FA4's, reading q and KV lengths in chunk modes, and
+        # each of its kernels a programmatic dependent launch (_pdl_secondary)
+        fwd = [(fwd[0][0], trace_chunk_modes(compiles, pdl=True))]
         if not variant.paged:  # and a packed K's chunk bounds (its own ABI: part fwd_bounds)
-            bounds = [(fwd[0][0], trace_chunk_modes(compiles, bounds=True))]
+            bounds = [(fwd[0][0], trace_chunk_modes(compiles, bounds=True, pdl=True))]
         # and the fold's kernels for a full chip (parts fwd_wide, fwd_wide1)
         wides = {w.part: w for w in C.wide_folds(variant.arch, variant.head_dim,
                                                  variant.head_dim_v, variant.tile_m,
@@ -344,9 +346,9 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
     if bounds:
         helpers["fwd_bounds"] = bounds
     for name, wide in wides.items():
-        helpers[name] = [(fwd[0][0], trace_wide_fold(compiles, wide, variant.paged))]
+        helpers[name] = [(fwd[0][0], trace_wide_fold(compiles, wide, variant.paged, pdl=True))]
     if tma_page:
-        helpers["fwd_tma"] = [(fwd[0][0], trace_tma_page(compiles, tma_page))]
+        helpers["fwd_tma"] = [(fwd[0][0], trace_tma_page(compiles, tma_page, pdl=True))]
     for name, entries in [("fwd", fwd), *helpers.items()]:
         for key, fn in entries:
             obj = outdir / f"{name}.o"
@@ -369,6 +371,9 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
                 if wide.chunk_modes:  # (trace_chunk_modes)
                     parts[name]["q_broadcast"] = True
     if chunk_modes:  # (trace_chunk_modes)
+        for name in ("fwd", "fwd_bounds", *wides, "fwd_tma"):
+            if name in parts:
+                parts[name]["pdl"] = True  # (_pdl_secondary)
         parts["fwd"]["q_broadcast"] = True
         if variant.paged:
             parts["fwd"]["chunk_lengths"] = True
@@ -466,8 +471,49 @@ def _sm90_forward(compiles: list) -> tuple[Any, list, dict]:
     return fa_fwd, args, kwargs
 
 
+@contextlib.contextmanager
+def _pdl_secondary(on: bool):
+    """While FA4's sm90 forward compiles (on: else nothing): its launch becomes a programmatic
+    dependent launch (the launch's programmatic stream serialization) and griddepcontrol.wait
+    precedes the kernel's first statement (FA4 4.0.0b36's flash_fwd_sm90.py: warp_idx =
+    cute.arch.make_warp_uniform(...)), which every thread runs before any other, so no thread
+    reads global memory before the grids ahead of it in the stream have completed and their
+    writes are visible. The GPU may then launch the kernel, and place its CTAs, while the
+    previous kernel drains. Raises RuntimeError where the compile did not go through both
+    (FA4's kernel changed)."""
+    if not on:
+        yield
+        return
+    import cutlass.cute as cute
+    from cutlass.cutlass_dsl.cutlass import CutlassBaseDSL
+
+    launch, uniform = CutlassBaseDSL.__dict__["cuda_launch_func"], cute.arch.make_warp_uniform
+    fired: list[str] = []
+
+    def pdl_launch(*a, **kw):
+        fired.append("launch")
+        return launch.__func__(*a, **{**kw, "use_pdl": True})
+
+    def wait_first(*a, **kw):
+        if "wait" not in fired:
+            cute.arch.griddepcontrol_wait()
+            fired.append("wait")
+        return uniform(*a, **kw)
+
+    CutlassBaseDSL.cuda_launch_func = staticmethod(pdl_launch)
+    cute.arch.make_warp_uniform = wait_first
+    try:
+        yield
+    finally:
+        CutlassBaseDSL.cuda_launch_func = launch
+        cute.arch.make_warp_uniform = uniform
+    if sorted(fired) != ["launch", "wait"]:
+        raise RuntimeError(f"FA4's sm90 forward did not compile as one kernel whose first "
+                           f"statement is make_warp_uniform ({fired}): no PDL launch")
+
+
 def trace_chunk_modes(compiles: list, bounds: bool = False, kernel: Any = None,
-                      trigger: bool = False) -> Any:
+                      pdl: bool = False) -> Any:
     """FA4's sm90 forward, compiled again from the arguments FA4 compiled it with (`compiles`,
     from trace), with two of its inputs read through chunk modes; otherwise FA4's kernel:
 
@@ -482,10 +528,7 @@ def trace_chunk_modes(compiles: list, bounds: bool = False, kernel: Any = None,
       cu[v // u + 1]) and ends where v + 1 starts (FA4 reads cu[v] and cu[v + 1]): the chunk
       bounds the metadata kernel wrote, with no launch.
 
-    trigger (benchmarks only: benchmarks/pdl_build.py): each CTA runs
-    griddepcontrol.launch_dependents at its first tile, so a programmatic dependent launch
-    after it (the merge: trace_merge(pdl=True)) may launch once every CTA has started. H200,
-    2026-12-02: no gain over the merge's launch alone. Not shipped.
+    pdl: launched as a programmatic dependent launch, waiting first (_pdl_secondary).
 
     Why: a split step runs the chunks of sequence i as virtual sequences i * n .. i * n + n - 1
     of one kernel, and FA4 indexes q, O and the KV lengths by the same batch index, so the
@@ -583,8 +626,6 @@ def trace_chunk_modes(compiles: list, bounds: bool = False, kernel: Any = None,
         return assume(t, **kw)
 
     def create_chunked(*a, mCuSeqlensK=None, mSeqUsedK=None, **kw):
-        if trigger:  # (in the kernel, at a CTA's first tile: its dependents may launch)
-            cute.arch.griddepcontrol_launch_dependents()
         if mSeqUsedK is not None and cute.rank(mSeqUsedK) == 2:  # the chunk-length mode
             mSeqUsedK = ChunkLengths(mSeqUsedK)
             applied.append(True)
@@ -596,7 +637,8 @@ def trace_chunk_modes(compiles: list, bounds: bool = False, kernel: Any = None,
     F90.assume_tensor_aligned = F80.assume_tensor_aligned = assume_flat
     SeqlenInfoQK.create = staticmethod(create_chunked)
     try:
-        fn = cute.compile(ChunkModes(fa_fwd), *args, **kwargs)
+        with _pdl_secondary(pdl):
+            fn = cute.compile(ChunkModes(fa_fwd), *args, **kwargs)
     finally:
         F90.assume_tensor_aligned = F80.assume_tensor_aligned = assume
         SeqlenInfoQK.create = staticmethod(create)
@@ -611,8 +653,7 @@ def trace_chunk_modes(compiles: list, bounds: bool = False, kernel: Any = None,
     return fn
 
 
-def trace_wide_fold(compiles: list, wide: "C.WideFold", paged: bool,
-                    trigger: bool = False) -> Any:
+def trace_wide_fold(compiles: list, wide: "C.WideFold", paged: bool, pdl: bool = False) -> Any:
     """A decode fold's kernel for a chip full of CTAs (constraints.WideFold; a split chunk
     kernel's part `wide.part`, FA4's forward ABI): FA4's sm90 forward compiled again from the
     arguments FA4 compiled the chunk kernel with (`compiles`, from trace; its 64-row M tile),
@@ -627,8 +668,7 @@ def trace_wide_fold(compiles: list, wide: "C.WideFold", paged: bool,
     reduced in other blocks: not bit-identical to it (H200: max difference 9.8e-4 at 1K keys,
     error to an fp32 reference the same). wide.chunk_modes: compiled through the split's chunk
     modes (trace_chunk_modes), the chunk kernel's ABI: part `fwd_wide_split`
-    (constraints.wide_split), which runs a split step's chunks. trigger: trace_chunk_modes'
-    (with chunk_modes)."""
+    (constraints.wide_split), which runs a split step's chunks. pdl: _pdl_secondary's launch."""
     import copy
     import dataclasses
 
@@ -660,8 +700,11 @@ def trace_wide_fold(compiles: list, wide: "C.WideFold", paged: bool,
 
     CutlassBaseDSL._generate_kernel_attrs = occupancy
     try:
-        fn = (trace_chunk_modes(compiles, kernel=w, trigger=trigger) if wide.chunk_modes
-              else cute.compile(w, *args, **kwargs))
+        if wide.chunk_modes:
+            fn = trace_chunk_modes(compiles, kernel=w, pdl=pdl)
+        else:
+            with _pdl_secondary(pdl):
+                fn = cute.compile(w, *args, **kwargs)
     finally:
         CutlassBaseDSL._generate_kernel_attrs = attrs
     threads = getattr(w, "num_threads", None)
@@ -675,7 +718,7 @@ def trace_wide_fold(compiles: list, wide: "C.WideFold", paged: bool,
     return fn
 
 
-def trace_tma_page(compiles: list, page_size: int) -> Any:
+def trace_tma_page(compiles: list, page_size: int, pdl: bool = False) -> Any:
     """A paged split chunk kernel's part `fwd_tma` (constraints.tma_page; the chunk kernel's
     ABI and chunk modes, trace_chunk_modes): FA4's sm90 forward compiled again from the
     arguments FA4 compiled the paged chunk kernel with (`compiles`, from trace: its cp.async
@@ -683,7 +726,7 @@ def trace_tma_page(compiles: list, page_size: int) -> Any:
     which reads one page per tile and so serves pages of exactly `page_size` keys (a kernel on
     it gets any other size wrong with no error: design.md). FA4 4.0.0b36 takes TMA only where
     the page size equals its tile_n, 128 at hd128 (its `paged_kv_non_tma`): the compile sets
-    the tile for this kernel only."""
+    the tile for this kernel only. pdl: _pdl_secondary's launch."""
     import copy
 
     fa_fwd, _, _ = _sm90_forward(compiles)
@@ -694,7 +737,7 @@ def trace_tma_page(compiles: list, page_size: int) -> Any:
         )
     w = copy.copy(fa_fwd)
     w.tile_n, w.use_tma_KV = page_size, True
-    return trace_chunk_modes(compiles, kernel=w)
+    return trace_chunk_modes(compiles, kernel=w, pdl=pdl)
 
 
 # fa4aot's merge kernel: its key is (name, version, dtype, head dim v, max splits, threads);
@@ -729,8 +772,9 @@ def trace_merge(variant: Variant, pdl: bool = True) -> list[tuple[Any, Any]]:
     writes are visible, before it reads a partial. H200, 2026-12-02 (benchmarks/pdl_probe.py,
     one process, outputs bit-identical): eager 1.1-1.5 us less per split step at b1-b16 (b1/8K
     21.3 -> 20.1 us, b2/64K 136.1 -> 134.7, b16/64K 946.5 -> 943.8), CUDA graphs the same
-    within the run's spread. A chunk kernel that also triggers its dependents at each CTA's
-    start (compiler.trace_chunk_modes(trigger=True)) gained less: not shipped."""
+    within the run's spread. A chunk kernel that also triggered its dependents
+    (griddepcontrol.launch_dependents) at each CTA's first tile gained less (s17-a/b): not
+    shipped."""
     dv = variant.head_dim_v
     max_splits = 1 << COMBINE_LOG_MAX_SPLITS
     threads = C.merge_threads(dv, max_splits)

@@ -253,12 +253,14 @@ def test_superseded_is_a_split_kernel_merging_with_fa4s_combine_or_copying_q():
     from fa4aot.variants import split_kernel_variant
 
     def art(variant, *parts, q_broadcast=True, chunk_lengths=True, bounds=True, wide=True,
-            wide1=True, tma=True, wide_split=True, merge_version=C.MERGE_VERSION):
+            wide1=True, tma=True, wide_split=True, merge_version=C.MERGE_VERSION, pdl=True):
         rec = {"variant": variant.to_dict(), "parts": {p: {} for p in ("fwd", *parts)}}
         if "merge" in parts and merge_version is not None:
             rec["parts"]["merge"]["version"] = merge_version
         if q_broadcast:
             rec["parts"]["fwd"]["q_broadcast"] = True
+        if pdl:
+            rec["parts"]["fwd"]["pdl"] = True
         if chunk_lengths and variant.paged:
             rec["parts"]["fwd"]["chunk_lengths"] = True
         if bounds and variant.split_kernel and not variant.paged:
@@ -284,6 +286,10 @@ def test_superseded_is_a_split_kernel_merging_with_fa4s_combine_or_copying_q():
     # a merge an earlier fa4aot compiled (before C.MERGE_VERSION 2, the PDL launch)
     assert B.superseded(art(split, "merge", "chunk_meta", merge_version=1))
     assert B.superseded(art(split, "merge", "chunk_meta", merge_version=None))
+    # an sm90 chunk kernel launched plainly (before compiler._pdl_secondary)
+    assert B.superseded(art(split, "merge", "chunk_meta", pdl=False))
+    assert B.superseded(art(paged := split_kernel_variant("sm90", "bfloat16", 128, 128, 128),
+                            "merge", "chunk_meta", pdl=False))
     # the packed 64-row chunk kernel carries the wide fold (compiler.trace_wide_fold); the
     # decode fold's 1:1 kernel (FA4's M tile) and head dims over 128 (FA4's tile) do not
     assert B.superseded(art(split, "merge", "chunk_meta", wide=False))
