@@ -84,6 +84,7 @@ out["wide"] = {n: {k: x for k, x in parts[n].items() if k not in ("object", "key
 out["regs"] = {n: cubin.register_counts(parts[n]["object"])
                for n in ("fwd", "fwd_wide", "fwd_wide1")}
 out["hd64_parts"] = sorted(parts)
+out["pdl"] = sorted(n for n, p in parts.items() if p.get("pdl"))
 # the wide split part (constraints.wide_split: head dim 128 only) through the chunk modes
 v128 = V.split_kernel_variant("sm90", "bfloat16", 128, 128, None)
 p128 = compiler.compile_variant(V.representative_call(v128), v128, Path(tempfile.mkdtemp()))["parts"]
@@ -114,6 +115,23 @@ try:
     out["tile128"] = "compiled"
 except RuntimeError as e:
     out["tile128"] = str(e)
+# _pdl_secondary refuses a kernel it cannot make wait first (no make_warp_uniform)
+# (the DSL compiles from source: the kernel lives in a file)
+d = tempfile.mkdtemp()
+Path(d, "pdl_guard_kernel.py").write_text(
+    "import cutlass.cute as cute\n"
+    "@cute.kernel\ndef k():\n    pass\n"
+    "@cute.jit\ndef h(stream):\n    k().launch(grid=[1, 1, 1], block=[32, 1, 1], stream=stream)\n")
+sys.path.insert(0, d)
+import cutlass.cute as cute
+import pdl_guard_kernel
+
+try:
+    with compiler._pdl_secondary(True):
+        cute.compile(pdl_guard_kernel.h, cute.runtime.make_fake_stream())
+    out["pdl_guard"] = "compiled"
+except RuntimeError as e:
+    out["pdl_guard"] = str(e)
 print(json.dumps(out))
 """
 
@@ -124,22 +142,28 @@ def test_wide_fold_compiles_two_ctas_per_sm_and_refuses_other_tiles():
     fwd_wide1: the same tiles at 240 (one CTA per SM); at head dim 128 its part fwd_wide_split:
     fwd_wide through the chunk modes (q read per chunk, constraints.wide_split). A paged one has
     fwd_wide only, and on FA4's cp.async paged path fwd_tma (64-key tiles on the TMA path, for
-    pages of 64)."""
+    pages of 64). Each is a programmatic dependent launch (compiler._pdl_secondary), which
+    refuses a kernel it cannot make wait before its first statement."""
     r = subprocess.run([sys.executable, "-c", _WIDE], capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     doc = json.loads(r.stdout.strip().splitlines()[-1])
-    assert doc["wide"] == {"fwd_wide": {"tile_n": 64, "ctas_per_sm": 2, "registers": 128},
-                           "fwd_wide1": {"tile_n": 64, "ctas_per_sm": 1, "registers": 240}}
+    assert doc["wide"] == {
+        "fwd_wide": {"tile_n": 64, "ctas_per_sm": 2, "registers": 128, "pdl": True},
+        "fwd_wide1": {"tile_n": 64, "ctas_per_sm": 1, "registers": 240, "pdl": True}}
+    # every forward of the split kernel a programmatic dependent launch (compiler._pdl_secondary)
+    assert doc["pdl"] == ["fwd", "fwd_bounds", "fwd_wide", "fwd_wide1"]
+    assert "no PDL launch" in doc["pdl_guard"]
     assert doc["regs"] == {"fwd": [255], "fwd_wide": [128], "fwd_wide1": [240]}
     assert doc["wide_split"] == {"tile_n": 64, "ctas_per_sm": 2, "registers": 128,
-                                 "q_broadcast": True} and doc["wide_split_regs"] == [128]
+                                 "q_broadcast": True, "pdl": True}
+    assert doc["wide_split_regs"] == [128]
     assert "fwd_wide_split" not in doc["hd64_parts"]  # hd128 only
     assert "fwd_wide" in doc["paged_parts"] and "fwd_wide1" not in doc["paged_parts"]
     assert "fwd_wide_split" not in doc["paged_parts"]
     # the paged cp.async kernel's TMA part for pages of 64 (constraints.tma_page); none beside
     # FA4's TMA paged kernel (pages of 128), and none built on it
-    assert "fwd_tma" in doc["paged_parts"] and doc["tma"] == {"page_size": 64}
+    assert "fwd_tma" in doc["paged_parts"] and doc["tma"] == {"page_size": 64, "pdl": True}
     assert len(doc["tma_regs"]) == 1
     assert "fwd_tma" not in doc["page128_parts"]
     assert "cp.async paged path" in doc["tma_on_tma"]
