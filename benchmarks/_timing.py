@@ -84,6 +84,29 @@ def host_us_interleaved(fns: dict, n: int = 200, repeats: int = 31) -> dict:
     return {k: (statistics.median(v), v) for k, v in per.items()}
 
 
+def interleaved_medians(cols: dict, rounds: int, before=None, after=None) -> tuple[dict, dict]:
+    """Eager (eager_us) and CUDA-graph (graph_us, 5 calls x 10 replays) medians of each column's
+    call over `rounds` rounds, the columns in order and reversed every other round, so a slow
+    phase of the (shared) machine hits every column alike. cols: {name: call}; before(name)
+    runs before a column is timed, after() once it has been (e.g. swapping kernels in and
+    out). -> ({name: eager us}, {name: graph us})."""
+    names = list(cols)
+    eager: dict = {c: [] for c in names}
+    graph: dict = {c: [] for c in names}
+    for i in range(rounds):
+        for c in (names if i % 2 == 0 else names[::-1]):
+            if before is not None:
+                before(c)
+            try:
+                eager[c].append(eager_us(cols[c]))
+                graph[c].append(graph_us(cols[c], 5, 10))
+            finally:
+                if after is not None:
+                    after()
+    return ({c: statistics.median(v) for c, v in eager.items()},
+            {c: statistics.median(v) for c, v in graph.items()})
+
+
 def parse_cells(spec: str) -> list[tuple[int, int]]:
     """A benchmark's --cells: "b:keys[,b:keys...]" -> [(batch, keys), ...]."""
     return [tuple(int(x) for x in c.split(":")) for c in spec.split(",")]

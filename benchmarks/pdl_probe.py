@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 
 CELLS = "1:8192,2:65536,4:65536,2:131072,8:16384,16:1024,16:16384,16:65536,32:16384"
@@ -51,7 +50,7 @@ def main():
     from fa4aot.runtime import launch as L
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _timing import decode_columns, decode_inputs, eager_us, graph_us, parse_cells
+    from _timing import decode_columns, decode_inputs, interleaved_medians, parse_cells
 
     def so(name, fn):
         return tvm_ffi.load_module(os.path.join(a.kernels, name + ".so"))[fn]
@@ -95,23 +94,11 @@ def main():
         use(store)
         for c in kernels:
             row["diff"][c] = (outs[c].float() - outs["store"].float()).abs().max().item()
-        cols = [*kernels, "cudnn"]
-        eager = {c: [] for c in cols}
-        graph = {c: [] for c in cols}
+        cols = {**{c: fns["fa4aot"] for c in kernels}, "cudnn": fns["cudnn"]}
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-            for i in range(ROUNDS):
-                for c in (cols if i % 2 == 0 else cols[::-1]):
-                    fn = fns["cudnn"] if c == "cudnn" else fns["fa4aot"]
-                    if c != "cudnn":
-                        use(kernels[c])
-                    try:
-                        eager[c].append(eager_us(fn))
-                        graph[c].append(graph_us(fn, 5, 10))
-                    finally:
-                        use(store)
-        for c in cols:
-            row["eager"][c] = statistics.median(eager[c])
-            row["graph"][c] = statistics.median(graph[c])
+            row["eager"], row["graph"] = interleaved_medians(
+                cols, ROUNDS, before=lambda c: use(kernels.get(c, store)),
+                after=lambda: use(store))
         ce, cg = row["eager"]["cudnn"], row["graph"]["cudnn"]
         print(f"b{b} sk{sk} n={row['n']}{'w' if row['wide'] else ''}  cudnn {ce:.1f}/{cg:.1f}",
               flush=True)

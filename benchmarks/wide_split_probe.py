@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 
 CELLS = "1:65536,2:65536,4:65536,8:65536,2:131072,4:131072,8:131072,8:16384"
@@ -45,7 +44,8 @@ def main():
     import fa4aot.runtime as R
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _timing import at_split, decode_columns, decode_inputs, eager_us, graph_us, parse_cells
+    from _timing import (at_split, decode_columns, decode_inputs, interleaved_medians,
+                         parse_cells)
 
     rt = R.default_runtime()
     kern = rt.split_kernel(0, torch.bfloat16, 128, 128, None)
@@ -97,21 +97,10 @@ def main():
                   "not timed", flush=True)
             del cols[c]
         row["wrong"] = wrong
-        eager = {c: [] for c in cols}
-        graph = {c: [] for c in cols}
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-            for i in range(ROUNDS):
-                for c in (list(cols) if i % 2 == 0 else list(cols)[::-1]):
-                    launch, fn = cols[c]
-                    use(launch)
-                    try:
-                        eager[c].append(eager_us(fn))
-                        graph[c].append(graph_us(fn, 5, 10))
-                    finally:
-                        use(chunk)
-        for c in cols:
-            row["eager"][c] = statistics.median(eager[c])
-            row["graph"][c] = statistics.median(graph[c])
+            row["eager"], row["graph"] = interleaved_medians(
+                {c: fn for c, (_, fn) in cols.items()}, ROUNDS,
+                before=lambda c: use(cols[c][0]), after=lambda: use(chunk))
         ce, cg = row["eager"]["cudnn"], row["graph"]["cudnn"]
         print(f"b{b} sk{sk} chunk plan n={n}, auto n={plan.n if plan else 1}"
               f"{'w' if plan and plan.wide else ''}  cudnn {ce:.1f}/{cg:.1f}", flush=True)
