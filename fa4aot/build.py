@@ -451,8 +451,9 @@ def superseded(art) -> bool:
     """A split chunk kernel's artifact that lacks a helper part this fa4aot builds beside it:
     fa4aot's merge kernel at its current version (C.MERGE_VERSION), where C.merge_threads has
     a layout for its head dim (FA4's combine otherwise), and the chunk metadata kernel
-    (compiler.trace_merge, trace_chunk_meta), or, on sm90, whose forward does not read q (and a paged K's lengths, a packed K's chunk bounds:
-    part `fwd_bounds`) through chunk modes (compiler.trace_chunk_modes), or a 64-row one
+    (compiler.trace_merge, trace_chunk_meta), or, on sm90, whose forward does not read q (and
+    a paged K's lengths, a packed K's chunk bounds: part `fwd_bounds`) through chunk modes
+    (compiler.trace_chunk_modes), or a 64-row one
     without a wide fold kernel its K takes (parts `fwd_wide`, `fwd_wide1`: constraints.WideFold,
     compiler.trace_wide_fold) or, for a packed K, without the wide split kernel (part
     `fwd_wide_split`: constraints.wide_split) or, paged on FA4's cp.async path, without the TMA

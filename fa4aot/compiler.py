@@ -741,7 +741,7 @@ def trace_tma_page(compiles: list, page_size: int, pdl: bool = False) -> Any:
 
 
 # fa4aot's merge kernel: its key is (name, version, dtype, head dim v, max splits, threads);
-# bump the version when the kernel's code changes
+# bump the version (C.MERGE_VERSION, which build.superseded reads) when its code changes
 MERGE_KEY = ("fa4aot_merge", C.MERGE_VERSION)
 _MERGE_CLASS = None
 
