@@ -253,6 +253,39 @@ def _plot(path: str, png: str) -> None:
     fig.savefig(png, dpi=110)
 
 
+def tally(paths: list[str]) -> dict:
+    """Over several runs' JSON (--out), per grid cell: the runs where fa4aot was at or below
+    cuDNN, eager and in a graph, and the eager ratios' median, min and max; per run, the counts
+    the summary gives. -> {"runs": [(path, eager, graph)], "cells": {"b16/64K": {...}}}."""
+    runs, cells = [], {}
+    for path in paths:
+        grid = [r for r in json.load(open(path))["grid"] if "skipped" not in r]
+        runs.append((path, sum(r["fa4aot"] <= r["cudnn"] for r in grid),
+                     sum(r["fa4aot_graph"] <= r["cudnn_graph"] for r in grid)))
+        for r in grid:
+            c = cells.setdefault(f"b{r['b']}/{r['sk'] // 1024}K", {"eager": [], "graph": []})
+            c["eager"].append(r["fa4aot"] / r["cudnn"])
+            c["graph"].append(r["fa4aot_graph"] / r["cudnn_graph"])
+    out = {}
+    for name, c in cells.items():
+        e, g = c["eager"], c["graph"]
+        out[name] = {"runs": len(e), "eager_at_or_below": sum(x <= 1 for x in e),
+                     "graph_at_or_below": sum(x <= 1 for x in g),
+                     "eager_median": statistics.median(e), "eager_min": min(e),
+                     "eager_max": max(e)}
+    return {"runs": runs, "cells": out}
+
+
+def _print_tally(t: dict) -> None:
+    for path, e, g in t["runs"]:
+        print(f"{path}: eager {e}, graph {g} cells at or below cuDNN")
+    print(f"{'cell':10s} runs  eager<=  graph<=  eager ratio median [min, max]")
+    for name, c in sorted(t["cells"].items(), key=lambda kv: -kv[1]["eager_median"]):
+        print(f"{name:10s} {c['runs']:4d}  {c['eager_at_or_below']:6d}  "
+              f"{c['graph_at_or_below']:7d}  {c['eager_median']:.3f} [{c['eager_min']:.3f}, "
+              f"{c['eager_max']:.3f}]")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
@@ -260,7 +293,13 @@ def main():
     ap.add_argument("--png", default="docs/decode-split-heatmap.png")
     ap.add_argument("--table-only", action="store_true", help="the issue's six shapes only")
     ap.add_argument("--grid-only", action="store_true", help="the batch x context grid only")
+    ap.add_argument("--tally", nargs="+", metavar="JSON",
+                    help="no GPU: per grid cell, how many of these runs' --out files had "
+                    "fa4aot at or below cuDNN")
     a = ap.parse_args()
+    if a.tally:
+        _print_tally(tally(a.tally))
+        return
     if a.plot:
         _plot(a.plot, a.png)
         return

@@ -1,0 +1,46 @@
+"""CPU checks of benchmark helpers that read recorded results (no GPU)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _module(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_decode_tally_counts_each_cell_over_runs(tmp_path):
+    """decode_split.py --tally: per grid cell, the runs at or below cuDNN (a tie counts), eager
+    and in a graph, and the eager ratios' median and range; per run, the summary's counts."""
+    ds = _module("decode_split")
+
+    def cell(b, sk, ours, cudnn, ours_g, cudnn_g):
+        return {"b": b, "sk": sk, "fa4aot": ours, "cudnn": cudnn, "fa4aot_graph": ours_g,
+                "cudnn_graph": cudnn_g}
+
+    runs = [
+        [cell(16, 65536, 101.0, 100.0, 99.0, 100.0), cell(1, 1024, 9.0, 10.0, 5.0, 5.0)],
+        [cell(16, 65536, 99.0, 100.0, 101.0, 100.0), cell(1, 1024, 12.0, 10.0, 6.0, 5.0),
+         {"b": 128, "sk": 131072, "skipped": "memory"}],
+        [cell(16, 65536, 102.0, 100.0, 102.0, 100.0), cell(1, 1024, 10.0, 10.0, 4.0, 5.0)],
+    ]
+    paths = []
+    for i, grid in enumerate(runs):
+        p = tmp_path / f"run{i}.json"
+        p.write_text(json.dumps({"grid": grid}))
+        paths.append(str(p))
+    t = ds.tally(paths)
+    assert [(e, g) for _, e, g in t["runs"]] == [(1, 2), (1, 0), (1, 1)]
+    big = t["cells"]["b16/64K"]
+    assert (big["runs"], big["eager_at_or_below"], big["graph_at_or_below"]) == (3, 1, 1)
+    assert (big["eager_median"], big["eager_min"], big["eager_max"]) == (1.01, 0.99, 1.02)
+    small = t["cells"]["b1/1K"]
+    assert (small["eager_at_or_below"], small["graph_at_or_below"]) == (2, 2)
+    assert "b128/128K" not in t["cells"]  # a skipped cell is not a run of it
