@@ -50,7 +50,8 @@ def main():
     from fa4aot.runtime import launch as L
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _timing import decode_columns, decode_inputs, interleaved_medians, parse_cells
+    from _timing import (decode_columns, decode_inputs, interleaved_medians, parse_cells,
+                         print_columns)
 
     def so(name, fn):
         return tvm_ffi.load_module(os.path.join(a.kernels, name + ".so"))[fn]
@@ -102,10 +103,7 @@ def main():
         ce, cg = row["eager"]["cudnn"], row["graph"]["cudnn"]
         print(f"b{b} sk{sk} n={row['n']}{'w' if row['wide'] else ''}  cudnn {ce:.1f}/{cg:.1f}",
               flush=True)
-        for c in kernels:
-            print(f"   {c:9s} eager {row['eager'][c]:8.1f} ({row['eager'][c] / ce:.3f})  "
-                  f"graph {row['graph'][c]:8.1f} ({row['graph'][c] / cg:.3f})  "
-                  f"diff {row['diff'][c]:.1e}", flush=True)
+        print_columns(row, kernels, 9)
         rows.append(row)
         del q, k, v, out, outs
     if a.out:

@@ -45,7 +45,7 @@ def main():
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from _timing import (at_split, decode_columns, decode_inputs, interleaved_medians,
-                         parse_cells)
+                         parse_cells, print_columns)
 
     rt = R.default_runtime()
     kern = rt.split_kernel(0, torch.bfloat16, 128, 128, None)
@@ -104,12 +104,7 @@ def main():
         ce, cg = row["eager"]["cudnn"], row["graph"]["cudnn"]
         print(f"b{b} sk{sk} chunk plan n={n}, auto n={plan.n if plan else 1}"
               f"{'w' if plan and plan.wide else ''}  cudnn {ce:.1f}/{cg:.1f}", flush=True)
-        for c in cols:
-            if c != "cudnn":
-                print(f"   {c:12s} eager {row['eager'][c]:8.1f} ({row['eager'][c] / ce:.3f})  "
-                      f"graph {row['graph'][c]:8.1f} ({row['graph'][c] / cg:.3f})"
-                      + (f"  diff {row['diff'][c]:.1e}" if c in row["diff"] else ""),
-                      flush=True)
+        print_columns(row, cols, 12)
         rows.append(row)
         del q, k, v, out, ref
     if a.out:

@@ -819,7 +819,7 @@ def _merge_class():
     vec = 8  # columns per thread: one 16-byte load of 2-byte partials
 
     class SplitMerge:
-        def __init__(self, dtype, dv: int, max_splits: int, threads: int, pdl: bool = False):
+        def __init__(self, dtype, dv: int, max_splits: int, threads: int, pdl: bool):
             self.dtype, self.dv, self.max_splits, self.threads = dtype, dv, max_splits, threads
             self.pdl = pdl
             self.lanes = dv // vec
