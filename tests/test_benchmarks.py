@@ -1,4 +1,5 @@
-"""CPU checks of benchmark helpers that read recorded results (no GPU)."""
+"""CPU checks of the benchmarks (no GPU): helpers that read recorded results, and probe
+kernels compiled for sm_90."""
 
 from __future__ import annotations
 
@@ -44,3 +45,29 @@ def test_decode_tally_counts_each_cell_over_runs(tmp_path):
     small = t["cells"]["b1/1K"]
     assert (small["eager_at_or_below"], small["graph_at_or_below"]) == (2, 2)
     assert "b128/128K" not in t["cells"]  # a skipped cell is not a run of it
+
+
+def test_hbm_ceiling_stream_kernels_compile_for_sm90_as_described():
+    """hbm_ceiling.py --streams: its persistent reads compile for sm_90 (Triton, no GPU) into
+    what its docstring says they are: the stream/kv loops software-pipelined through cp.async
+    into shared memory (a stream's 16 KB a step, 3 buffers; kv twice that), the tma loop
+    through TMA tensor loads, so a GPU run spends no device time on a kernel that fails."""
+    import pytest
+
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    _, stream_kernel, tma_kernel = _module("hbm_ceiling").kernels()
+    target = GPUTarget("cuda", 90, 32)
+    sig = {"x_ptr": "*i64", "y_ptr": "*i64", "out_ptr": "*fp32", "n": "i64", "per": "i64",
+           "BLOCK": "constexpr", "KV": "constexpr"}
+    for kv in (False, True):
+        k = triton.compile(ASTSource(stream_kernel, sig, {"BLOCK": 2048, "KV": kv}), target=target)
+        assert "cp.async" in k.asm["ptx"]
+        assert k.metadata.shared >= (2 if kv else 1) * 3 * 2048 * 8
+    desc = "tensordesc<bf16[64,128]>"
+    sig = {"kd": desc, "vd": desc, "out_ptr": "*fp32", "rows": "i32", "per": "i32",
+           "R": "constexpr", "C": "constexpr"}
+    k = triton.compile(ASTSource(tma_kernel, sig, {"R": 64, "C": 128}), target=target)
+    assert "cp.async.bulk.tensor" in k.asm["ptx"]
