@@ -256,12 +256,16 @@ def _plot(path: str, png: str) -> None:
 def tally(paths: list[str]) -> dict:
     """Over several runs' JSON (--out), per grid cell: the runs where fa4aot was at or below
     cuDNN, eager and in a graph, and the eager ratios' median, min and max; per run, the counts
-    the summary gives. -> {"runs": [(path, eager, graph)], "cells": {"b16/64K": {...}}}."""
+    the summary gives, and which machine ran it: cuDNN's eager read rate at b16/64K in TB/s
+    (K + V bytes over its time; None without that cell), which groups the runs by machine.
+    -> {"runs": [(path, eager, graph, tbs)], "cells": {"b16/64K": {...}}}."""
     runs, cells = [], {}
     for path in paths:
         grid = [r for r in json.load(open(path))["grid"] if "skipped" not in r]
+        ref = [r for r in grid if (r["b"], r["sk"]) == (16, 65536) and "kv_mb" in r]
         runs.append((path, sum(r["fa4aot"] <= r["cudnn"] for r in grid),
-                     sum(r["fa4aot_graph"] <= r["cudnn_graph"] for r in grid)))
+                     sum(r["fa4aot_graph"] <= r["cudnn_graph"] for r in grid),
+                     ref[0]["kv_mb"] / ref[0]["cudnn"] if ref else None))
         for r in grid:
             c = cells.setdefault(f"b{r['b']}/{r['sk'] // 1024}K", {"eager": [], "graph": []})
             c["eager"].append(r["fa4aot"] / r["cudnn"])
@@ -277,8 +281,9 @@ def tally(paths: list[str]) -> dict:
 
 
 def _print_tally(t: dict) -> None:
-    for path, e, g in t["runs"]:
-        print(f"{path}: eager {e}, graph {g} cells at or below cuDNN")
+    for path, e, g, tbs in t["runs"]:
+        machine = f" (cuDNN reads {tbs:.2f} TB/s at b16/64K)" if tbs is not None else ""
+        print(f"{path}: eager {e}, graph {g} cells at or below cuDNN{machine}")
     print(f"{'cell':10s} runs  eager<=  graph<=  eager ratio median [min, max]")
     for name, c in sorted(t["cells"].items(), key=lambda kv: -kv[1]["eager_median"]):
         print(f"{name:10s} {c['runs']:4d}  {c['eager_at_or_below']:6d}  "

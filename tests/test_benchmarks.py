@@ -19,7 +19,8 @@ def _module(name: str):
 
 def test_decode_tally_counts_each_cell_over_runs(tmp_path):
     """decode_split.py --tally: per grid cell, the runs at or below cuDNN (a tie counts), eager
-    and in a graph, and the eager ratios' median and range; per run, the summary's counts."""
+    and in a graph, and the eager ratios' median and range; per run, the summary's counts and
+    cuDNN's read rate at b16/64K."""
     ds = _module("decode_split")
 
     def cell(b, sk, ours, cudnn, ours_g, cudnn_g):
@@ -27,7 +28,8 @@ def test_decode_tally_counts_each_cell_over_runs(tmp_path):
                 "cudnn_graph": cudnn_g}
 
     runs = [
-        [cell(16, 65536, 101.0, 100.0, 99.0, 100.0), cell(1, 1024, 9.0, 10.0, 5.0, 5.0)],
+        [dict(cell(16, 65536, 101.0, 100.0, 99.0, 100.0), kv_mb=460.0),
+         cell(1, 1024, 9.0, 10.0, 5.0, 5.0)],
         [cell(16, 65536, 99.0, 100.0, 101.0, 100.0), cell(1, 1024, 12.0, 10.0, 6.0, 5.0),
          {"b": 128, "sk": 131072, "skipped": "memory"}],
         [cell(16, 65536, 102.0, 100.0, 102.0, 100.0), cell(1, 1024, 10.0, 10.0, 4.0, 5.0)],
@@ -38,7 +40,9 @@ def test_decode_tally_counts_each_cell_over_runs(tmp_path):
         p.write_text(json.dumps({"grid": grid}))
         paths.append(str(p))
     t = ds.tally(paths)
-    assert [(e, g) for _, e, g in t["runs"]] == [(1, 2), (1, 0), (1, 1)]
+    assert [(e, g) for _, e, g, _ in t["runs"]] == [(1, 2), (1, 0), (1, 1)]
+    # the machine: cuDNN's read rate at b16/64K (MB per us = TB/s), where the run recorded it
+    assert [tbs for *_, tbs in t["runs"]] == [4.6, None, None]
     big = t["cells"]["b16/64K"]
     assert (big["runs"], big["eager_at_or_below"], big["graph_at_or_below"]) == (3, 1, 1)
     assert (big["eager_median"], big["eager_min"], big["eager_max"]) == (1.01, 0.99, 1.02)
