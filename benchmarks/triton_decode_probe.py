@@ -15,7 +15,10 @@ launch order (so the 8 programs of a (sequence, chunk) read each key's 2 KB toge
 merge kernel over the chunks' partial O and LSE. Columns (same inputs, one process, 3
 interleaved rounds, eager and CUDA-graph medians, `_timing.interleaved_medians`): fa4aot's plan,
 cuDNN, and the Triton step at each --configs entry BLOCK_N x STAGES x programs-per-SM (the
-chunk count per (sequence, KV head) is the one that gives about that many programs per SM).
+chunk count per (sequence, KV head) is the one that gives about that many programs per SM),
+optionally `:tma` (K and V through TMA descriptors, as FA4's sm90 kernel loads them) and
+`:cfirst` (the chunks first in the launch order, so the programs in flight read the same KV
+head's keys far apart: does the heads-adjacent order matter?).
 Each Triton column's output is compared with cuDNN's (max abs difference) and with an fp32
 reference on the first 2 sequences (relative error); one off by more than 1e-2 is reported and
 not timed. `TRITON_INTERPRET=1` runs the kernels on the CPU (tests/test_benchmarks.py).
@@ -31,7 +34,7 @@ import os
 import sys
 
 CELLS = "16:65536,16:131072,16:16384,4:65536,32:131072,2:131072"
-CONFIGS = "64x3x2,64x4x1,128x2x1,128x3x1,64x2x3,32x4x3"
+CONFIGS = "64x3x2,64x4x1,128x2x1,128x3x1,64x2x3,32x4x3,64x3x2:cfirst,64x3x2:tma,128x2x1:tma"
 ROUNDS = 3
 
 
@@ -43,11 +46,19 @@ def kernels():
     @triton.jit
     def chunk_kernel(Q, K, V, Op, Lp, sk, chunk, scale_log2, HQ: tl.constexpr, HK: tl.constexpr,
                      G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
-                     STAGES: tl.constexpr):
-        h = tl.program_id(0)
-        c = tl.program_id(1)
+                     STAGES: tl.constexpr, TMA: tl.constexpr = False,
+                     HFIRST: tl.constexpr = True):
+        # K, V: pointers to (b, sk, hk, d), or with TMA descriptors of its (b * sk, hk, d) view
+        # with [BLOCK_N, 1, D] boxes; HFIRST: the KV heads first in the launch order
+        if HFIRST:
+            h = tl.program_id(0)
+            c = tl.program_id(1)
+            nc = tl.num_programs(1)
+        else:
+            c = tl.program_id(0)
+            h = tl.program_id(1)
+            nc = tl.num_programs(0)
         bi = tl.program_id(2)
-        nc = tl.num_programs(1)
         rows = tl.arange(0, GP)
         cols = tl.arange(0, D)
         keys = tl.arange(0, BLOCK_N)
@@ -61,15 +72,23 @@ def kernels():
         end = tl.minimum(start + chunk, sk)
         for n0 in tl.range(start, end, BLOCK_N, num_stages=STAGES):
             n = n0 + keys
-            at = kv0 + n.to(tl.int64)[:, None] * (HK * D) + cols[None, :]
-            k = tl.load(K + at, mask=n[:, None] < end, other=0.0, eviction_policy="evict_first")
+            if TMA:  # keys past the chunk's end are masked below (zero-filled past the tensor)
+                k = K.load([bi * sk + n0, h, 0]).reshape(BLOCK_N, D)
+            else:
+                at = kv0 + n.to(tl.int64)[:, None] * (HK * D) + cols[None, :]
+                k = tl.load(K + at, mask=n[:, None] < end, other=0.0,
+                            eviction_policy="evict_first")
             s = tl.dot(q, tl.trans(k)) * scale_log2
             s = tl.where(n[None, :] < end, s, float("-inf"))
             m2 = tl.maximum(m, tl.max(s, 1))
             p = tl.exp2(s - m2[:, None])
             alpha = tl.exp2(m - m2)
             den = den * alpha + tl.sum(p, 1)
-            v = tl.load(V + at, mask=n[:, None] < end, other=0.0, eviction_policy="evict_first")
+            if TMA:
+                v = V.load([bi * sk + n0, h, 0]).reshape(BLOCK_N, D)
+            else:
+                v = tl.load(V + at, mask=n[:, None] < end, other=0.0,
+                            eviction_policy="evict_first")
             acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
             m = m2
         part = (bi * HK + h) * nc + c  # partials (b, hk, chunks, GP rows, D)
@@ -99,9 +118,12 @@ def kernels():
     return chunk_kernel, merge_kernel
 
 
-def make_step(q, k, v, out, block_n: int, stages: int, chunks: int, num_warps: int = 4):
+def make_step(q, k, v, out, block_n: int, stages: int, chunks: int, num_warps: int = 4,
+              tma: bool = False, hfirst: bool = True):
     """The Triton split step over `chunks` chunks per (sequence, KV head) into `out`
-    (q, out: (b, 1, hq, d); k, v: (b, sk, hk, d), contiguous) -> a no-argument call."""
+    (q, out: (b, 1, hq, d); k, v: (b, sk, hk, d), contiguous) -> a no-argument call. tma: K
+    and V loaded through TMA descriptors; hfirst: the KV heads first in the launch order (else
+    the chunks)."""
     import torch
 
     chunk_kernel, merge_kernel = kernels()
@@ -116,10 +138,18 @@ def make_step(q, k, v, out, block_n: int, stages: int, chunks: int, num_warps: i
     lp = torch.empty(b, hk, nc, gp, device=q.device, dtype=torch.float32)
     scale_log2 = 1.0 / math.sqrt(d) * math.log2(math.e)
 
+    kk, vv = k, v
+    if tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        kk, vv = (TensorDescriptor.from_tensor(t.view(b * sk, hk, d), [block_n, 1, d])
+                  for t in (k, v))
+    grid = (hk, nc, b) if hfirst else (nc, hk, b)
+
     def step():
-        chunk_kernel[(hk, nc, b)](q, k, v, op, lp, sk, chunk, scale_log2, HQ=hq, HK=hk, G=g,
-                                  GP=gp, D=d, BLOCK_N=block_n, STAGES=stages,
-                                  num_warps=num_warps)
+        chunk_kernel[grid](q, kk, vv, op, lp, sk, chunk, scale_log2, HQ=hq, HK=hk, G=g, GP=gp,
+                           D=d, BLOCK_N=block_n, STAGES=stages, TMA=tma, HFIRST=hfirst,
+                           num_warps=num_warps)
         merge_kernel[(hk, b)](op, lp, out, nc, HQ=hq, HK=hk, G=g, GP=gp, D=d, num_warps=4)
 
     return step
@@ -141,7 +171,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cells", default=CELLS)
     ap.add_argument("--configs", default=CONFIGS,
-                    help="BLOCK_N x STAGES x programs per SM, comma-separated")
+                    help="BLOCK_N x STAGES x programs per SM[:tma][:cfirst], comma-separated "
+                    "(tma: K/V through TMA descriptors; cfirst: chunks first in the launch order)")
     ap.add_argument("--no-fa4aot", action="store_true", help="without the fa4aot column")
     ap.add_argument("--out")
     a = ap.parse_args()
@@ -152,7 +183,8 @@ def main():
     from _timing import decode_columns, decode_inputs, interleaved_medians, parse_cells
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    configs = [tuple(int(x) for x in c.split("x")) for c in a.configs.split(",")]
+    configs = [(tuple(int(x) for x in c.split(":")[0].split("x")), c.split(":")[1:])
+               for c in a.configs.split(",")]
     rows = []
     for b, sk in parse_cells(a.cells):
         torch.cuda.empty_cache()
@@ -166,12 +198,13 @@ def main():
         ref = reference(q[:2], k[:2], v[:2])
         row = {"b": b, "sk": sk, "diff": {}, "rel_err": {}, "chunks": {}, "refused": {}}
         outs = {}
-        for bn, st, per_sm in configs:
-            name = f"triton {bn}x{st}x{per_sm}"
+        for (bn, st, per_sm), opts in configs:
+            name = f"triton {bn}x{st}x{per_sm}" + "".join(f":{x}" for x in opts)
             chunks = max(1, round(per_sm * sms / (b * k.shape[2])))
             o = torch.full_like(out, float("nan"))
             try:
-                step = make_step(q, k, v, o, bn, st, chunks)
+                step = make_step(q, k, v, o, bn, st, chunks, tma="tma" in opts,
+                                 hfirst="cfirst" not in opts)
                 step()
                 torch.cuda.synchronize()
             except Exception as exc:  # noqa: BLE001 (a config this Triton or the SMEM refuses)

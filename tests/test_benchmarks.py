@@ -94,16 +94,18 @@ def test_triton_decode_probe_kernels_match_a_reference_and_compile_for_sm90():
         "torch.manual_seed(0)\n"
         "q = torch.randn(2, 1, 32, 128, dtype=torch.float16)\n"
         "k = torch.randn(2, 200, 8, 128, dtype=torch.float16); v = torch.randn_like(k)\n"
-        "o = torch.full_like(q, float('nan'))\n"
-        "P.make_step(q, k, v, o, 64, 2, 3)()\n"
         "ref = P.reference(q, k, v)\n"
-        "print(((o.float() - ref).norm() / ref.norm()).item())\n"
+        "for kw in ({}, {'hfirst': False}, {'tma': True}):\n"
+        "    o = torch.full_like(q, float('nan'))\n"
+        "    P.make_step(q, k, v, o, 64, 2, 3, **kw)()\n"
+        "    print(((o.float() - ref).norm() / ref.norm()).item())\n"
     )
     env = dict(__import__("os").environ, TRITON_INTERPRET="1")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert float(r.stdout.split()[-1]) < 2e-3  # fp16 inputs, fp32 accumulation
+    errs = [float(x) for x in r.stdout.split()]
+    assert len(errs) == 3 and max(errs) < 2e-3  # fp16 inputs, fp32 accumulation
 
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -111,7 +113,8 @@ def test_triton_decode_probe_kernels_match_a_reference_and_compile_for_sm90():
     chunk_kernel, _ = _module("triton_decode_probe").kernels()
     sig = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Op": "*fp32", "Lp": "*fp32", "sk": "i32",
            "chunk": "i32", "scale_log2": "fp32"}
-    const = {"HQ": 32, "HK": 8, "G": 4, "GP": 16, "D": 128, "BLOCK_N": 64, "STAGES": 3}
+    const = {"HQ": 32, "HK": 8, "G": 4, "GP": 16, "D": 128, "BLOCK_N": 64, "STAGES": 3,
+             "TMA": False, "HFIRST": True}
     sig.update({c: "constexpr" for c in const})
     # the pointers 16-byte aligned and the lengths multiples of 16, as Triton's JIT specializes
     # them on the GPU (without that it loads 2 bytes at a time and does not pipeline)
@@ -119,3 +122,10 @@ def test_triton_decode_probe_kernels_match_a_reference_and_compile_for_sm90():
     k = triton.compile(ASTSource(chunk_kernel, sig, const, attrs),
                        target=GPUTarget("cuda", 90, 32))
     assert "cp.async.cg.shared.global" in k.asm["ptx"] and "mma.sync" in k.asm["ptx"]
+    # :tma, K and V through TMA descriptors of [64, 1, 128] boxes
+    sig.update(K="tensordesc<bf16[64,1,128]>", V="tensordesc<bf16[64,1,128]>")
+    const["TMA"] = True
+    attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 3, 4, 5, 6)}
+    k = triton.compile(ASTSource(chunk_kernel, sig, const, attrs),
+                       target=GPUTarget("cuda", 90, 32))
+    assert "cp.async.bulk.tensor.3d" in k.asm["ptx"] and "mma.sync" in k.asm["ptx"]
