@@ -161,7 +161,7 @@ def main():
                 for name, (fn, mult) in list(cols.items()):
                     try:
                         e, g = eager_us(fn), graph_us(fn, calls=5, replays=10)
-                    except Exception as exc:  # noqa: BLE001 (a --streams column this Triton refuses)
+                    except Exception as exc:  # noqa: BLE001 (a --streams column Triton refuses)
                         print(f"   {name}: skipped ({type(exc).__name__}: {str(exc)[:200]})")
                         del cols[name]
                         continue

@@ -18,7 +18,9 @@ cuDNN, and the Triton step at each --configs entry BLOCK_N x STAGES x programs-p
 chunk count per (sequence, KV head) is the one that gives about that many programs per SM),
 optionally `:tma` (K and V through TMA descriptors, as FA4's sm90 kernel loads them) and
 `:cfirst` (the chunks first in the launch order, so the programs in flight read the same KV
-head's keys far apart: does the heads-adjacent order matter?).
+head's keys far apart: does the heads-adjacent order matter?) or `:all` (one program per
+(chunk, sequence) over all 8 KV heads, 8 warps: each block of keys is one contiguous run of K
+and of V, where a per-head program reads 256 bytes every 2 KB).
 Each Triton column's output is compared with cuDNN's (max abs difference) and with an fp32
 reference on the first 2 sequences (relative error); one off by more than 1e-2 is reported and
 not timed. `TRITON_INTERPRET=1` runs the kernels on the CPU (tests/test_benchmarks.py).
@@ -34,7 +36,8 @@ import os
 import sys
 
 CELLS = "16:65536,16:131072,16:16384,4:65536,32:131072,2:131072"
-CONFIGS = "64x3x2,64x4x1,128x2x1,128x3x1,64x2x3,32x4x3,64x3x2:cfirst,64x3x2:tma,128x2x1:tma"
+CONFIGS = ("64x3x2,64x4x1,128x2x1,128x3x1,64x2x3,32x4x3,64x3x2:cfirst,64x3x2:tma,128x2x1:tma,"
+           "16x2x1:all,16x3x1:all")
 ROUNDS = 3
 
 
@@ -115,18 +118,59 @@ def kernels():
         tl.store(O + (bi * HQ + h * G + rows[:, None]) * D + cols[None, :],
                  (acc / den[:, None]).to(O.dtype.element_ty), mask=rows[:, None] < G)
 
-    return chunk_kernel, merge_kernel
+    @triton.jit
+    def chunk_all_heads_kernel(Q, K, V, Op, Lp, sk, chunk, scale_log2, HQ: tl.constexpr,
+                               HK: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
+                               D: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr):
+        # one program per (chunk, sequence) over every KV head: each block of BLOCK_N keys is
+        # one contiguous BLOCK_N * HK * D run of K (and of V), the heads a batch of the dots
+        c = tl.program_id(0)
+        bi = tl.program_id(1)
+        nc = tl.num_programs(0)
+        hh = tl.arange(0, HK)
+        rows = tl.arange(0, GP)
+        cols = tl.arange(0, D)
+        keys = tl.arange(0, BLOCK_N)
+        q = tl.load(Q + (bi * HQ + hh[:, None, None] * G + rows[None, :, None]) * D
+                    + cols[None, None, :], mask=rows[None, :, None] < G, other=0.0)
+        kv0 = bi.to(tl.int64) * sk * HK * D
+        m = tl.full([HK, GP], float("-inf"), tl.float32)
+        den = tl.zeros([HK, GP], tl.float32)
+        acc = tl.zeros([HK, GP, D], tl.float32)
+        start = c * chunk
+        end = tl.minimum(start + chunk, sk)
+        for n0 in tl.range(start, end, BLOCK_N, num_stages=STAGES):
+            n = n0 + keys
+            at = (kv0 + n.to(tl.int64)[None, :, None] * (HK * D) + hh[:, None, None] * D
+                  + cols[None, None, :])  # (HK, BLOCK_N, D)
+            live = n[None, :, None] < end
+            k = tl.load(K + at, mask=live, other=0.0, eviction_policy="evict_first")
+            s = tl.dot(q, tl.permute(k, (0, 2, 1))) * scale_log2  # (HK, GP, BLOCK_N)
+            s = tl.where(n[None, None, :] < end, s, float("-inf"))
+            m2 = tl.maximum(m, tl.max(s, 2))
+            p = tl.exp2(s - m2[:, :, None])
+            alpha = tl.exp2(m - m2)
+            den = den * alpha + tl.sum(p, 2)
+            v = tl.load(V + at, mask=live, other=0.0, eviction_policy="evict_first")
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, :, None])
+            m = m2
+        part = (bi * HK + hh) * nc + c  # (HK,): the chunk kernel's partial layout
+        tl.store(Op + (part[:, None, None] * GP + rows[None, :, None]) * D + cols[None, None, :],
+                 acc / den[:, :, None])
+        tl.store(Lp + part[:, None] * GP + rows[None, :], m + tl.log2(den))
+
+    return chunk_kernel, merge_kernel, chunk_all_heads_kernel
 
 
 def make_step(q, k, v, out, block_n: int, stages: int, chunks: int, num_warps: int = 4,
-              tma: bool = False, hfirst: bool = True):
+              tma: bool = False, hfirst: bool = True, all_heads: bool = False):
     """The Triton split step over `chunks` chunks per (sequence, KV head) into `out`
     (q, out: (b, 1, hq, d); k, v: (b, sk, hk, d), contiguous) -> a no-argument call. tma: K
     and V loaded through TMA descriptors; hfirst: the KV heads first in the launch order (else
-    the chunks)."""
+    the chunks); all_heads: one program per (chunk, sequence) over every KV head (8 warps)."""
     import torch
 
-    chunk_kernel, merge_kernel = kernels()
+    chunk_kernel, merge_kernel, all_heads_kernel = kernels()
     b, sk, hk, d = k.shape
     hq = q.shape[2]
     g = hq // hk
@@ -147,9 +191,13 @@ def make_step(q, k, v, out, block_n: int, stages: int, chunks: int, num_warps: i
     grid = (hk, nc, b) if hfirst else (nc, hk, b)
 
     def step():
-        chunk_kernel[grid](q, kk, vv, op, lp, sk, chunk, scale_log2, HQ=hq, HK=hk, G=g, GP=gp,
-                           D=d, BLOCK_N=block_n, STAGES=stages, TMA=tma, HFIRST=hfirst,
-                           num_warps=num_warps)
+        if all_heads:
+            all_heads_kernel[(nc, b)](q, k, v, op, lp, sk, chunk, scale_log2, HQ=hq, HK=hk, G=g,
+                                      GP=gp, D=d, BLOCK_N=block_n, STAGES=stages, num_warps=8)
+        else:
+            chunk_kernel[grid](q, kk, vv, op, lp, sk, chunk, scale_log2, HQ=hq, HK=hk, G=g,
+                               GP=gp, D=d, BLOCK_N=block_n, STAGES=stages, TMA=tma,
+                               HFIRST=hfirst, num_warps=num_warps)
         merge_kernel[(hk, b)](op, lp, out, nc, HQ=hq, HK=hk, G=g, GP=gp, D=d, num_warps=4)
 
     return step
@@ -171,8 +219,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cells", default=CELLS)
     ap.add_argument("--configs", default=CONFIGS,
-                    help="BLOCK_N x STAGES x programs per SM[:tma][:cfirst], comma-separated "
-                    "(tma: K/V through TMA descriptors; cfirst: chunks first in the launch order)")
+                    help="BLOCK_N x STAGES x programs per SM[:tma][:cfirst][:all], comma-separated"
+                    " (tma: K/V through TMA descriptors; cfirst: chunks first in the launch order;"
+                    " all: one program over every KV head)")
     ap.add_argument("--no-fa4aot", action="store_true", help="without the fa4aot column")
     ap.add_argument("--out")
     a = ap.parse_args()
@@ -200,11 +249,12 @@ def main():
         outs = {}
         for (bn, st, per_sm), opts in configs:
             name = f"triton {bn}x{st}x{per_sm}" + "".join(f":{x}" for x in opts)
-            chunks = max(1, round(per_sm * sms / (b * k.shape[2])))
+            all_heads = "all" in opts  # programs: chunks * b, else chunks * b * KV heads
+            chunks = max(1, round(per_sm * sms / (b * (1 if all_heads else k.shape[2]))))
             o = torch.full_like(out, float("nan"))
             try:
                 step = make_step(q, k, v, o, bn, st, chunks, tma="tma" in opts,
-                                 hfirst="cfirst" not in opts)
+                                 hfirst="cfirst" not in opts, all_heads=all_heads)
                 step()
                 torch.cuda.synchronize()
             except Exception as exc:  # noqa: BLE001 (a config this Triton or the SMEM refuses)

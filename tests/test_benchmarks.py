@@ -81,8 +81,8 @@ def test_triton_decode_probe_kernels_match_a_reference_and_compile_for_sm90():
     """triton_decode_probe.py: its split step (chunks + merge) run by Triton's interpreter on
     the CPU equals an fp32 reference (fp16: the interpreter's bf16 dot is wrong; the kernels
     are generic in the dtype), with ragged chunks (200 keys in 64-key blocks, 3 chunks asked,
-    2 made) and a NaN-poisoned output; and its chunk kernel compiles for sm_90 in bf16 with the
-    K/V loads pipelined through cp.async and the dots on mma.sync."""
+    2 made) and a NaN-poisoned output; and its chunk kernels compile for sm_90 in bf16 with the
+    K/V loads pipelined through cp.async (or TMA) and the dots on mma.sync."""
     import subprocess
     import sys
 
@@ -95,9 +95,9 @@ def test_triton_decode_probe_kernels_match_a_reference_and_compile_for_sm90():
         "q = torch.randn(2, 1, 32, 128, dtype=torch.float16)\n"
         "k = torch.randn(2, 200, 8, 128, dtype=torch.float16); v = torch.randn_like(k)\n"
         "ref = P.reference(q, k, v)\n"
-        "for kw in ({}, {'hfirst': False}, {'tma': True}):\n"
+        "for kw in ({}, {'hfirst': False}, {'tma': True}, {'all_heads': True}):\n"
         "    o = torch.full_like(q, float('nan'))\n"
-        "    P.make_step(q, k, v, o, 64, 2, 3, **kw)()\n"
+        "    P.make_step(q, k, v, o, 32 if kw.get('all_heads') else 64, 2, 3, **kw)()\n"
         "    print(((o.float() - ref).norm() / ref.norm()).item())\n"
     )
     env = dict(__import__("os").environ, TRITON_INTERPRET="1")
@@ -105,12 +105,12 @@ def test_triton_decode_probe_kernels_match_a_reference_and_compile_for_sm90():
                        text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     errs = [float(x) for x in r.stdout.split()]
-    assert len(errs) == 3 and max(errs) < 2e-3  # fp16 inputs, fp32 accumulation
+    assert len(errs) == 4 and max(errs) < 2e-3  # fp16 inputs, fp32 accumulation
 
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    chunk_kernel, _ = _module("triton_decode_probe").kernels()
+    chunk_kernel, _, all_heads_kernel = _module("triton_decode_probe").kernels()
     sig = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Op": "*fp32", "Lp": "*fp32", "sk": "i32",
            "chunk": "i32", "scale_log2": "fp32"}
     const = {"HQ": 32, "HK": 8, "G": 4, "GP": 16, "D": 128, "BLOCK_N": 64, "STAGES": 3,
@@ -129,3 +129,11 @@ def test_triton_decode_probe_kernels_match_a_reference_and_compile_for_sm90():
     k = triton.compile(ASTSource(chunk_kernel, sig, const, attrs),
                        target=GPUTarget("cuda", 90, 32))
     assert "cp.async.bulk.tensor.3d" in k.asm["ptx"] and "mma.sync" in k.asm["ptx"]
+    # :all, every KV head in one program (8 warps), the heads a batch of the dots
+    sig.update(K="*bf16", V="*bf16")
+    del sig["TMA"], sig["HFIRST"], const["TMA"], const["HFIRST"]
+    const["BLOCK_N"] = 16
+    attrs = {(i,): [["tt.divisibility", 16]] for i in range(7)}
+    k = triton.compile(ASTSource(all_heads_kernel, sig, const, attrs),
+                       target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
+    assert "cp.async.cg.shared.global" in k.asm["ptx"] and "mma.sync" in k.asm["ptx"]
