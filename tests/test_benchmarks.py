@@ -77,18 +77,19 @@ def test_hbm_ceiling_stream_kernels_compile_for_sm90_as_described():
     assert "cp.async.bulk.tensor" in k.asm["ptx"]
 
 
-def test_triton_decode_probe_kernels_match_a_reference_and_compile_for_sm90():
+def test_triton_decode_probe_step_matches_a_reference_in_the_interpreter():
     """triton_decode_probe.py: its split step (chunks + merge) run by Triton's interpreter on
-    the CPU equals an fp32 reference (fp16: the interpreter's bf16 dot is wrong; the kernels
-    are generic in the dtype), with ragged chunks (200 keys in 64-key blocks, 3 chunks asked,
-    2 made) and a NaN-poisoned output; and its chunk kernels compile for sm_90 in bf16 with the
-    K/V loads pipelined through cp.async (or TMA) and the dots on mma.sync."""
+    the CPU (which needs numpy, a test dependency) equals an fp32 reference, as launched,
+    chunks first, through TMA descriptors, and all KV heads in one program (fp16: the
+    interpreter's bf16 dot is wrong; the kernels are generic in the dtype), with ragged chunks
+    (200 keys in 64-key blocks, 3 chunks asked, 2 made) and a NaN-poisoned output."""
     import subprocess
     import sys
 
     import pytest
 
-    triton = pytest.importorskip("triton")
+    pytest.importorskip("triton")
+    pytest.importorskip("numpy")
     code = (
         "import sys, torch; sys.path.insert(0, 'benchmarks'); import triton_decode_probe as P\n"
         "torch.manual_seed(0)\n"
@@ -107,6 +108,13 @@ def test_triton_decode_probe_kernels_match_a_reference_and_compile_for_sm90():
     errs = [float(x) for x in r.stdout.split()]
     assert len(errs) == 4 and max(errs) < 2e-3  # fp16 inputs, fp32 accumulation
 
+
+def test_triton_decode_probe_kernels_compile_for_sm90():
+    """triton_decode_probe.py's chunk kernels compile for sm_90 in bf16 with the K/V loads
+    pipelined through cp.async (or TMA) and the dots on mma.sync."""
+    import pytest
+
+    triton = pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
