@@ -107,17 +107,19 @@ def interleaved_medians(cols: dict, rounds: int, before=None, after=None) -> tup
             {c: statistics.median(v) for c, v in graph.items()})
 
 
-def print_columns(row: dict, names, width: int) -> None:
+def print_columns(row: dict, names, width: int, notes: dict | None = None) -> None:
     """One line per timed column of a probe's row (interleaved_medians' medians in row["eager"]
     and row["graph"], a "cudnn" column among them): its eager and graph medians, each with its
-    ratio to cuDNN's, and its output's max difference (row["diff"]) where the probe took one."""
+    ratio to cuDNN's, its output's max difference (row["diff"]) where the probe took one, and
+    the probe's own note on it (notes: {name: text}) where it has one."""
     ce, cg = row["eager"]["cudnn"], row["graph"]["cudnn"]
     for c in names:
         if c == "cudnn":
             continue
         e, g, d = row["eager"][c], row["graph"][c], row["diff"].get(c)
         print(f"   {c:{width}s} eager {e:8.1f} ({e / ce:.3f})  graph {g:8.1f} ({g / cg:.3f})"
-              + (f"  diff {d:.1e}" if d is not None else ""), flush=True)
+              + (f"  diff {d:.1e}" if d is not None else "")
+              + (f"  {notes[c]}" if notes and c in notes else ""), flush=True)
 
 
 def parse_cells(spec: str) -> list[tuple[int, int]]:

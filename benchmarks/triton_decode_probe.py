@@ -229,7 +229,8 @@ def main():
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _timing import decode_columns, decode_inputs, interleaved_medians, parse_cells
+    from _timing import (decode_columns, decode_inputs, interleaved_medians, parse_cells,
+                         print_columns)
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     configs = [(tuple(int(x) for x in c.split(":")[0].split("x")), c.split(":")[1:])
@@ -246,7 +247,6 @@ def main():
             want = base["cudnn"]()
         ref = reference(q[:2], k[:2], v[:2])
         row = {"b": b, "sk": sk, "diff": {}, "rel_err": {}, "chunks": {}, "refused": {}}
-        outs = {}
         for (bn, st, per_sm), opts in configs:
             name = f"triton {bn}x{st}x{per_sm}" + "".join(f":{x}" for x in opts)
             all_heads = "all" in opts  # programs: chunks * b, else chunks * b * KV heads
@@ -267,7 +267,6 @@ def main():
             if not diff <= 1e-2:
                 print(f"   {name}: output off by {diff:.2e} (not timed)", flush=True)
                 continue
-            outs[name] = o
             cols[name] = step
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
             row["eager"], row["graph"] = interleaved_medians(cols, ROUNDS)
@@ -276,15 +275,9 @@ def main():
         gb = 2 * k.numel() * k.element_size() / 1e9
         print(f"b{b} sk{sk} K+V {gb:.2f} GB  cudnn {ce:.1f}/{cg:.1f} us "
               f"({gb * 1e3 / ce:.3f} TB/s eager)", flush=True)
-        for c in cols:
-            if c == "cudnn":
-                continue
-            e, g = row["eager"][c], row["graph"][c]
-            extra = (f"  chunks {row['chunks'][c]}  diff {row['diff'][c]:.1e}  rel err "
-                     f"{row['rel_err'][c]:.1e}" if c in row["chunks"] else "")
-            print(f"   {c:20s} eager {e:8.1f} ({e / ce:.3f})  graph {g:8.1f} ({g / cg:.3f})"
-                  + extra, flush=True)
-        del q, k, v, out, outs, want
+        print_columns(row, cols, 20, {c: f"rel err {row['rel_err'][c]:.1e}  chunks "
+                                         f"{row['chunks'][c]}" for c in row["chunks"]})
+        del q, k, v, out, want
     if a.out:
         with open(a.out, "w") as f:
             json.dump(rows, f, indent=1)
