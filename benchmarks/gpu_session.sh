@@ -3,7 +3,7 @@
 # On the GPU host, from the project root, with a store built here and carried:
 #   source .device/setup.sh && FA4AOT_CACHE_DIR=$PWD/.gpu-store bash benchmarks/gpu_session.sh $OUT [what...]
 # what: any of tests split padding padding-tests dropin conformance host decode startup wheel
-# multidevice compile hbm hbm-streams triton-decode guard warp tma smoke sweep sweep-small sweep-large sweep-page16 fold fold-long clock profile parity (default: tests split padding dropin conformance host decode
+# multidevice compile hbm hbm-streams triton-decode guard sanitize-guard warp tma smoke sweep sweep-small sweep-large sweep-page16 fold fold-long clock profile parity (default: tests split padding dropin conformance host decode
 # startup). padding-tests: the padding GPU tests without the padding benchmarks (which need
 # .gpu-store-bench). parity: from an empty store, needs the compiler bundle.
 # host: with .gpu-base/fa4aot_base present (an earlier fa4aot), timed side by side.
@@ -50,6 +50,7 @@ for w in $what; do
     hbm-streams) { stamp python3 benchmarks/hbm_ceiling.py --streams --cells 16:65536,16:131072,4:65536,32:131072,16:16384; python3 benchmarks/hbm_ceiling.py --streams --cells 16:65536,16:131072,4:65536,32:131072,16:16384 --out "$out/hbm-streams.json" 2>&1 | grep -v -e Warning -e exe_args -e warn_once; } > "$out/hbm-streams.txt"; cat "$out/hbm-streams.txt";;
     triton-decode) { stamp python3 benchmarks/triton_decode_probe.py; python3 benchmarks/triton_decode_probe.py --out "$out/triton-decode.json" 2>&1 | grep -v -e Warning -e exe_args -e warn_once; } > "$out/triton-decode.txt"; cat "$out/triton-decode.txt";;
     guard) { stamp python3 benchmarks/guard_probe.py; python3 benchmarks/guard_probe.py --out "$out/guard.json" 2>&1 | grep -v -e Warning -e exe_args -e warn_once; } > "$out/guard.txt"; cat "$out/guard.txt";;
+    sanitize-guard) { stamp PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck python3 -m pytest -m gpu tests/test_gpu_split.py -k empty_first_sequence; PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck python3 -m pytest -m gpu tests/test_gpu_split.py -k empty_first_sequence -q -p no:cacheprovider -rf 2>&1 | grep -v -e Warning -e exe_args; } > "$out/sanitize-guard.txt"; tail -6 "$out/sanitize-guard.txt";;
     warp) { stamp python3 benchmarks/warp_probe.py --kernels .gpu-warp; python3 benchmarks/warp_probe.py --kernels .gpu-warp --out "$out/warp.json" 2>&1 | grep -v -e Warning -e exe_args; } > "$out/warp.txt"; cat "$out/warp.txt";;
     tma) { stamp python3 benchmarks/tma_page_probe.py; python3 benchmarks/tma_page_probe.py --out "$out/tma.json" 2>&1 | grep -v -e Warning -e exe_args; } > "$out/tma.txt"; cat "$out/tma.txt";;
     smoke) # every script that parses --cells (benchmarks/_timing.parse_cells), on one small cell

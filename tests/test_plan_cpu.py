@@ -239,14 +239,47 @@ def test_a_page_table_at_a_mapping_boundary_goes_behind_a_guard():
     assert same is inner
 
 
+def test_the_guard_is_bound_only_where_the_kernel_may_take_fa4s_tma_paged_path():
+    """FA4's cp.async paged path (page size != tile_n) clamps the block it reads the table at
+    and checks each row, so its launcher passes even a table at a 64 KiB boundary as it is (a
+    serving engine's persistent block table, no copy per call); a kernel on the TMA paged path
+    (page == tile_n, the part fwd_tma) and one whose variant is unknown keep the guard."""
+    from fa4aot import variants
+
+    buf = torch.empty(2 * L.GUARD_ALIGN // 4 + 64, dtype=torch.int32)
+    at = (-buf.data_ptr() % L.GUARD_ALIGN) // 4
+    table = buf[at : at + 12].view(3, 4)
+    assert table.data_ptr() % L.GUARD_ALIGN == 0
+
+    def passed(launch, seen):
+        launch(None, None, None, None, None, 1.0, page_table=table)
+        return seen.pop()
+
+    seen = []
+    kernel = lambda *a: seen.append(a[10])  # noqa: E731
+    assert passed(L.SM90.fwd(kernel, guard=False), seen) is table
+    assert passed(L.SM90.fwd(kernel), seen) is not table
+    for page, guarded in ((16, False), (64, False), (128, True), (None, True)):
+        v = variants.split_kernel_variant("sm90", "bfloat16", 128, 128, page)
+        assert v.paged_tma is (None if page is None else guarded)
+        plan = P.Plan(v, kernel, None, False, False, None)
+        assert (passed(plan.launch, seen) is not table) is guarded, page
+        split = P.SplitKernel(kernel, None, 8, None, paged_tma=v.paged_tma is not False,
+                              fwd_tma=kernel, fwd_wide=kernel)
+        assert (passed(split.launch, seen) is not table) is guarded, page
+        assert passed(split.launch_split, seen) is not table  # fwd_tma: the TMA path
+        assert passed(split.launch_wide, seen) is table  # fwd_wide: cp.async when paged
+    assert passed(P.Plan(None, kernel, None, False, False, None).launch, seen) is not table
+
+
 def test_launch_is_dispatched_by_arch():
     with pytest.raises(UnsupportedVariant, match="no kernel ABI for sm80"):
         L.abi_for("sm80")
     assert L.abi_for("sm100") is L.abi_for("sm103") is L.SM100 and L.SM100.blackwell
     assert not L.SM90.blackwell
     seen = []
-    abi = L.Abi(lambda k: (lambda *a: seen.append(("fwd", a))), L.SM90.tile_cumsum,
-                L.SM90.combine)
+    abi = L.Abi(lambda k, guard=True: (lambda *a: seen.append(("fwd", a))),
+                L.SM90.tile_cumsum, L.SM90.combine)
     L.register("sm_test", abi)
     try:
         plan = P.Plan(None, object(), None, False, False, None, abi=L.abi_for("sm_test"))

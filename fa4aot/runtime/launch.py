@@ -37,6 +37,12 @@ _NO_AUX = (None, None)  # FA4's AuxData(tensors=None, scalars=None): a compile-t
 # "Invalid __global__ read of size 4 ... 4 bytes before the nearest allocation"). Mappings
 # start at multiples of 64 KiB at the least: a table whose base is not one is passed as it is;
 # one that is goes to the kernel as a copy behind a 16-byte guard (one small copy kernel).
+# Only FA4's TMA paged path reads there: on its cp.async path (page size != tile_n) the kernel
+# clamps that first block to 0 (flash_fwd_sm90.py, "cp.async would crash on out-of-bounds page
+# table access") and PagedKVManager.load_page_table reads only rows below seqlen_k, so a
+# launcher for a kernel known not to take the TMA path checks nothing (`guard=False`): a
+# serving engine's block table is often one allocation of its own, whose base is such a
+# boundary, and it would be copied at every call.
 GUARD_ALIGN = 1 << 16
 
 
@@ -48,12 +54,29 @@ def guard_page_table(t):
     return out
 
 
-def _sm90_fwd(kernel: Any) -> Callable:
+def _sm90_fwd(kernel: Any, guard: bool = True) -> Callable:
     """FA4 4.0.0b36's sm90 forward (tvm-ffi; the stream is torch's current one): q, k, v, out,
     lse, scale, cu_seqlens_q/k, seqused_q/k, page_table, window left/right, learnable_sink,
     block sparsity (unused), aux data (FA4 passes a compile-time empty pair), cu_total_m_blocks,
     cu_total_splits_m_blocks (unused on sm90). A function compiled with lse=None rejects a
-    tensor there: whether LSE is returned is part of the variant."""
+    tensor there: whether LSE is returned is part of the variant. guard: whether the kernel may
+    take FA4's TMA paged path, so a page table at a GUARD_ALIGN boundary goes behind a guard
+    (False: a kernel with no page table or on the cp.async paged path; see GUARD_ALIGN)."""
+
+    if not guard:
+
+        def fwd_unguarded(
+            q, k, v, out, lse, scale, cu_seqlens_q=None, cu_seqlens_k=None, seqused_q=None,
+            seqused_k=None, page_table=None, window_left=None, window_right=None,
+            learnable_sink=None, cu_total_m_blocks=None,
+        ):
+            kernel(
+                q, k, v, out, lse, scale, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+                page_table, window_left, window_right, learnable_sink, None, _NO_AUX,
+                cu_total_m_blocks, None,
+            )
+
+        return fwd_unguarded
 
     def fwd(
         q, k, v, out, lse, scale, cu_seqlens_q=None, cu_seqlens_k=None, seqused_q=None,
@@ -114,11 +137,12 @@ def fa4aot_chunk_meta(kernel: Any) -> Callable:
     return chunk_meta
 
 
-def _sm100_fwd(kernel: Any) -> Callable:
+def _sm100_fwd(kernel: Any, guard: bool = True) -> Callable:
     """FA4 4.0.0b36's sm100/sm103 forward (`abi.launch_sm100`: 25 slots). max_seqlen_q, when
     not given, is what FA4 passes for a call without a hint (`abi.max_seqlen_q_slot`): s_q for q
     in batch form, total_q for a packed q; the runtime's Blackwell path passes the caller's
-    host hint (runtime/blackwell.py). q/k/v are what the kernel takes (uint8 views for FP8)."""
+    host hint (runtime/blackwell.py). q/k/v are what the kernel takes (uint8 views for FP8).
+    guard: unused (the sm90 launcher's page-table guard is for FA4's sm90 TMA paged path)."""
     launch = A.launch_sm100
 
     def fwd(
@@ -138,11 +162,11 @@ def _sm100_fwd(kernel: Any) -> Callable:
     return fwd
 
 
-def _sm100_mla_fwd(kernel: Any) -> Callable:
+def _sm100_mla_fwd(kernel: Any, guard: bool = True) -> Callable:
     """FA4 4.0.0b36's absorbed-MLA forward (sm100/sm103, `abi.launch_mla`: 20 slots, another
     order than the dense forward's: q, qv, k, v, out, lse, scale, then the varlen tensors, the
     page table, the descales, the window, the sink; training and sparse slots None). Bound for a
-    plan whose variant is an MLA kernel (runtime/mla.py calls it)."""
+    plan whose variant is an MLA kernel (runtime/mla.py calls it). guard: unused, as sm100's."""
     launch = A.launch_mla
 
     def fwd(
@@ -177,12 +201,12 @@ def _no_blocks_to_batch(kernel: Any) -> None:
 class Abi:
     """How one arch's artifacts are called: each field binds a loaded part to its launcher."""
 
-    fwd: Callable[[Any], Callable]
+    fwd: Callable[..., Callable]  # (kernel, guard=True): see _sm90_fwd
     tile_cumsum: Callable[[Any], Callable]
     combine: Callable[[Any], Callable]
     blocks_to_batch: Callable[[Any], Callable | None] = _no_blocks_to_batch
     blackwell: bool = False  # FA4's sm100 family: the entry points take runtime/blackwell.py
-    mla_fwd: Callable[[Any], Callable] | None = None  # absorbed-MLA forwards (Blackwell only)
+    mla_fwd: Callable[..., Callable] | None = None  # absorbed-MLA forwards (Blackwell only)
 
 
 SM90 = Abi(_sm90_fwd, _sm90_tile_cumsum, _sm90_combine)

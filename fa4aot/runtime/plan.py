@@ -76,6 +76,10 @@ class SplitKernel:
     # constraints.wide_split, split.wide_split; the chunk kernel's ABI), None in older
     # artifacts and for a paged K
     fwd_wide_split: Any = None
+    # whether its forward (part `fwd`) may take FA4's TMA paged path (its variant's paged_tma:
+    # page size == tile_n), so its launcher guards the page table (launch.GUARD_ALIGN); the
+    # part fwd_tma does, the wide parts run a paged K on the cp.async path
+    paged_tma: bool = True
     launch: Callable = field(init=False)
     merge: Callable = field(init=False)
     chunk_meta: Callable | None = field(init=False)
@@ -86,13 +90,15 @@ class SplitKernel:
     launch_wide_split: Callable | None = field(init=False)  # a wide split step's (Split.wide)
 
     def __post_init__(self):
-        self.launch = self.abi.fwd(self.fwd)
-        self.launch_split = self.launch if self.fwd_tma is None else self.abi.fwd(self.fwd_tma)
-        self.launch_bounds = None if self.fwd_bounds is None else self.abi.fwd(self.fwd_bounds)
-        self.launch_wide = None if self.fwd_wide is None else self.abi.fwd(self.fwd_wide)
-        self.launch_wide1 = None if self.fwd_wide1 is None else self.abi.fwd(self.fwd_wide1)
-        self.launch_wide_split = (None if self.fwd_wide_split is None
-                                  else self.abi.fwd(self.fwd_wide_split))
+        fwd = self.abi.fwd
+        self.launch = fwd(self.fwd, guard=self.paged_tma)
+        self.launch_split = self.launch if self.fwd_tma is None else fwd(self.fwd_tma)
+        self.launch_bounds = (None if self.fwd_bounds is None  # (a packed K: no page table)
+                              else fwd(self.fwd_bounds, guard=False))
+        self.launch_wide = None if self.fwd_wide is None else fwd(self.fwd_wide, guard=False)
+        self.launch_wide1 = None if self.fwd_wide1 is None else fwd(self.fwd_wide1, guard=False)
+        self.launch_wide_split = (None if self.fwd_wide_split is None  # (a dense K)
+                                  else fwd(self.fwd_wide_split, guard=False))
         self.merge = (L.fa4aot_merge if self.fa4aot_merge else self.abi.combine)(self.combine)
         self.chunk_meta = None if self.meta is None else L.fa4aot_chunk_meta(self.meta)
 
@@ -133,7 +139,9 @@ class Plan:
     def __post_init__(self):
         self.native = {}
         mla = self.variant is not None and self.variant.mla is not None
-        self.launch = (self.abi.mla_fwd if mla else self.abi.fwd)(self.fwd)
+        # the page-table guard only where the kernel may take FA4's TMA paged path (GUARD_ALIGN)
+        guard = self.variant is None or self.variant.paged_tma is not False
+        self.launch = (self.abi.mla_fwd if mla else self.abi.fwd)(self.fwd, guard=guard)
         self.tile = None if self.tile_cumsum is None else self.abi.tile_cumsum(self.tile_cumsum)
         self.b2b = (
             None if self.blocks_to_batch is None else self.abi.blocks_to_batch(self.blocks_to_batch)
@@ -338,6 +346,7 @@ class Runtime:
                         fwd_wide1=wide1,
                         fwd_tma=tma,
                         fwd_wide_split=ws,
+                        paged_tma=v.paged_tma is not False,
                     )
         self._split_kernels[key] = got
         return got
