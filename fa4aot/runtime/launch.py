@@ -63,27 +63,12 @@ def _sm90_fwd(kernel: Any, guard: bool = True) -> Callable:
     take FA4's TMA paged path, so a page table at a GUARD_ALIGN boundary goes behind a guard
     (False: a kernel with no page table or on the cp.async paged path; see GUARD_ALIGN)."""
 
-    if not guard:
-
-        def fwd_unguarded(
-            q, k, v, out, lse, scale, cu_seqlens_q=None, cu_seqlens_k=None, seqused_q=None,
-            seqused_k=None, page_table=None, window_left=None, window_right=None,
-            learnable_sink=None, cu_total_m_blocks=None,
-        ):
-            kernel(
-                q, k, v, out, lse, scale, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
-                page_table, window_left, window_right, learnable_sink, None, _NO_AUX,
-                cu_total_m_blocks, None,
-            )
-
-        return fwd_unguarded
-
     def fwd(
         q, k, v, out, lse, scale, cu_seqlens_q=None, cu_seqlens_k=None, seqused_q=None,
         seqused_k=None, page_table=None, window_left=None, window_right=None,
         learnable_sink=None, cu_total_m_blocks=None,
     ):
-        if page_table is not None:
+        if page_table is not None and guard:
             ptr = page_table.data_ptr()  # (0: no storage, e.g. a FakeTensor while tracing)
             if ptr and not ptr % GUARD_ALIGN:
                 page_table = guard_page_table(page_table)  # see GUARD_ALIGN
