@@ -288,6 +288,13 @@ WIDE_MIN_CHUNK_BYTES = 16384 * 512
 WIDE_MIN_FOLD_BYTES = 65536 * 512
 WIDE_CTAS = 1024
 WIDE_CHUNK_BYTES = 4096 * 512
+# A fold of two waves or more (more (sequence, KV head) CTAs than SMs) over sequences of at least
+# WIDE_MIN_FOLD_BYTES runs as WIDE_WAVES_N chunks each on the wide split kernel. H200,
+# `wide_split_probe.py --wide-ns`, 32:8 hd128 dense, against cuDNN (eager / graph), the fold ->
+# 16 wide chunks: b32/128K 1.011/1.001 -> 0.983/0.984 (2026-12-02-s17-c) and 1.002/1.002 ->
+# 0.989/0.990 (s19-c), b32/64K 1.005/0.992 -> 0.988/0.987 (s17-c), b64/128K 0.995/0.997 ->
+# 0.982/0.985 (s19-c); 12 chunks, whose chunks are not whole 64-key tiles, tied (s17-c).
+WIDE_WAVES_N = 16
 
 
 def wide_split(
@@ -297,8 +304,11 @@ def wide_split(
     (constraints.wide_split) instead of the plan's n chunks (1: unsplit) on the chunk kernel,
     or None (keep the plan): where the plan is one wave at one CTA per SM (ctas * n <= SMs)
     of long chunks, n' chunks of at least WIDE_CHUNK_BYTES for about WIDE_CTAS CTAs. ctas:
-    (sequence, KV head) pairs."""
+    (sequence, KV head) pairs. An unsplit step of more CTAs than SMs (the fold in two waves or
+    more) over at least WIDE_MIN_FOLD_BYTES a sequence: WIDE_WAVES_N chunks."""
     if ctas * n > num_sms:
+        if n == 1 and seqlen_k * bytes_per_key >= WIDE_MIN_FOLD_BYTES:
+            return min(WIDE_WAVES_N, max_slots)
         return None
     least = WIDE_MIN_CHUNK_BYTES if n > 1 else WIDE_MIN_FOLD_BYTES
     if seqlen_k * bytes_per_key < least * n:

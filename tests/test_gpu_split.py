@@ -446,12 +446,13 @@ def test_cuda_graph_replay_of_the_wide_fold_is_bit_identical(page, b, sk, part):
     _replays_match_eager(step, q, used, out, sk, captured)
 
 
-@pytest.mark.parametrize("b,sk", [(8, 32768), (16, 65536)])
+@pytest.mark.parametrize("b,sk,n", [(8, 32768, 8), (16, 65536, 8), (20, 65536, 16)])
 @pytest.mark.parametrize("lse", [False, True])
-def test_wide_split_of_a_long_dense_step(monkeypatch, b, sk, lse):
+def test_wide_split_of_a_long_dense_step(monkeypatch, b, sk, n, lse):
     """split.wide_split: a one-row dense step whose plan is one wave of long chunks (b8/32K:
-    2 chunks; b16/64K: the fold) runs 8 chunks on the part fwd_wide_split (auto plan), exact to
-    the unsplit kernel's precision, LSE too; then a CUDA graph of it replays bit-identically."""
+    2 chunks; b16/64K: the fold) runs 8 chunks on the part fwd_wide_split (auto plan), and a
+    fold of two waves (b20/64K: 160 CTAs) 16; exact to the unsplit kernel's precision, LSE too;
+    then a CUDA graph of it replays bit-identically."""
     import fa4aot
 
     spy = _Spy(monkeypatch)
@@ -470,7 +471,7 @@ def test_wide_split_of_a_long_dense_step(monkeypatch, b, sk, lse):
 
     (o1, l1), (o0, l0) = _both(call, -1, spy, True)
     runs = [r for r in rt._split_runs.values() if r and not r.fold]
-    assert runs and all(r.sp.wide and r.sp.n == 8 for r in runs), [r.sp for r in runs]
+    assert runs and all(r.sp.wide and r.sp.n == n for r in runs), [r.sp for r in runs]
     lens = torch.full((b,), sk, device="cuda")
     ro, rl = attention_ref(q, k, v, torch.ones(b, device="cuda", dtype=torch.long), lens,
                            causal=True)

@@ -601,12 +601,14 @@ def test_a_split_over_pages_of_64_runs_on_the_tma_page_part(page, fold, want):
     (4, 131072, (32, 4096)), (2, 131072, (32, 4096)), (8, 32768, (8, 4096)),
     (8, 16384, None), (4, 32768, None), (2, 65536, None),  # one-wave chunks of 8K keys
     (1, 65536, None), (1, 131072, None),  # 16 chunks of 4K-8K
-    (32, 131072, None), (64, 16384, None),  # two waves or more: the fold's wide kernels
+    # two waves or more of the fold: 16 wide chunks over >= 64K keys, else the fold's kernels
+    (32, 131072, (16, 8192)), (32, 65536, (16, 4096)), (20, 65536, (16, 4096)),
+    (128, 131072, (16, 8192)), (64, 16384, None), (32, 32768, None),
 ])
 def test_wide_split_takes_one_wave_plans_of_long_chunks(b, sk, want):
     """split.wide_split on the H200 (132 SMs, hd128, 32:8): one-wave plans whose chunks hold
     >= 16K keys (the unsplit fold: >= 64K) run ~1024 CTAs of >= 4K keys on the wide split
-    kernel; the rest keep the plan. Only auto plans of a dense K with no sink, whose store
+    kernel, a fold of two waves or more over >= 64K keys 16 chunks; the rest keep the plan. Only auto plans of a dense K with no sink, whose store
     has the part, go wide."""
     kw = dict(ctas=b * 8, seqlen_k=sk, bytes_per_key=512, page_size=None, sink=False,
               num_sms=132, setting=-1)
