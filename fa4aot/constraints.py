@@ -320,7 +320,8 @@ def wide_split(arch: str, head_dim: int, head_dim_v: int, tile_m: int | None,
     0.998 (8 chunks), b16/64K 1.018 -> 0.996 (8), b8/128K 0.996 -> 0.972 (16), b8/64K 0.995 ->
     0.974 (16), b4/64K 0.996 -> 0.983 (16), b2/128K 0.996 -> 0.988 (33); ties or losses where
     the plan's chunks are short (b16/16K 1.009 -> 1.015, b2/64K 0.993 -> 0.995, b1/64K 0.980 ->
-    0.988) and at b32-b64 (two waves or more: 0.979 -> 0.975, 0.991 -> 0.991). Head dim 128
+    0.988) and at b32-b64 (two waves or more: 0.979 -> 0.975, 0.991 -> 0.991; at 16 chunks
+    over 64K+ keys they gain: split.WIDE_WAVES_N). Head dim 128
     only: the one measured and checked on the GPU (tests/test_gpu_split.py)."""
     if (not paged and tile_m == 64 and (head_dim, head_dim_v) == (128, 128)
             and split_tile_m(arch, head_dim, head_dim_v) == 64):
