@@ -293,7 +293,9 @@ WIDE_CHUNK_BYTES = 4096 * 512
 # `wide_split_probe.py --wide-ns`, 32:8 hd128 dense, against cuDNN (eager / graph), the fold ->
 # 16 wide chunks: b32/128K 1.011/1.001 -> 0.983/0.984 (2026-12-02-s17-c) and 1.002/1.002 ->
 # 0.989/0.990 (s19-c), b32/64K 1.005/0.992 -> 0.988/0.987 (s17-c), b64/128K 0.995/0.997 ->
-# 0.982/0.985 (s19-c); 12 chunks, whose chunks are not whole 64-key tiles, tied (s17-c).
+# 0.982/0.985 (s19-c); the fold's kernel -> 16 wide chunks, s19-d: b24/128K 0.964 -> 0.928,
+# b64/64K 0.993 -> 0.978, b128/64K 0.996 -> 0.969, b128/128K 1.009 -> 0.975 (eager). 12
+# chunks, whose chunks are not whole 64-key tiles, tied (s17-c).
 WIDE_WAVES_N = 16
 
 
