@@ -38,6 +38,9 @@ from dataclasses import dataclass
 # The merge kernel (and FA4's combine, in older stores) is compiled for at most 2**7 partials
 # per row (FA4's combine asserts <= 256).
 MAX_SLOTS = 128
+# The chunk kernel runs each (sequence, row, slot) as a batch index of FA4's SingleTileScheduler,
+# whose grid holds the batch in z: CUDA's limit on gridDim.z bounds a split's virtual sequences.
+MAX_VIRTUAL_SEQS = 65535
 
 
 @dataclass(frozen=True)
@@ -379,8 +382,9 @@ def plan_split(
     (-1 auto: the cost model; 0 never; N forced), ctas the (sequence, row, KV head) triples,
     of which decode_rows (sequence, row) pairs; seqlen_k a bound on every KV length; fold:
     whether the step, unsplit, runs as the fold (fold_refusal); wide: a dense K with one row
-    and no sink whose split kernel has the wide split part (auto only: wide_split). Shared by
-    the runtime and `fa4aot explain`."""
+    and no sink whose split kernel has the wide split part (auto only: wide_split). Auto and
+    forced counts alike are cut to max_slots and to MAX_VIRTUAL_SEQS virtual sequences. Shared
+    by the runtime and `fa4aot explain`."""
     if setting == 0:
         return None
     align = 128 if page_size is None else math.lcm(128, page_size)
@@ -396,7 +400,7 @@ def plan_split(
                            num_sms=num_sms, max_slots=max_slots)
             if w is not None:
                 n, on_wide = w, True
-    n = min(n, max_slots - sink)
+    n = min(n, max_slots - sink, MAX_VIRTUAL_SEQS // decode_rows - sink)
     if n <= 1:
         return None
     sp = make_split(n, seqlen_k, page_size=page_size, sink=sink, align=align)

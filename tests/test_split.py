@@ -786,3 +786,16 @@ def test_chunk_mode_kernel_reads_the_callers_q_and_lengths_in_place(form):
     assert same == (form != "rows-unmerged")
     ro, _ = _ref(q, k, v, lens, True, None)
     assert rel_err(got[0].view(b, sq, hq, d), ro) < 1e-2
+
+
+def test_a_split_keeps_its_virtual_sequences_within_the_chunk_grid():
+    """split.MAX_VIRTUAL_SEQS: the chunk kernel's grid holds one (sequence, row, slot) per z
+    index (FA4's SingleTileScheduler), so a forced or automatic count is cut to fit 65535 of
+    them, a sink slot included; where no two chunks fit, the step is not split."""
+    kw = dict(seqlen_k=8192, bytes_per_key=512, page_size=None, num_sms=132)
+    sp = S.plan_split(ctas=4096 * 8, decode_rows=4096, sink=False, setting=64, **kw)
+    assert sp.slots * 4096 <= S.MAX_VIRTUAL_SEQS and (sp.n, sp.chunk) == (13, 640)  # 15 asked
+    sp = S.plan_split(ctas=4096 * 8, decode_rows=4096, sink=True, setting=64, **kw)
+    assert sp.slots * 4096 <= S.MAX_VIRTUAL_SEQS and sp.slots == sp.n + 1 >= 13
+    assert S.plan_split(ctas=40000 * 8, decode_rows=40000, sink=False, setting=8, **kw) is None
+    assert S.plan_split(ctas=8, decode_rows=1, sink=False, setting=64, **kw).n == 64
