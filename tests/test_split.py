@@ -608,8 +608,8 @@ def test_a_split_over_pages_of_64_runs_on_the_tma_page_part(page, fold, want):
 def test_wide_split_takes_one_wave_plans_of_long_chunks(b, sk, want):
     """split.wide_split on the H200 (132 SMs, hd128, 32:8): one-wave plans whose chunks hold
     >= 16K keys (the unsplit fold: >= 64K) run ~1024 CTAs of >= 4K keys on the wide split
-    kernel, a fold of two waves or more over >= 64K keys 16 chunks; the rest keep the plan. Only auto plans of a dense K with no sink, whose store
-    has the part, go wide."""
+    kernel, a fold of two waves or more over >= 64K keys 16 chunks; the rest keep the plan.
+    Only auto plans of a dense K with no sink, whose store has the part, go wide."""
     kw = dict(ctas=b * 8, seqlen_k=sk, bytes_per_key=512, page_size=None, sink=False,
               num_sms=132, setting=-1)
     sp = S.plan_split(**kw, wide=True)
