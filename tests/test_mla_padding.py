@@ -53,8 +53,11 @@ def test_pad_attend_crop_equals_the_unpadded_reference(ratio, causal, sq):
     o = crop_heads(o_pad, ratio, r2)
     lse = crop_heads(lse_pad, ratio, r2, head_dim=-1)
     o_ref, lse_ref = _mla_ref(q, qv, k, v, causal)
-    torch.testing.assert_close(o, o_ref, rtol=0, atol=0)  # heads are independent: exact
-    torch.testing.assert_close(lse, lse_ref, rtol=0, atol=0)
+    # heads are independent, but the CPU's GEMM blocks the einsum by the head count, so scores
+    # of 576-term dot products round differently at 20 and 32 heads (a CI run: LSE 4e-5 apart);
+    # a misplaced head or group would differ by O(1)
+    torch.testing.assert_close(o, o_ref, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(lse, lse_ref, rtol=1e-5, atol=1e-4)
 
 
 def test_padding_keeps_groups_apart_with_several_kv_heads():
