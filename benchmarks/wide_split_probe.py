@@ -16,7 +16,7 @@ difference), and a column that differs by more than 1e-2 is reported and not tim
 chunk modes: wrong outputs, diffs 3e-2 to inf, timed then.) n: the chunk kernel's plan
 (split.plan_split without wide). --wide-ns N,...: the wide kernel at those chunk counts instead
 (`wide n=1`: the step unsplit, i.e. the fold).
-bf16 hd128 32:8, one query row, causal, dense K/V.
+bf16 hd128 32:8, one query row, causal, dense K/V (--varlen: also as varlen K).
 """
 
 from __future__ import annotations
@@ -30,12 +30,36 @@ CELLS = "1:65536,2:65536,4:65536,8:65536,2:131072,4:131072,8:131072,8:16384"
 ROUNDS = 3
 
 
+def varlen_call(q, k, v, out):
+    """fa4aot.flash_attn_varlen_func on the dense inputs' packed views (no copies), writing
+    `out`: every sequence holds the bound's keys."""
+    import torch
+
+    import fa4aot
+
+    b, sk, hk, d = k.shape
+    cu_q = torch.arange(b + 1, device=q.device, dtype=torch.int32)
+    cu_k = cu_q * sk
+    qv, kv, vv, ov = (t.view(-1, *t.shape[2:]) for t in (q, k, v, out))
+
+    def call():
+        fa4aot.flash_attn_varlen_func(qv, kv, vv, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                                      max_seqlen_q=1, max_seqlen_k=sk, causal=True, out=ov)
+
+    return call
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cells", default=CELLS)
     ap.add_argument("--wide-ns", help="comma-separated chunk counts: the columns `wide n=N` "
                     "(N=1: the unsplit step, the fold) instead of the chunk kernel's at 2n and "
                     "the wide kernel's at n and 2n")
+    ap.add_argument("--varlen", action="store_true",
+                    help="add the same step over the K as varlen (cu_seqlens_k, the dense K's "
+                    "packed view): `varlen auto` (its plan, wide where split.wide_split says) "
+                    "and `varlen n=N` (the chunk kernel's plan: before the wide split took "
+                    "varlen K; n=1, the fold)")
     ap.add_argument("--out")
     a = ap.parse_args()
     import torch
@@ -65,7 +89,7 @@ def main():
         rt.split = -1
         sp = rt.split_for(0, torch.bfloat16, b * 8, sk, 128, 128, None, False, b)
         n = sp.n if sp else 1
-        plan = rt.split_for(0, torch.bfloat16, b * 8, sk, 128, 128, None, False, b, dense=True)
+        plan = rt.split_for(0, torch.bfloat16, b * 8, sk, 128, 128, None, False, b, packed=True)
         cols = {"auto": (chunk, fns["fa4aot"])}  # name: (chunk launcher, the call)
         if a.wide_ns:
             for w in (int(x) for x in a.wide_ns.split(",")):
@@ -74,6 +98,10 @@ def main():
             cols[f"chunk n={2 * n}"] = (chunk, at_split(2 * n, fns["fa4aot"]))
             cols[f"wide n={n}"] = (kern.launch_wide_split, at_split(n, fns["fa4aot"]))
             cols[f"wide n={2 * n}"] = (kern.launch_wide_split, at_split(2 * n, fns["fa4aot"]))
+        if a.varlen:
+            vfn = varlen_call(q, k, v, out)
+            cols["varlen auto"] = (chunk, vfn)
+            cols[f"varlen n={n}"] = (chunk, at_split(n, vfn))
         cols["cudnn"] = (chunk, fns["cudnn"])
         row = {"b": b, "sk": sk, "auto_n": n, "diff": {}, "eager": {}, "graph": {}}
         use(chunk)

@@ -304,7 +304,7 @@ def wide_folds(
     return ()
 
 
-# A dense K's split steps that the plan runs as one wave of long chunks at one CTA per SM run
+# A packed (dense or varlen) K's split steps that the plan runs as one wave of long chunks at one CTA per SM run
 # instead as more, shorter chunks on the wide fold kernel compiled through the chunk modes (part
 # `fwd_wide_split`: compiler.trace_wide_fold; split.wide_split says when).
 WIDE_SPLIT = WideFold(part="fwd_wide_split", paged=False, chunk_modes=True)

@@ -208,8 +208,8 @@ def tma_part(parts: dict, page_size: int | None) -> str | None:
 
 
 def wide_part(parts: dict, variant) -> str | None:
-    """The part of split chunk kernel `variant`'s artifact (record parts `parts`) a dense K's
-    wide plan (Split.wide, wide_split) runs its chunks on: `fwd_wide_split`, where the artifact
+    """The part of split chunk kernel `variant`'s artifact (record parts `parts`) a packed
+    (dense or varlen) K's wide plan (Split.wide, wide_split) runs its chunks on: `fwd_wide_split`, where the artifact
     holds it and constraints.wide_split builds it for the variant (a store built before that
     rule may hold one for other head dims: unused); None otherwise (a paged K, older
     artifacts). Shared by the runtime (plan.Runtime.split_kernel) and `fa4aot explain`."""
@@ -305,7 +305,7 @@ WIDE_WAVES_N = 16
 def wide_split(
     n: int, *, ctas: int, seqlen_k: int, bytes_per_key: int, num_sms: int, max_slots: int
 ) -> int | None:
-    """The chunk count of a dense K's decode step that runs on the wide split kernel
+    """The chunk count of a packed K's decode step that runs on the wide split kernel
     (constraints.wide_split) instead of the plan's n chunks (1: unsplit) on the chunk kernel,
     or None (keep the plan): where the plan is one wave at one CTA per SM (ctas * n <= SMs)
     of long chunks, n' chunks of at least WIDE_CHUNK_BYTES for about WIDE_CTAS CTAs. ctas:
@@ -381,8 +381,8 @@ def plan_split(
     """The runtime's split of a decode step (None: unsplit): `setting` is FA4AOT_SPLIT_KV
     (-1 auto: the cost model; 0 never; N forced), ctas the (sequence, row, KV head) triples,
     of which decode_rows (sequence, row) pairs; seqlen_k a bound on every KV length; fold:
-    whether the step, unsplit, runs as the fold (fold_refusal); wide: a dense K with one row
-    and no sink whose split kernel has the wide split part (auto only: wide_split). Auto and
+    whether the step, unsplit, runs as the fold (fold_refusal); wide: a packed (dense or varlen) K
+    with one row and no sink whose split kernel has the wide split part (auto only: wide_split). Auto and
     forced counts alike are cut to max_slots and to MAX_VIRTUAL_SEQS virtual sequences. Shared
     by the runtime and `fa4aot explain`."""
     if setting == 0:

@@ -432,10 +432,11 @@ def test_explain_says_a_split_over_pages_of_64_runs_on_the_tma_page_part(run, mo
     assert doc["splits"] > 1 and doc["chunk_kernel"] == "fwd" and "fwd_tma" not in doc["plan"]
 
 
-def test_explain_says_a_long_dense_step_runs_on_the_wide_split_part(run, monkeypatch):
-    """split.wide_split: a dense K's one-wave plan of long chunks (b8/64K at 32:8: 2 chunks of
-    32K keys) runs 16 chunks on fwd_wide_split where the store holds it, as does a fold of two
-    waves over 64K+ keys; a packed K, or a store without the part, keeps the plan."""
+def test_explain_says_a_long_packed_step_runs_on_the_wide_split_part(run, monkeypatch):
+    """split.wide_split: a dense or varlen K's one-wave plan of long chunks (b8/64K at 32:8: 2
+    chunks of 32K keys) runs 16 chunks on fwd_wide_split where the store holds it, as does a
+    fold of two waves over 64K+ keys; a paged K, or a store without the part, keeps the
+    plan."""
     merge = {"partial_dtype": "bfloat16", "max_splits": 128, "threads": 256}
     args = ["explain", "--head-dim", "128", "--heads", "32:8", "--seqlen-k", "65536", "--batch",
             "8", "--json"]
@@ -452,6 +453,8 @@ def test_explain_says_a_long_dense_step_runs_on_the_wide_split_part(run, monkeyp
     assert doc["splits"] == 16 and doc["chunk_kernel"] == "fwd_wide_split"
     assert "4096 CTAs" in doc["plan"]
     doc = json.loads(run(*args, "--layout", "varlen").stdout)["split"]
+    assert doc["splits"] == 16 and doc["chunk_kernel"] == "fwd_wide_split"
+    doc = json.loads(run(*args, "--layout", "paged", "--page-size", "128").stdout)["split"]
     assert doc["splits"] == 2 and doc["chunk_kernel"] == "fwd"
     _hold_split_kernels(monkeypatch, parts)
     doc = json.loads(run(*args).stdout)["split"]

@@ -448,11 +448,14 @@ def test_cuda_graph_replay_of_the_wide_fold_is_bit_identical(page, b, sk, part):
 
 @pytest.mark.parametrize("b,sk,n", [(8, 32768, 8), (16, 65536, 8), (20, 65536, 16)])
 @pytest.mark.parametrize("lse", [False, True])
-def test_wide_split_of_a_long_dense_step(monkeypatch, b, sk, n, lse):
-    """split.wide_split: a one-row dense step whose plan is one wave of long chunks (b8/32K:
-    2 chunks; b16/64K: the fold) runs 8 chunks on the part fwd_wide_split (auto plan), and a
-    fold of two waves (b20/64K: 160 CTAs) 16; exact to the unsplit kernel's precision, LSE too;
-    then a CUDA graph of it replays bit-identically."""
+@pytest.mark.parametrize("layout", ["dense", "varlen"])
+def test_wide_split_of_a_long_packed_step(monkeypatch, b, sk, n, lse, layout):
+    """split.wide_split: a one-row step over a dense or varlen K whose plan is one wave of long
+    chunks (b8/32K: 2 chunks; b16/64K: the fold) runs 8 chunks on the part fwd_wide_split (auto
+    plan), and a fold of two waves (b20/64K: 160 CTAs) 16; exact to the unsplit kernel's
+    precision, LSE too; then a CUDA graph of it replays bit-identically. The varlen K is
+    ragged (the bound's sequence first, then empty, one-key and random lengths), its chunk
+    bounds written by the metadata kernel (the wide part has no bounds mode)."""
     import fa4aot
 
     spy = _Spy(monkeypatch)
@@ -460,28 +463,44 @@ def test_wide_split_of_a_long_dense_step(monkeypatch, b, sk, n, lse):
     q = torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
+    lk = [sk] * b
+    if layout == "varlen":
+        lk = [sk, 0, 1] + torch.randint(2, sk + 1, (b - 3,)).tolist()
+        cu_k = torch.tensor([0] + torch.tensor(lk).cumsum(0).tolist(), device="cuda",
+                            dtype=torch.int32)
+        kpk = torch.cat([k[i, :n_] for i, n_ in enumerate(lk)])
+        vpk = torch.cat([v[i, :n_] for i, n_ in enumerate(lk)])
+        cu_q = torch.arange(b + 1, device="cuda", dtype=torch.int32)
     rt = _rt(-1)
     rt._split_runs.clear()
 
-    def call():
-        kw = dict(out=_poison((b, 1, hq, d)), causal=True)
+    def call(out=None):
+        if layout == "dense":
+            kw = dict(out=_poison((b, 1, hq, d)) if out is None else out, causal=True)
+            if lse:
+                kw["lse"] = _poison((b, hq, 1), torch.float32)
+            return fa4aot.flash_attn_func(q, k, v, **kw)
+        kw = dict(out=_poison((b, hq, d)) if out is None else out, causal=True,
+                  cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=1, max_seqlen_k=sk)
         if lse:
-            kw["lse"] = _poison((b, hq, 1), torch.float32)
-        return fa4aot.flash_attn_func(q, k, v, **kw)
+            kw["lse"] = _poison((hq, b), torch.float32)
+        return fa4aot.flash_attn_varlen_func(q.view(b, hq, d), kpk, vpk, **kw)
 
     (o1, l1), (o0, l0) = _both(call, -1, spy, True)
     runs = [r for r in rt._split_runs.values() if r and not r.fold]
     assert runs and all(r.sp.wide and r.sp.n == n for r in runs), [r.sp for r in runs]
-    lens = torch.full((b,), sk, device="cuda")
-    ro, rl = attention_ref(q, k, v, torch.ones(b, device="cuda", dtype=torch.long), lens,
-                           causal=True)
+    assert all(r.launch_bounds is None for r in runs)
+    ro, rl = attention_ref(q, k, v, torch.ones(b, device="cuda", dtype=torch.long),
+                           torch.tensor(lk, device="cuda"), causal=True)
     assert not o1.isnan().any()
-    _record(f"wide dense b{b} sk{sk}", rel_err(o1, ro), rel_err(o0, ro),
+    if layout == "varlen":
+        ro = ro.view(b, hq, d)
+        rl = rl.view(b, hq).t() if lse else rl
+    _record(f"wide {layout} b{b} sk{sk}", rel_err(o1, ro), rel_err(o0, ro),
             _lse_err(l1, rl) if lse else None)
     if not lse:
-        out = torch.empty_like(q)
-        _replays_match_eager(lambda: fa4aot.flash_attn_func(q, k, v, causal=True, out=out),
-                             q, None, out, sk)
+        out = torch.empty_like(o1)
+        _replays_match_eager(lambda: call(out), q, None, out, sk)
 
 
 @pytest.mark.parametrize("kind", ["dense", "varlen", "paged"])

@@ -212,7 +212,7 @@ class _FakeRuntime:
         return S.make_split(self.n, seqlen_k, page_size=page_size, sink=sink)
 
     def split_for(self, dev, dtype, ctas, seqlen_k, d, dv, page_size, sink, decode_rows=1,
-                  fold=True, dense=False):
+                  fold=True, packed=False):
         return self.plan(seqlen_k, page_size, sink)
 
     def device(self, dev):
@@ -540,7 +540,7 @@ class _PartsRuntime(_FakeRuntime):
     """_FakeRuntime's split kernels with the parts Runtime.split_kernel binds beside them: for
     pages of 64 the TMA page part (`fwd_tma`, constraints.tma_page), for a packed K the wide
     split part (`fwd_wide_split`, constraints.wide_split); records which kernel ran. Its plan
-    is wide for a dense K (as split.wide_split may make it); fold: it leaves the step unsplit."""
+    is wide for a packed K (as split.wide_split may make it); fold: it leaves the step unsplit."""
 
     def __init__(self, n, fold=False):
         super().__init__(n)
@@ -565,13 +565,13 @@ class _PartsRuntime(_FakeRuntime):
             fwd_wide_split=named("wide", base.fwd) if page_size is None else None,
         )
 
-    def split_for(self, *a, dense=False, **kw):
+    def split_for(self, *a, packed=False, **kw):
         import dataclasses
 
         if self.fold:
             return None
         sp = super().split_for(*a, **kw)
-        return dataclasses.replace(sp, wide=True) if dense else sp
+        return dataclasses.replace(sp, wide=True) if packed else sp
 
 
 @pytest.mark.parametrize("page,fold,want", [(64, False, "fwd_tma"), (16, False, "chunk"),
@@ -626,12 +626,14 @@ def test_wide_split_takes_one_wave_plans_of_long_chunks(b, sk, want):
             assert got is None or not got.wide
 
 
-@pytest.mark.parametrize("kind,want", [("dense", "wide"), ("varlen", "chunk"),
+@pytest.mark.parametrize("kind,want", [("dense", "wide"), ("varlen", "wide"),
                                        ("paged", "chunk")])
 def test_a_wide_plan_runs_its_chunks_on_the_wide_split_part(kind, want):
-    """split.wide_split: a dense K's wide plan runs its chunks on fwd_wide_split
-    (SplitRun.launch); a packed or paged K's steps (never wide) on the chunk kernel; the same
-    results as the reference."""
+    """split.wide_split: a packed K's wide plan (dense, or varlen: its chunk bounds written by
+    the metadata kernel, or torch ops in stores without one, never the bounds mode of the
+    chunk kernel, which the wide part lacks) runs its chunks on fwd_wide_split
+    (SplitRun.launch); a paged K's steps (never wide) on the chunk kernel; the same results
+    as the reference."""
     b, hq, hk, d, lens = 2, 8, 2, 16, [700, 700]
     q, k, v = _inputs(b, 1, hq, hk, d, lens, seed=5)
     rt = _PartsRuntime(4)

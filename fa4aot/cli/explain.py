@@ -431,7 +431,7 @@ def _split_plan(
             ctas=batch * seqlen_q * hk, seqlen_k=bucket, bytes_per_key=(d + dv) * 2,
             page_size=page_size, sink=sink, num_sms=num_sms, setting=setting,
             max_slots=max_slots, decode_rows=batch * seqlen_q, fold=fold_why is None,
-            wide=(layout == "dense" and seqlen_q == 1
+            wide=(layout in ("dense", "varlen") and seqlen_q == 1
                   and S.wide_part(rec["parts"], kern) is not None),
         )
         if sp is None:

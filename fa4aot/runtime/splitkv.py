@@ -107,7 +107,8 @@ def split_step(
         fold = not S.fold_refusal(arch=rt.device(dev)[0], head_dim=d, head_dim_v=dv,
                                   ratio=hq // hk, rows=rows, sink=sink is not None)
         sp = rt.split_for(dev, q.dtype, b * rows * hk, seqlen_k, d, dv, page_size,
-                          sink is not None, b * rows, fold=fold, dense=kind == "dense")
+                          sink is not None, b * rows, fold=fold,
+                          packed=kind != "paged")
         if sp is not None:
             run = SplitRun(rt, dev, q, b, rows, hq, hk, d, dv, kind, sp, page_size, causal,
                            seqlen_k, varlen_q, ffi=q.is_cuda)
@@ -390,8 +391,9 @@ class SplitRun:
         # (fwd_tma for its pages; fwd_wide_split for a wide plan: split.wide_split)
         self.launch = kern.launch_wide_split if sp.wide else kern.launch_split
         self.merge = kern.merge
-        # a packed K's chunk bounds read by the kernel (compiler.trace_chunk_modes(bounds=True))
-        self.launch_bounds = kern.launch_bounds if kind == "varlen" else None
+        # a packed K's chunk bounds read by the kernel (compiler.trace_chunk_modes(bounds=True));
+        # a wide plan's kernel has no bounds mode: the metadata kernel writes them
+        self.launch_bounds = kern.launch_bounds if kind == "varlen" and not sp.wide else None
         self.cu_bounds_size = (b + 1, sp.chunk)
         self.meta, self.meta_args = kern.chunk_meta, (sp.chunk, slots, rows, int(causal))
         # the kernel cuts a paged K's lengths into chunks (compiler.trace_chunk_modes)
