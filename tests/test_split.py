@@ -304,7 +304,7 @@ def test_dense_speculative_rows_split_as_pages(sq, causal, sk):
         ro, rl = _ref(q, k, v, [sk] * b, causal, None)
         assert rel_err(out, ro) < 1e-2
         assert torch.allclose(lse, rl, atol=1e-3)
-    assert any(key[0] == "dense_meta" for key in rt._split_consts)
+    assert any(key[0] in ("dense_meta", "packed_meta") for key in rt._split_consts)
 
 
 def test_dense_speculative_rows_whose_length_no_page_divides_run_unsplit():
@@ -348,9 +348,13 @@ def test_varlen_decode_split_with_empty_and_one_token_sequences(n, lse_wanted):
 @pytest.mark.parametrize("page", [16, 64, 128])
 @pytest.mark.parametrize("sq,causal", [(1, True), (2, True), (4, True), (3, False)])
 @pytest.mark.parametrize("varlen_q", [False, True])
-def test_paged_split_with_speculative_rows(page, sq, causal, varlen_q):
-    lens = [5, 1000, 0, 257, 640]
+@pytest.mark.parametrize("sink", [False, True])
+def test_paged_split_with_speculative_rows(page, sq, causal, varlen_q, sink):
+    """Rows unrolled, or (with the chunk modes) packed with a causal tail; lengths of 0, 2 (a
+    causal row 0 of 4 sees none), a page and one key (the tail spans two pages), ragged."""
+    lens = [5, 1000, 0, 257, 640, 2, page + 1]
     b, hq, hk, d = len(lens), 8, 2, 16
+    s = torch.randn(hq) if sink else None
     q, k, v = _inputs(b, sq, hq, hk, d, lens, seed=page + sq)
     maxp = -(-max(lens) // page) + 1  # one spare column
     g = torch.Generator().manual_seed(1)
@@ -366,11 +370,11 @@ def test_paged_split_with_speculative_rows(page, sq, causal, varlen_q):
     used = torch.tensor(lens, dtype=torch.int32)
     qq = q.reshape(b * sq, hq, d) if varlen_q else q
     got = _split(_FakeRuntime(6), q, kpool, vpool, "paged", (None, used, table), maxp * page,
-                 page, causal, None, None, None, True, varlen_q)
+                 page, causal, s, None, None, True, varlen_q)
     assert got is not None
     o, lse = got
     assert o.shape == (*qq.shape[:-1], d)
-    ro, rl = _ref(q, k, v, lens, causal, None)
+    ro, rl = _ref(q, k, v, lens, causal, s)
     o4 = o.view(b, sq, hq, d)
     lse3 = lse.t().reshape(b, sq, hq).transpose(1, 2) if varlen_q else lse
     assert rel_err(o4, ro) < 1e-2
@@ -743,15 +747,22 @@ def test_merge_kernel_thread_layouts():
     assert merge_threads(8 * 33, S.MAX_SLOTS) is None  # 33 lanes: no whole warps within 256
 
 
-@pytest.mark.parametrize("form", ["batch", "packed", "rows", "rows-unmerged"])
-def test_chunk_mode_kernel_reads_the_callers_q_and_lengths_in_place(form):
+@pytest.mark.parametrize("form,pack", [("batch", False), ("packed", False), ("rows", False),
+                                       ("rows-unmerged", False), ("rows", True),
+                                       ("rows-unmerged", True)])
+def test_chunk_mode_kernel_reads_the_callers_q_and_lengths_in_place(monkeypatch, form, pack):
     """With a forward that reads q and a paged K's lengths through chunk modes
     (compiler.trace_chunk_modes), the kernel gets the caller's q itself, (decode rows, r, hk,
-    d): no copy over the chunks, for q in batch form, packed, and with speculative rows (whose
-    rows merge into one stride); a q whose rows do not merge (here batch-strided through a
-    wider buffer) goes as one copy. At one decode row it gets the caller's seqused_k too (no
-    metadata launch); at several, each unrolled row's length."""
+    d): no copy over the chunks, for q in batch form, packed, and with speculative rows
+    unrolled (whose rows merge into one stride); a q whose rows do not merge (here
+    batch-strided through a wider buffer) goes as one copy. At one decode row it gets the
+    caller's seqused_k too (no metadata launch); at several, each unrolled row's length.
+    Speculative rows packed (split.plan_packed): the body's chunks read q copied into packed
+    rows (b, r * rows, hk, d) and cut each sequence's page-rounded length themselves; the
+    causal tail reads the caller's q as unrolled rows, with each row's tail length."""
     sq = 1 if form in ("batch", "packed") else 2
+    if not pack:
+        monkeypatch.setattr(S, "plan_packed", lambda **kw: None)
     lens = [300, 1000, 5]
     b, hq, hk, d, page = len(lens), 8, 2, 16, 64
     q, k, v = _inputs(b, sq, hq, hk, d, lens, seed=11)
@@ -779,7 +790,11 @@ def test_chunk_mode_kernel_reads_the_callers_q_and_lengths_in_place(form):
         Rt(4), 0, q_in, kpool, vpool, "paged", None, used, table, b, sq, hq, hk, d, d,
         table.shape[1] * page, page, True, None, None, None, None, False, form == "packed",
     )
-    assert got is not None and len(seen) == 1
+    assert got is not None and len(seen) == 1 + pack
+    if pack:
+        body_q, body_used = seen.pop(0)
+        assert body_q.shape == (b, hq // hk * sq, hk, d) and body_used.shape == (b,)
+        assert body_used.tolist() == [(n - sq + 1) // page * page for n in lens]
     qk, used_k = seen[0]
     # the caller's lengths at one row (no metadata launch), each unrolled row's at several
     assert (used_k is used) == (sq == 1) and used_k.shape == (b * sq,)
