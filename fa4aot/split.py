@@ -292,10 +292,22 @@ class Split:
 
 # A speculative step's packed plan (plan_packed) pays besides its chunks' streaming (and the
 # merge, step_time's overhead_s): the q copy into packed rows, the causal tail's chunk kernel
-# and its two copies into the merge's slot, and for a caller's paged K the tail's metadata
-# (ten element-wise torch kernels; for a dense K viewed as pages a constant).
-PACKED_EXTRA_S = 4e-6
-PACKED_META_S = 8e-6
+# and its two copies into the merge's slot, and the empty CTAs of the tail's slot; for a
+# caller's paged K the tail's metadata: one kernel (compiler.trace_packed_meta), or ten
+# element-wise torch kernels in older stores (for a dense K viewed as pages, a constant).
+# H200, 2026-12-02 (spec_decode.py, CUDA graphs, 32:8 hd128, s_q 4): b1/64K dense 82.2 us,
+# paged 101.4 with the torch metadata, against the one-row step's ~66.
+PACKED_EXTRA_S = 12e-6
+PACKED_META_KERNEL_S = 2e-6
+PACKED_META_TORCH_S = 19e-6
+
+
+def packed_meta_s(paged: bool, kernel: bool) -> float:
+    """plan_packed's `meta_s`: what a causal step's tail metadata costs a step: nothing for
+    a dense K viewed as pages (constants), else its kernel's launch or the torch kernels."""
+    if not paged:
+        return 0.0
+    return PACKED_META_KERNEL_S if kernel else PACKED_META_TORCH_S
 
 
 def packed_refusal(*, ratio: int, rows: int, tile_m: int | None) -> str | None:
@@ -324,7 +336,7 @@ def plan_packed(
     setting: int,
     max_slots: int = MAX_SLOTS,
     unrolled: Split | None = None,
-    meta: bool = True,
+    meta_s: float = PACKED_META_KERNEL_S,
     model: CostModel = DEFAULT_MODEL,
 ) -> Split | None:
     """The packed plan of a decode step of `rows` query rows a sequence over a paged K (or a
@@ -335,8 +347,8 @@ def plan_packed(
     keys: the chunks cover the keys every row sees up to a page boundary (T = the page-rounded
     len - rows + 1), and a tail, the rows unrolled over at most two pages from T, fills one
     more slot (Split.tail). Auto: the cost model's split of batch * kv_heads CTAs, taken where
-    its time (plus PACKED_EXTRA_S, and PACKED_META_S where `meta`: a caller's paged K, whose
-    tail metadata is computed per call) beats the unrolled plan's (or the unsplit kernel's);
+    its time (plus PACKED_EXTRA_S, and `meta_s` for a causal step's tail metadata,
+    packed_meta_s) beats the unrolled plan's (or the unsplit kernel's);
     a forced count (setting > 0) always packs. Shared by the runtime and `fa4aot explain`."""
     if setting == 0:
         return None
@@ -344,16 +356,22 @@ def plan_packed(
     extra = int(causal) + int(sink)
     kw = dict(seqlen_k=seqlen_k, bytes_per_key=bytes_per_key, num_sms=num_sms, align=align,
               model=model)
+    ctas = batch * kv_heads
     if setting > 0:
         n = setting
     else:
         n = choose_splits(batch=batch, kv_heads=kv_heads, rows=1, fold=True, **kw)
-        t = step_time(n, ctas=batch * kv_heads, fold=True, **kw) + PACKED_EXTRA_S
+        if extra and ctas * n <= num_sms < ctas * (n + extra):
+            # the tail's and sink's slots are CTAs of the chunks' grid too (empty ones, after
+            # each sequence's chunks): keep the grid one wave (H200, 2026-12-02: b8/4K s_q 4 in
+            # 2 chunks + the tail slot, 192 CTAs, ran 60.7 us against FA4's unsplit 48.4)
+            n = max(1, num_sms // ctas - extra)
+        t = step_time(n, ctas=ctas, fold=True, **kw) + PACKED_EXTRA_S
         if n == 1 and extra:
             t += model.overhead_s  # one chunk still merges with its tail (or sink)
-        t += PACKED_META_S if meta and causal else 0.0
+        t += meta_s if causal else 0.0
         if unrolled is None:  # unsplit: FA4's kernel packs the rows itself
-            alt = step_time(1, ctas=batch * kv_heads, fold=False, **kw)
+            alt = step_time(1, ctas=ctas, fold=False, **kw)
         else:
             alt = step_time(unrolled.n, ctas=batch * rows * kv_heads, fold=False, **kw)
         if t >= alt:

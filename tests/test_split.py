@@ -175,6 +175,17 @@ def fake_chunk_meta(lengths: bool):
     return meta
 
 
+def fake_packed_meta(used, table, used_a, tail_table, tail_len, rows, page):
+    """compiler.trace_packed_meta's kernel in torch (its docstring's arithmetic)."""
+    x = used.long() - (rows - 1)
+    t_used = x.clamp(min=0) // page * page
+    used_a.copy_(t_used)
+    cols = (t_used // page)[:, None] + torch.tensor([0, 1])
+    pages = table.long().gather(1, cols.clamp(max=table.shape[1] - 1))
+    tail_table.copy_(pages.repeat_interleave(rows, 0))
+    tail_len.copy_(((x - t_used)[:, None] + torch.arange(rows)).clamp(min=0).flatten())
+
+
 @pytest.fixture(autouse=True, params=[(False, False), (True, False), (True, True)],
                 ids=["torch-metadata", "metadata-kernel", "chunk-modes"])
 def split_kernels(request, monkeypatch):
@@ -192,6 +203,7 @@ class _FakeRuntime:
     kernels."""
 
     meta = chunk_modes = False  # (the split_kernels fixture)
+    packed_meta = True  # with chunk_modes, for a paged K: the part packed_meta
 
     def __init__(self, n):
         self.n = self.split = n
@@ -206,7 +218,9 @@ class _FakeRuntime:
         fwd = partial(fake_fwd, chunk_lengths=chunked)
         return R.plan.SplitKernel(fwd, fake_combine, S.MAX_SLOTS, None, meta=meta,
                                   q_broadcast=self.chunk_modes, chunk_lengths=chunked,
-                                  fwd_bounds=fwd if bounds else None)
+                                  fwd_bounds=fwd if bounds else None,
+                                  packed_meta=fake_packed_meta if (
+                                      chunked and self.packed_meta) else None)
 
     def plan(self, seqlen_k, page_size, sink):
         return S.make_split(self.n, seqlen_k, page_size=page_size, sink=sink)
@@ -349,9 +363,13 @@ def test_varlen_decode_split_with_empty_and_one_token_sequences(n, lse_wanted):
 @pytest.mark.parametrize("sq,causal", [(1, True), (2, True), (4, True), (3, False)])
 @pytest.mark.parametrize("varlen_q", [False, True])
 @pytest.mark.parametrize("sink", [False, True])
-def test_paged_split_with_speculative_rows(page, sq, causal, varlen_q, sink):
-    """Rows unrolled, or (with the chunk modes) packed with a causal tail; lengths of 0, 2 (a
+@pytest.mark.parametrize("packed_meta", [True, False])
+def test_paged_split_with_speculative_rows(monkeypatch, page, sq, causal, varlen_q, sink,
+                                           packed_meta):
+    """Rows unrolled, or (with the chunk modes) packed with a causal tail, its metadata from
+    the kernel (part packed_meta) or, in stores without it, torch's; lengths of 0, 2 (a
     causal row 0 of 4 sees none), a page and one key (the tail spans two pages), ragged."""
+    monkeypatch.setattr(_FakeRuntime, "packed_meta", packed_meta)
     lens = [5, 1000, 0, 257, 640, 2, page + 1]
     b, hq, hk, d = len(lens), 8, 2, 16
     s = torch.randn(hq) if sink else None

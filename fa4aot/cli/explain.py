@@ -443,7 +443,7 @@ def _split_plan(
                 batch=batch, kv_heads=hk, rows=seqlen_q, seqlen_k=bucket,
                 bytes_per_key=(d + dv) * 2, page_size=page_size, sink=sink, causal=causal,
                 num_sms=num_sms, setting=setting, max_slots=max_slots, unrolled=sp,
-                meta=not dense_pages,
+                meta_s=S.packed_meta_s(not dense_pages, "packed_meta" in rec["parts"]),
             ) or sp
         if sp is None:
             why = ("FA4AOT_SPLIT_KV=0" if setting == 0 else

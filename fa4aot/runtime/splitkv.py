@@ -250,7 +250,8 @@ def _packed_plan(rt, dev, dtype, b, rows, hq, hk, d, dv, seqlen_k, page_size, ca
     return S.plan_packed(
         batch=b, kv_heads=hk, rows=rows, seqlen_k=S.plan_bucket(seqlen_k),
         bytes_per_key=(d + dv) * dtype.itemsize, page_size=page_size, sink=sink, causal=causal,
-        num_sms=sms, setting=rt.split, max_slots=kern.max_slots, unrolled=unrolled, meta=meta,
+        num_sms=sms, setting=rt.split, max_slots=kern.max_slots, unrolled=unrolled,
+        meta_s=S.packed_meta_s(meta, kern.packed_meta is not None),
     )
 
 
@@ -558,7 +559,7 @@ class PackedRun:
     fold = False
     packed = True
     __slots__ = (
-        "sp", "launch", "merge", "scale", "causal", "rows", "r", "page_size",
+        "sp", "launch", "merge", "meta", "scale", "causal", "rows", "r", "page_size",
         "qs_dst", "q_src_shape", "kq", "kq_b_size", "ko", "kl", "op_c", "lp_c", "op_tail",
         "lp_tail", "ot_src", "lt_src", "kot", "klt", "lp_sink", "lse_scratch", "out_c_size",
         "lse_shape", "out_shape", "ar_pages", "ar_rows", "x", "lb", "pg", "t_used", "idx",
@@ -571,7 +572,7 @@ class PackedRun:
         r, slots, dvc = hq // hk, sp.slots, q.device
         f32 = torch.float32
         self.sp, self.causal, self.rows, self.r, self.page_size = sp, causal, rows, r, page_size
-        self.launch, self.merge = kern.launch_split, kern.merge
+        self.launch, self.merge, self.meta = kern.launch_split, kern.merge, kern.packed_meta
         self.scale = float(1.0 / math.sqrt(d))
         # q, (b, rows, hk, r, d) as the caller lays it out, into (b, r, rows, hk, d): rows
         # (g, t) of one stride for the kernel, which reads sequence i's for its chunks
@@ -621,8 +622,13 @@ class PackedRun:
     def tail_meta(self, used, table):
         """A causal step's metadata from the lengths `used` (b,) and page table: (the keys
         every row sees, page-rounded, (b,); the tail's page table, (b * rows, 2); each tail
-        row's keys, (b * rows,)); element-wise torch kernels into scratch (no host sync)."""
+        row's keys, (b * rows,)), into scratch (no host sync): one launch of the artifact's
+        kernel (compiler.trace_packed_meta), or element-wise torch kernels."""
         p, rows = self.page_size, self.rows
+        if self.meta is not None:
+            tt, tl = self.tail_table.view(-1, 2), self.tail_len.view(-1)
+            self.meta(used, table, self.t_used, tt, tl, rows, p)
+            return self.t_used, tt, tl
         torch.sub(used, rows - 1, out=self.x)  # the keys row 0 sees (< 0: none)
         torch.clamp(self.x, min=0, out=self.lb)
         torch.div(self.lb, p, rounding_mode="floor", out=self.pg)
