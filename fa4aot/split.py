@@ -295,11 +295,17 @@ class Split:
 # and its two copies into the merge's slot, and the empty CTAs of the tail's slot; for a
 # caller's paged K the tail's metadata: one kernel (compiler.trace_packed_meta), or ten
 # element-wise torch kernels in older stores (for a dense K viewed as pages, a constant).
-# H200, 2026-12-02 (spec_decode.py, CUDA graphs, 32:8 hd128, s_q 4): b1/64K dense 82.2 us,
-# paged 101.4 with the torch metadata, against the one-row step's ~66.
-PACKED_EXTRA_S = 12e-6
-PACKED_META_KERNEL_S = 2e-6
+# H200, 2026-12-02 (spec_decode.py, CUDA graphs, 32:8 hd128): over a dense K 14-27 us above
+# the one-row step of the same shape (b1/8K s_q 4 24.8 against 10.6, b1/64K s_q 2 and 4 84.6
+# and 85.6 against ~66, b4/32K s_q 4 152.5 against 125.5); over a caller's paged K 3-5 us
+# more with the metadata kernel, ~19 with the torch kernels (b1/64K s_q 4: 90.3, 101.4).
+# Unrolled rows take the one-row step's time about 1 + UNROLLED_ROW_COST * (rows - 1) times
+# (L2 absorbs their repeated reads, the SMs' load rate does not): 1.37-1.56 at s_q 2, 2.0-2.16
+# at s_q 4 (b1/8K 22.9, b1/64K 140.2, b2/32K 133.6, b1/128K 269.3 us).
+PACKED_EXTRA_S = 18e-6
+PACKED_META_KERNEL_S = 3e-6
 PACKED_META_TORCH_S = 19e-6
+UNROLLED_ROW_COST = 0.4
 
 
 def packed_meta_s(paged: bool, kernel: bool) -> float:
@@ -348,7 +354,7 @@ def plan_packed(
     len - rows + 1), and a tail, the rows unrolled over at most two pages from T, fills one
     more slot (Split.tail). Auto: the cost model's split of batch * kv_heads CTAs, taken where
     its time (plus PACKED_EXTRA_S, and `meta_s` for a causal step's tail metadata,
-    packed_meta_s) beats the unrolled plan's (or the unsplit kernel's);
+    packed_meta_s) beats the unrolled rows' (UNROLLED_ROW_COST) or the unsplit kernel's;
     a forced count (setting > 0) always packs. Shared by the runtime and `fa4aot explain`."""
     if setting == 0:
         return None
@@ -366,14 +372,14 @@ def plan_packed(
             # each sequence's chunks): keep the grid one wave (H200, 2026-12-02: b8/4K s_q 4 in
             # 2 chunks + the tail slot, 192 CTAs, ran 60.7 us against FA4's unsplit 48.4)
             n = max(1, num_sms // ctas - extra)
-        t = step_time(n, ctas=ctas, fold=True, **kw) + PACKED_EXTRA_S
+        one = step_time(n, ctas=ctas, fold=True, **kw)  # the one-row step of this shape
         if n == 1 and extra:
-            t += model.overhead_s  # one chunk still merges with its tail (or sink)
-        t += meta_s if causal else 0.0
+            one += model.overhead_s  # one chunk still merges with its tail (or sink)
+        t = one + PACKED_EXTRA_S + (meta_s if causal else 0.0)
         if unrolled is None:  # unsplit: FA4's kernel packs the rows itself
             alt = step_time(1, ctas=ctas, fold=False, **kw)
         else:
-            alt = step_time(unrolled.n, ctas=batch * rows * kv_heads, fold=False, **kw)
+            alt = one * (1 + UNROLLED_ROW_COST * (rows - 1))
         if t >= alt:
             return None
     n = min(n, max_slots - extra, MAX_VIRTUAL_SEQS // max(batch, 1) - extra)

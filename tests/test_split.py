@@ -691,6 +691,34 @@ def test_unsplit_steps_the_chunk_kernel_does_not_take():
     assert step(_NoSplitRuntime(), q=q128, hq=256, hk=2) is None
 
 
+@pytest.mark.parametrize("b,sk,rows,want", [
+    # (batch at 32:8, keys, query rows, the packed plan's (chunks, slots) or None: unrolled)
+    (1, 65536, 4, (15, 16)), (1, 65536, 2, (15, 16)), (1, 131072, 4, (15, 16)),
+    (2, 32768, 4, (7, 8)),  # the tail's slot keeps the chunks' grid one wave: 128 CTAs
+    (1, 16384, 4, (15, 16)), (4, 16384, 2, (3, 4)),
+    (4, 32768, 4, (3, 4)),  # the unrolled rows' 128 CTAs would not split: FA4's kernel
+    (1, 8192, 4, None), (1, 4096, 2, None), (1, 32768, 2, None),  # the extra launches lose
+    (8, 4096, 4, None), (16, 16384, 4, None),  # FA4's unsplit kernel packs the rows itself
+])
+def test_packed_rows_where_they_beat_unrolled_rows(b, sk, rows, want):
+    """split.plan_packed on the H200 (132 SMs, hd128, 32:8, causal, pages of 128): packed
+    where the one-row step's time plus the extra launches beats the unrolled rows' (H200,
+    2026-12-02: b1/64K s_q 4 85.6 us packed, 140.2 unrolled; b1/8K s_q 4 24.8 and 22.9); a
+    forced count always packs; a non-causal step has no tail slot, a sink one more slot."""
+    kw = dict(batch=b, kv_heads=8, rows=rows, seqlen_k=S.plan_bucket(sk), bytes_per_key=512,
+              page_size=128, num_sms=132)
+    unrolled = S.plan_split(ctas=b * rows * 8, seqlen_k=S.plan_bucket(sk), bytes_per_key=512,
+                            page_size=128, sink=False, num_sms=132, setting=-1,
+                            decode_rows=b * rows, fold=False)
+    sp = S.plan_packed(**kw, sink=False, causal=True, setting=-1, unrolled=unrolled)
+    assert (sp and (sp.n, sp.slots)) == want, sp
+    if sp:
+        assert sp.packed and sp.tail and sp.n * sp.chunk >= sk and b * 8 * sp.slots <= 132
+    forced = S.plan_packed(**kw, sink=True, causal=False, setting=5, unrolled=unrolled)
+    assert forced.packed and not forced.tail and (forced.n, forced.slots) == (5, 6)
+    assert S.plan_packed(**kw, sink=False, causal=True, setting=0) is None
+
+
 def test_speculative_rows_need_pages():
     q, k, v = _inputs(2, 2, 4, 2, 16, [600, 600], seed=0)
     cu = torch.tensor([0, 600, 1200], dtype=torch.int32)
