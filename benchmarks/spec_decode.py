@@ -1,63 +1,112 @@
-"""Speculative decoding over a dense KV (several query rows a sequence): fa4aot's split (the
-dense K viewed as its own pages, split.dense_page_size) against the unsplit kernel and torch
-SDPA's cuDNN backend, on the same inputs, in one process (H200).
+"""Speculative decoding (several query rows a sequence): fa4aot's split with the rows packed
+(split.plan_packed) against the same split with them unrolled (the plan before it), the
+unsplit kernel and torch SDPA's cuDNN backend, on the same inputs, in one process (H200).
 
     FA4AOT_CACHE_DIR=<store> python benchmarks/spec_decode.py [--out results.json]
 
-fa4aot runs causal (row t of s_q sees len - s_q + 1 + t keys, FA4's bottom-right alignment);
-cuDNN runs unmasked (torch SDPA's is_causal is top-left aligned, a different mask): the same
-bytes read, at most s_q - 1 keys fewer per row computed. Times: CUDA-graph replays, medians of
-three interleaved rounds (`_timing.graph_us`), and eager (`_timing.eager_us`)."""
+Per shape (32:8 hd128 bf16, causal: row t of s_q sees len - s_q + 1 + t keys, FA4's
+bottom-right alignment), columns:
+- `fa4aot`: the dense K (viewed as its own pages, split.dense_page_size), as planned;
+- `unrolled`: the same call with split.plan_packed off (each row a decode row of its own);
+- `paged P` / `paged P unrolled`: the same keys as a caller's paged K (pages of P in sequence
+  order, seqused_k; the tail's metadata computed per step), packed and unrolled;
+- `unsplit`: FA4AOT_SPLIT_KV=0 (FA4's kernel);
+- `cudnn`: torch SDPA unmasked (its is_causal is top-left aligned, a different mask): the
+  same bytes read, at most s_q - 1 keys fewer per row computed.
+limit: K+V bytes / 4.8 TB/s. Times: CUDA-graph replays and eager (do_bench), medians of three
+interleaved rounds (`_timing.interleaved_medians`; packing switched before each column). Each
+column's output is compared with the unsplit kernel's (max abs difference).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import statistics
 import sys
+
+SHAPES = [(1, 65536, 2), (1, 65536, 4), (1, 8192, 4), (2, 32768, 4), (4, 16384, 2),
+          (8, 4096, 4), (1, 131072, 4), (4, 32768, 4), (16, 16384, 4)]
+PAGES = (16, 128)
 
 
 def main():
     import torch
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _timing import decode_columns, decode_inputs, eager_us, graph_us
+    from _timing import decode_columns, decode_inputs, interleaved_medians
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    import fa4aot
+    import fa4aot.runtime as R
+    from fa4aot import split as S
+
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
+    ap.add_argument("--shapes", help="b:keys:rows,... (default: SHAPES)")
     a = ap.parse_args()
+    shapes = SHAPES if not a.shapes else [
+        tuple(int(x) for x in c.split(":")) for c in a.shapes.split(",")]
+    rt = R.default_runtime()
+    plan_packed = S.plan_packed
+
+    def packing(on: bool):
+        S.plan_packed = plan_packed if on else (lambda **kw: None)
+        rt._split_runs.clear()
+
     rows = []
-    for b, sk, sq in [(1, 65536, 2), (1, 65536, 4), (1, 8192, 4), (2, 32768, 4), (4, 16384, 2),
-                      (8, 4096, 4)]:
+    for b, sk, sq in shapes:
         hq, hk, d = 32, 8, 128
         torch.cuda.empty_cache()
         q, k, v, out = decode_inputs(b, sk, hq, hk, d, rows=sq)
         fns = decode_columns(q, k, v, out)
-        ours, unsplit = fns["fa4aot"], fns["unsplit"]
-        ours()
-        o1 = out.clone()
-        unsplit()
-        diff = (o1.float() - out.float()).abs().max().item()
+        cols = {"fa4aot": fns["fa4aot"], "unrolled": fns["fa4aot"]}
+        cu_q = torch.arange(0, b * sq + 1, sq, device="cuda", dtype=torch.int32)
+        used = torch.full((b,), sk, device="cuda", dtype=torch.int32)
+        for p in PAGES:
+            table = torch.arange(b * sk // p, device="cuda", dtype=torch.int32).view(b, -1)
+            kp, vp = k.view(-1, p, hk, d), v.view(-1, p, hk, d)
+
+            def paged(kp=kp, vp=vp, table=table, qv=q.view(b * sq, hq, d),
+                      ov=out.view(b * sq, hq, d)):
+                fa4aot.flash_attn_varlen_func(
+                    qv, kp, vp, cu_seqlens_q=cu_q, max_seqlen_q=sq, max_seqlen_k=sk,
+                    page_table=table, seqused_k=used, causal=True, out=ov)
+
+            cols[f"paged {p}"] = paged
+            cols[f"paged {p} unrolled"] = paged
+        cols["unsplit"], cols["cudnn"] = fns["unsplit"], fns["cudnn"]
+        diff = {}
+        packing(True)
+        fns["unsplit"]()
+        ref = out.clone()
+        for c, fn in cols.items():
+            if c in ("unsplit", "cudnn"):
+                continue
+            packing("unrolled" not in c)
+            out.fill_(float("nan"))
+            fn()
+            torch.cuda.synchronize()
+            diff[c] = (out.float() - ref.float()).abs().max().item()
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-            g = {n: [] for n in fns}
-            e = {n: [] for n in fns}
-            for rnd in range(3):
-                for n in (list(fns) if rnd % 2 == 0 else list(fns)[::-1]):
-                    g[n].append(graph_us(fns[n], calls=5, replays=9))
-                    e[n].append(eager_us(fns[n]))
+            eager, graph = interleaved_medians(
+                cols, 3, before=lambda c: packing("unrolled" not in c),
+                after=lambda: packing(True))
         row = {"b": b, "sk": sk, "sq": sq, "hq": hq, "hk": hk,
-               "kv_mb": b * sk * hk * d * 4 / 1e6, "max_diff_vs_unsplit": diff}
-        for n in fns:
-            row[f"{n}_graph"] = statistics.median(g[n])
-            row[n] = statistics.median(e[n])
+               "limit_us": 2 * b * sk * hk * d * 2 / 4.8e6, "eager": eager, "graph": graph,
+               "diff": diff}
         rows.append(row)
-        print(f"b{b} sk{sk} sq{sq} 32:8: graph fa4aot {row['fa4aot_graph']:.1f} unsplit "
-              f"{row['unsplit_graph']:.1f} cudnn {row['cudnn_graph']:.1f} | eager fa4aot "
-              f"{row['fa4aot']:.1f} unsplit {row['unsplit']:.1f} cudnn {row['cudnn']:.1f} | "
-              f"diff vs unsplit {diff:.1e}", flush=True)
+        print(f"b{b} sk{sk} sq{sq} 32:8  limit {row['limit_us']:.1f}  cudnn "
+              f"{eager['cudnn']:.1f}/{graph['cudnn']:.1f} (eager/graph)", flush=True)
+        for c in cols:
+            if c == "cudnn":
+                continue
+            e, g = eager[c], graph[c]
+            print(f"   {c:18s} eager {e:8.1f} ({e / eager['cudnn']:.3f})  graph {g:8.1f} "
+                  f"({g / graph['cudnn']:.3f}, {g / row['limit_us']:.2f}x limit)"
+                  + (f"  diff {diff[c]:.1e}" if c in diff else ""), flush=True)
+        del q, k, v, out, ref
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)

@@ -457,8 +457,10 @@ def superseded(art) -> bool:
     without a wide fold kernel its K takes (parts `fwd_wide`, `fwd_wide1`: constraints.WideFold,
     compiler.trace_wide_fold) or, for a packed K, without the wide split kernel (part
     `fwd_wide_split`: constraints.wide_split) or, paged on FA4's cp.async path, without the TMA
-    page kernel (part `fwd_tma`: constraints.tma_page), or whose kernels are not programmatic
-    dependent launches (parts.fwd.pdl: compiler._pdl_secondary), i.e. built before them.
+    page kernel (part `fwd_tma`: constraints.tma_page), or, paged on sm90, without the
+    packed-rows metadata kernel (part `packed_meta`: compiler.trace_packed_meta), or whose
+    kernels are not programmatic dependent launches (parts.fwd.pdl:
+    compiler._pdl_secondary), i.e. built before them.
     `fa4aot build` replaces it, as it does a corrupt copy; until then the runtime serves it with
     what it has (FA4's combine, torch's element-wise kernels, a copy of q over the chunks, the
     metadata kernel, plain launches)."""
@@ -482,7 +484,8 @@ def superseded(art) -> bool:
         return True
     if merge == "merge" and parts.get("merge", {}).get("version") != C.MERGE_VERSION:
         return True  # fa4aot's merge as an earlier fa4aot compiled it (C.MERGE_VERSION)
-    return not {merge, "chunk_meta"} <= set(rec["parts"])
+    want = {merge, "chunk_meta"} | ({"packed_meta"} if v.paged and v.arch == "sm90" else set())
+    return not want <= set(rec["parts"])
 
 
 def _target_copy(store: Store, vid: str):

@@ -333,6 +333,8 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
         else:  # head dims fa4aot's merge has no thread layout for (C.merge_threads)
             helpers["combine"] = trace_combine(variant)
         helpers["chunk_meta"] = trace_chunk_meta(variant)
+        if variant.paged and variant.arch == "sm90":  # (split.plan_packed: the chunk modes)
+            helpers["packed_meta"] = trace_packed_meta(variant)
     if variant.split_kv:
         # FA4's native split (Blackwell): its own entry compiled the combine for the call's
         # num_splits (the representative call's is the heuristic's maximum, 128)
@@ -401,6 +403,8 @@ def part_record(name: str, key, arch: str) -> dict:
         rec["version"] = int(key[1])
     if name == "chunk_meta":  # CHUNK_META_KEY's fields
         rec["form"] = key[2]
+    if name == "packed_meta":  # PACKED_META_KEY's fields
+        rec["version"] = int(key[1])
     return rec
 
 
@@ -995,6 +999,87 @@ def _chunk_meta_class():
 
     _CHUNK_META_CLASS = ChunkMeta
     return ChunkMeta
+
+
+# fa4aot's packed-rows metadata kernel: (name, version); bump the version when its code changes
+PACKED_META_KEY = ("fa4aot_packed_meta", 1)
+_PACKED_META_CLASS = None
+
+
+def trace_packed_meta(variant: Variant) -> list[tuple[Any, Any]]:
+    """Compile the metadata kernel of a speculative step with its rows packed
+    (split.plan_packed, runtime/splitkv.PackedRun) for `variant`, a paged split chunk kernel:
+    one launch where the step ran ten element-wise torch kernels (H200, 2026-12-02, b1/64K s_q
+    4 32:8 in a CUDA graph: 101.4 us over pages against 82.2 over the dense K, whose metadata is
+    a constant). The runtime calls it as `packed_meta(used, table, used_a, tail_table,
+    tail_len, rows, page_size)` (int32 tensors, any strides, then two int32s): for sequence i
+    of length used[i] and row t < rows, x = used[i] - rows + 1 (the keys row 0 sees) and T =
+    floor(max(x, 0) / page_size) * page_size:
+
+    - used_a[i] = T: the keys every row sees, up to a page boundary (the chunks' part);
+    - tail_table[i * rows + t] = table[i, T / page_size + (0, 1)], each clamped to the table's
+      last column (a second page past it is never read);
+    - tail_len[i * rows + t] = max(x + t - T, 0): the tail keys row t sees."""
+    import cutlass
+    import cutlass.cute as cute
+    from quack.compile_utils import make_fake_tensor
+
+    if not variant.paged:
+        raise RuntimeError("the packed-rows metadata kernel is for a paged K's split kernel")
+    sym = cute.sym_int
+    i32 = cutlass.Int32
+    b, m = sym(), sym()
+
+    def t(*shape):
+        return make_fake_tensor(i32, shape, divisibility=1, leading_dim=None)  # (any stride)
+
+    fn = cute.compile(
+        _packed_meta_class()(), t(b), t(b, sym()), t(b), t(m, 2), t(m), i32(0), i32(0),
+        cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True), options="--enable-tvm-ffi",
+    )
+    return [(PACKED_META_KEY, fn)]
+
+
+def _packed_meta_class():
+    """The packed-rows metadata kernel's class, defined on first use (cutlass is imported only
+    here)."""
+    global _PACKED_META_CLASS
+    if _PACKED_META_CLASS is not None:
+        return _PACKED_META_CLASS
+    import cutlass
+    import cutlass.cute as cute
+
+    class PackedMeta:
+        threads = 128
+
+        # (no annotations: see _merge_class)
+        @cute.jit
+        def __call__(self, mUsed, mTable, mUsedA, mTT, mTL, rows, page, stream):
+            self.kernel(mUsed, mTable, mUsedA, mTT, mTL, rows, page).launch(
+                grid=[cute.ceil_div(mTL.shape[0], self.threads), 1, 1],
+                block=[self.threads, 1, 1], stream=stream,
+            )
+
+        @cute.kernel
+        def kernel(self, mUsed, mTable, mUsedA, mTT, mTL, rows, page):
+            tidx, _, _ = cute.arch.thread_idx()
+            bidx, _, _ = cute.arch.block_idx()
+            idx = bidx * self.threads + tidx
+            if idx < mTL.shape[0]:
+                i = idx // rows
+                t = idx - i * rows
+                x = mUsed[i] - (rows - 1)
+                pg = cutlass.max(x, 0) // page
+                tu = pg * page
+                if t == 0:
+                    mUsedA[i] = tu
+                last = mTable.shape[1] - 1
+                mTT[idx, 0] = mTable[i, cutlass.min(pg, last)]
+                mTT[idx, 1] = mTable[i, cutlass.min(pg + 1, last)]
+                mTL[idx] = cutlass.max(x + t - tu, 0)
+
+    _PACKED_META_CLASS = PackedMeta
+    return PackedMeta
 
 
 def runtime_library_dirs() -> list[str]:

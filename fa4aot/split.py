@@ -209,10 +209,11 @@ def tma_part(parts: dict, page_size: int | None) -> str | None:
 
 def wide_part(parts: dict, variant) -> str | None:
     """The part of split chunk kernel `variant`'s artifact (record parts `parts`) a packed
-    (dense or varlen) K's wide plan (Split.wide, wide_split) runs its chunks on: `fwd_wide_split`, where the artifact
-    holds it and constraints.wide_split builds it for the variant (a store built before that
-    rule may hold one for other head dims: unused); None otherwise (a paged K, older
-    artifacts). Shared by the runtime (plan.Runtime.split_kernel) and `fa4aot explain`."""
+    (dense or varlen) K's wide plan (Split.wide, wide_split) runs its chunks on:
+    `fwd_wide_split`, where the artifact holds it and constraints.wide_split builds it for the
+    variant (a store built before that rule may hold one for other head dims: unused); None
+    otherwise (a paged K, older artifacts). Shared by the runtime (plan.Runtime.split_kernel)
+    and `fa4aot explain`."""
     from . import constraints as C
 
     v = variant
@@ -266,18 +267,126 @@ def split_refusal(
 @dataclass(frozen=True)
 class Split:
     """One split plan: n chunks of `chunk` keys per (sequence, query row); `slots` = n, plus
-    one for a learnable sink; `wide`: the chunks run on the wide split kernel (wide_split)."""
+    one for a learnable sink (and for `packed` causal rows one for their tail); `wide`: the
+    chunks run on the wide split kernel (wide_split); `packed`: a step of several query rows
+    a sequence runs them packed as rows of one chunk (plan_packed), not unrolled."""
 
     n: int
     chunk: int
     slots: int
     wide: bool = False
+    packed: bool = False
+    tail: bool = False
 
     def describe(self) -> str:
         s = f"split-KV: {self.n} chunks of {self.chunk} keys, merged by LSE"
-        if self.slots > self.n:
-            s += " (+1 sink slot)"
+        extra = []
+        if self.tail:
+            extra.append("+1 causal tail slot")
+        if self.slots > self.n + self.tail:
+            extra.append("+1 sink slot")
+        if extra:
+            s += f" ({', '.join(extra)})"
         return s
+
+
+# A speculative step's packed plan (plan_packed) pays besides its chunks' streaming (and the
+# merge, step_time's overhead_s): the q copy into packed rows, the causal tail's chunk kernel
+# and its two copies into the merge's slot, and the empty CTAs of the tail's slot; for a
+# caller's paged K the tail's metadata: one kernel (compiler.trace_packed_meta), or ten
+# element-wise torch kernels in older stores (for a dense K viewed as pages, a constant).
+# H200, 2026-12-02 (spec_decode.py, CUDA graphs, 32:8 hd128): over a dense K 14-27 us above
+# the one-row step of the same shape (b1/8K s_q 4 24.8 against 10.6, b1/64K s_q 2 and 4 84.6
+# and 85.6 against ~66, b4/32K s_q 4 152.5 against 125.5); over a caller's paged K 3-5 us
+# more with the metadata kernel, ~19 with the torch kernels (b1/64K s_q 4: 90.3, 101.4).
+# Unrolled rows take the one-row step's time about 1 + UNROLLED_ROW_COST * (rows - 1) times
+# (L2 absorbs their repeated reads, the SMs' load rate does not): 1.37-1.56 at s_q 2, 2.0-2.16
+# at s_q 4 (b1/8K 22.9, b1/64K 140.2, b2/32K 133.6, b1/128K 269.3 us).
+PACKED_EXTRA_S = 18e-6
+PACKED_META_KERNEL_S = 3e-6
+PACKED_META_TORCH_S = 19e-6
+UNROLLED_ROW_COST = 0.4
+
+
+def packed_meta_s(paged: bool, kernel: bool) -> float:
+    """plan_packed's `meta_s`: what a causal step's tail metadata costs a step: nothing for
+    a dense K viewed as pages (constants), else its kernel's launch or the torch kernels."""
+    if not paged:
+        return 0.0
+    return PACKED_META_KERNEL_S if kernel else PACKED_META_TORCH_S
+
+
+def packed_refusal(*, ratio: int, rows: int, tile_m: int | None) -> str | None:
+    """Why a step of several query rows a sequence cannot run them packed as rows of one
+    chunk (plan_packed), or None: the chunk kernel's M tile holds ratio * rows rows."""
+    if tile_m is None:
+        return "the chunk kernel has FA4's own tile"
+    if rows < 2:
+        return "one query row"
+    if ratio * rows > tile_m:
+        return f"{ratio} query heads x {rows} rows exceed the chunk kernel's {tile_m}-row tile"
+    return None
+
+
+def plan_packed(
+    *,
+    batch: int,
+    kv_heads: int,
+    rows: int,
+    seqlen_k: int,
+    bytes_per_key: int,
+    page_size: int,
+    sink: bool,
+    causal: bool,
+    num_sms: int,
+    setting: int,
+    max_slots: int = MAX_SLOTS,
+    unrolled: Split | None = None,
+    meta_s: float = PACKED_META_KERNEL_S,
+    model: CostModel = DEFAULT_MODEL,
+) -> Split | None:
+    """The packed plan of a decode step of `rows` query rows a sequence over a paged K (or a
+    dense one viewed as pages), or None (run it unrolled, `unrolled`, or unsplit where that is
+    None). Packed: the rows of a KV head's query heads (ratio x rows) are the rows of one chunk
+    of the 1:1 chunk kernel, so each chunk's keys stream once for every row, where unrolled
+    rows stream them once a row. Causal rows see different keys only in their last rows - 1
+    keys: the chunks cover the keys every row sees up to a page boundary (T = the page-rounded
+    len - rows + 1), and a tail, the rows unrolled over at most two pages from T, fills one
+    more slot (Split.tail). Auto: the cost model's split of batch * kv_heads CTAs, taken where
+    its time (plus PACKED_EXTRA_S, and `meta_s` for a causal step's tail metadata,
+    packed_meta_s) beats the unrolled rows' (UNROLLED_ROW_COST) or the unsplit kernel's;
+    a forced count (setting > 0) always packs. Shared by the runtime and `fa4aot explain`."""
+    if setting == 0:
+        return None
+    align = math.lcm(128, page_size)
+    extra = int(causal) + int(sink)
+    kw = dict(seqlen_k=seqlen_k, bytes_per_key=bytes_per_key, num_sms=num_sms, align=align,
+              model=model)
+    ctas = batch * kv_heads
+    if setting > 0:
+        n = setting
+    else:
+        n = choose_splits(batch=batch, kv_heads=kv_heads, rows=1, fold=True, **kw)
+        if extra and ctas * n <= num_sms < ctas * (n + extra):
+            # the tail's and sink's slots are CTAs of the chunks' grid too (empty ones, after
+            # each sequence's chunks): keep the grid one wave (H200, 2026-12-02: b8/4K s_q 4 in
+            # 2 chunks + the tail slot, 192 CTAs, ran 60.7 us against FA4's unsplit 48.4)
+            n = max(1, num_sms // ctas - extra)
+        one = step_time(n, ctas=ctas, fold=True, **kw)  # the one-row step of this shape
+        if n == 1 and extra:
+            one += model.overhead_s  # one chunk still merges with its tail (or sink)
+        t = one + PACKED_EXTRA_S + (meta_s if causal else 0.0)
+        if unrolled is None:  # unsplit: FA4's kernel packs the rows itself
+            alt = step_time(1, ctas=ctas, fold=False, **kw)
+        else:
+            alt = one * (1 + UNROLLED_ROW_COST * (rows - 1))
+        if t >= alt:
+            return None
+    n = min(n, max_slots - extra, MAX_VIRTUAL_SEQS // max(batch, 1) - extra)
+    if n < 1:
+        return None
+    sp = make_split(n, seqlen_k, page_size=page_size, sink=False, align=align)
+    return Split(sp.n, sp.chunk, sp.n + extra, packed=True, tail=causal)
 
 
 # split.wide_split: the shortest chunk (bytes a CTA streams) of a one-wave plan whose step goes

@@ -253,7 +253,8 @@ def test_superseded_is_a_split_kernel_merging_with_fa4s_combine_or_copying_q():
     from fa4aot.variants import split_kernel_variant
 
     def art(variant, *parts, q_broadcast=True, chunk_lengths=True, bounds=True, wide=True,
-            wide1=True, tma=True, wide_split=True, merge_version=C.MERGE_VERSION, pdl=True):
+            wide1=True, tma=True, wide_split=True, merge_version=C.MERGE_VERSION, pdl=True,
+            packed_meta=True):
         rec = {"variant": variant.to_dict(), "parts": {p: {} for p in ("fwd", *parts)}}
         if "merge" in parts and merge_version is not None:
             rec["parts"]["merge"]["version"] = merge_version
@@ -274,6 +275,8 @@ def test_superseded_is_a_split_kernel_merging_with_fa4s_combine_or_copying_q():
             rec["parts"]["fwd_wide_split"] = {}
         if tma and variant.split_kernel and variant.tile_m == 64 and variant.paged:
             rec["parts"]["fwd_tma"] = {"page_size": 64}
+        if packed_meta and variant.split_kernel and variant.paged and parts:
+            rec["parts"]["packed_meta"] = {"version": 1}
         return SimpleNamespace(record=rec)
 
     split = split_kernel_variant("sm90", "bfloat16", 128, 128, None)
@@ -308,6 +311,9 @@ def test_superseded_is_a_split_kernel_merging_with_fa4s_combine_or_copying_q():
     assert not B.superseded(art(paged, "merge", "chunk_meta", wide1=False))  # packed K only
     assert not B.superseded(art(paged, "merge", "chunk_meta", wide_split=False))
     assert B.superseded(art(paged, "merge", "chunk_meta", chunk_lengths=False))
+    # a paged one carries the packed-rows metadata kernel (compiler.trace_packed_meta)
+    assert B.superseded(art(paged, "merge", "chunk_meta", packed_meta=False))
+    assert not B.superseded(art(split, "merge", "chunk_meta", packed_meta=False))
     # FA4's TMA paged kernel (pages of 128) has no fwd_tma; its cp.async one (every other page
     # size) carries one for pages of 64 (constraints.tma_page)
     assert not B.superseded(art(paged, "merge", "chunk_meta", tma=False))

@@ -161,6 +161,8 @@ def test_wide_fold_compiles_two_ctas_per_sm_and_refuses_other_tiles():
     assert "fwd_wide_split" not in doc["hd64_parts"]  # hd128 only
     assert "fwd_wide" in doc["paged_parts"] and "fwd_wide1" not in doc["paged_parts"]
     assert "fwd_wide_split" not in doc["paged_parts"]
+    # its packed-rows metadata kernel (compiler.trace_packed_meta): paged K only
+    assert "packed_meta" in doc["paged_parts"] and "packed_meta" not in doc["hd64_parts"]
     # the paged cp.async kernel's TMA part for pages of 64 (constraints.tma_page); none beside
     # FA4's TMA paged kernel (pages of 128), and none built on it
     assert "fwd_tma" in doc["paged_parts"] and doc["tma"] == {"page_size": 64, "pdl": True}

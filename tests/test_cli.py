@@ -491,6 +491,33 @@ def test_explain_says_which_kernel_the_fold_runs_on(run, monkeypatch):
                 assert why in doc["fold"], doc["fold"]
 
 
+def test_explain_says_speculative_rows_run_packed(run, monkeypatch):
+    """split.plan_packed: 4 causal query rows over a paged K (or a dense one viewed as pages),
+    where the chunk kernel reads q and cuts a paged K's lengths through its chunk modes, run
+    packed as rows of each chunk, their causal tail in one more slot; a head ratio whose rows
+    overflow the chunk kernel's tile (20:1 x 4 > 64), or a store without the chunk-length
+    mode, unrolls them."""
+    merge = {"partial_dtype": "bfloat16", "max_splits": 128, "threads": 256}
+    parts = {"fwd": {"q_broadcast": True, "chunk_lengths": True}, "merge": merge,
+             "chunk_meta": {"form": "lengths"}}
+    _hold_split_kernels(monkeypatch, parts)
+    base = ["explain", "--head-dim", "128", "--seqlen-k", "65536", "--seqlen-q", "4", "--json"]
+    paged = ["--layout", "paged", "--page-size", "128"]
+    doc = json.loads(run(*base, "--heads", "32:8", *paged).stdout)["split"]
+    assert doc["packed"] and doc["slots"] == doc["splits"] + 1, doc
+    assert ("4 query rows packed as rows of each chunk, the causal tail unrolled over two "
+            "pages") in doc["plan"] and "(+1 causal tail slot)" in doc["plan"]
+    doc = json.loads(run(*base, "--heads", "32:8").stdout)["split"]
+    assert doc["packed"] and "the dense K viewed as pages of 128" in doc["plan"], doc
+    doc = json.loads(run(*base, "--heads", "32:8", "--no-causal", *paged).stdout)["split"]
+    assert doc["packed"] and doc["slots"] == doc["splits"] and "tail" not in doc["plan"]
+    doc = json.loads(run(*base, "--heads", "20:1", *paged).stdout)["split"]
+    assert not doc["packed"] and "4 query rows unrolled" in doc["plan"], doc
+    _hold_split_kernels(monkeypatch, {**parts, "fwd": {"q_broadcast": True}})
+    doc = json.loads(run(*base, "--heads", "32:8", *paged).stdout)["split"]
+    assert not doc["packed"] and "4 query rows unrolled" in doc["plan"], doc
+
+
 def test_explain_split_kv(run, split_store):
     base = ["explain", "--head-dim", "128", "--json"]
     r = run(*base, "--heads", "32:8", "--seqlen-k", "65536")

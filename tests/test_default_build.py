@@ -112,4 +112,9 @@ def test_default_split_kernels_merge_with_fa4aots_merge_kernel():
         form = "lengths" if rec["variant"]["paged"] else "bounds"
         assert parts["chunk_meta"]["form"] == form, d.name
         assert b"fa4aot_chunk_meta" in (d / parts["chunk_meta"]["file"]).read_bytes()
+        # a paged K's packed-rows metadata kernel (compiler.trace_packed_meta)
+        assert ("packed_meta" in parts) is rec["variant"]["paged"], d.name
+        if rec["variant"]["paged"]:
+            assert parts["packed_meta"]["version"] == 1
+            assert b"fa4aot_packed_meta" in (d / parts["packed_meta"]["file"]).read_bytes()
     assert n >= 6

@@ -427,6 +427,48 @@ def test_cuda_graph_replay_is_bit_identical(monkeypatch, page):
     _replays_match_eager(step, q, used, out, 6000, captured)
 
 
+@pytest.mark.parametrize("page", [16, 64, 128])
+@pytest.mark.parametrize("sinks", [False, True])
+def test_cuda_graph_replay_of_packed_speculative_rows(monkeypatch, page, sinks):
+    """split.plan_packed: a causal step of 4 query rows a sequence over a paged K runs its rows
+    packed (a chunk per sequence and slot for all rows, then the causal tail; the tail's page
+    table and lengths computed on the GPU from seqused_k each step), exact against the fp32
+    reference, and captured and replayed on new q and new lengths: the same bits as eager."""
+    import fa4aot
+
+    spy = _Spy(monkeypatch)
+    b, sq, hq, hk, d = 3, 4, 32, 8, 128
+    lk = [6000, 3001, 4500]
+    k, v, table, kp, vp = _paged(lk, page, hk, d)
+    used = torch.tensor(lk, device="cuda", dtype=torch.int32)
+    q = torch.randn(b * sq, hq, d, device="cuda", dtype=torch.bfloat16)
+    cu_q = torch.arange(0, b * sq + 1, sq, device="cuda", dtype=torch.int32)
+    sink = torch.randn(hq, device="cuda", dtype=torch.float32) if sinks else None
+    out = _poison((b * sq, hq, d))
+    rt = _rt(6)
+    rt._split_runs.clear()
+
+    def step():
+        return fa4aot.flash_attn_varlen_func(
+            q, k, v, cu_seqlens_q=cu_q, max_seqlen_q=sq, max_seqlen_k=max(lk),
+            page_table=table, seqused_k=used, causal=True, learnable_sink=sink, out=out)
+
+    step()
+    runs = [r for r in rt._split_runs.values() if r]
+    assert spy.split == 1 and len(runs) == 1 and runs[0].packed and runs[0].sp.tail
+    ro, _ = attention_ref(q.view(b, sq, hq, d), kp, vp, torch.full((b,), sq, device="cuda"),
+                          used.long(), causal=True, sink=sink)
+    assert not out.isnan().any()
+    _record(f"packed rows page {page}{' sink' if sinks else ''}",
+            rel_err(out, ro.reshape(b * sq, hq, d)), None)
+
+    def captured():
+        assert spy.split >= 3
+
+    _replays_match_eager(step, q, used, out, max(lk), captured)
+    _rt(-1)
+
+
 @pytest.mark.parametrize("page,b,sk,part", [(None, 32, 8192, "fwd_wide1"),
                                             (64, 32, 2000, "fwd_wide"),
                                             (None, 28, 2000, "fwd_wide")])

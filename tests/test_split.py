@@ -175,6 +175,17 @@ def fake_chunk_meta(lengths: bool):
     return meta
 
 
+def fake_packed_meta(used, table, used_a, tail_table, tail_len, rows, page):
+    """compiler.trace_packed_meta's kernel in torch (its docstring's arithmetic)."""
+    x = used.long() - (rows - 1)
+    t_used = x.clamp(min=0) // page * page
+    used_a.copy_(t_used)
+    cols = (t_used // page)[:, None] + torch.tensor([0, 1])
+    pages = table.long().gather(1, cols.clamp(max=table.shape[1] - 1))
+    tail_table.copy_(pages.repeat_interleave(rows, 0))
+    tail_len.copy_(((x - t_used)[:, None] + torch.arange(rows)).clamp(min=0).flatten())
+
+
 @pytest.fixture(autouse=True, params=[(False, False), (True, False), (True, True)],
                 ids=["torch-metadata", "metadata-kernel", "chunk-modes"])
 def split_kernels(request, monkeypatch):
@@ -192,6 +203,7 @@ class _FakeRuntime:
     kernels."""
 
     meta = chunk_modes = False  # (the split_kernels fixture)
+    packed_meta = True  # with chunk_modes, for a paged K: the part packed_meta
 
     def __init__(self, n):
         self.n = self.split = n
@@ -206,7 +218,9 @@ class _FakeRuntime:
         fwd = partial(fake_fwd, chunk_lengths=chunked)
         return R.plan.SplitKernel(fwd, fake_combine, S.MAX_SLOTS, None, meta=meta,
                                   q_broadcast=self.chunk_modes, chunk_lengths=chunked,
-                                  fwd_bounds=fwd if bounds else None)
+                                  fwd_bounds=fwd if bounds else None,
+                                  packed_meta=fake_packed_meta if (
+                                      chunked and self.packed_meta) else None)
 
     def plan(self, seqlen_k, page_size, sink):
         return S.make_split(self.n, seqlen_k, page_size=page_size, sink=sink)
@@ -304,7 +318,7 @@ def test_dense_speculative_rows_split_as_pages(sq, causal, sk):
         ro, rl = _ref(q, k, v, [sk] * b, causal, None)
         assert rel_err(out, ro) < 1e-2
         assert torch.allclose(lse, rl, atol=1e-3)
-    assert any(key[0] == "dense_meta" for key in rt._split_consts)
+    assert any(key[0] in ("dense_meta", "packed_meta") for key in rt._split_consts)
 
 
 def test_dense_speculative_rows_whose_length_no_page_divides_run_unsplit():
@@ -348,9 +362,17 @@ def test_varlen_decode_split_with_empty_and_one_token_sequences(n, lse_wanted):
 @pytest.mark.parametrize("page", [16, 64, 128])
 @pytest.mark.parametrize("sq,causal", [(1, True), (2, True), (4, True), (3, False)])
 @pytest.mark.parametrize("varlen_q", [False, True])
-def test_paged_split_with_speculative_rows(page, sq, causal, varlen_q):
-    lens = [5, 1000, 0, 257, 640]
+@pytest.mark.parametrize("sink", [False, True])
+@pytest.mark.parametrize("packed_meta", [True, False])
+def test_paged_split_with_speculative_rows(monkeypatch, page, sq, causal, varlen_q, sink,
+                                           packed_meta):
+    """Rows unrolled, or (with the chunk modes) packed with a causal tail, its metadata from
+    the kernel (part packed_meta) or, in stores without it, torch's; lengths of 0, 2 (a
+    causal row 0 of 4 sees none), a page and one key (the tail spans two pages), ragged."""
+    monkeypatch.setattr(_FakeRuntime, "packed_meta", packed_meta)
+    lens = [5, 1000, 0, 257, 640, 2, page + 1]
     b, hq, hk, d = len(lens), 8, 2, 16
+    s = torch.randn(hq) if sink else None
     q, k, v = _inputs(b, sq, hq, hk, d, lens, seed=page + sq)
     maxp = -(-max(lens) // page) + 1  # one spare column
     g = torch.Generator().manual_seed(1)
@@ -366,11 +388,11 @@ def test_paged_split_with_speculative_rows(page, sq, causal, varlen_q):
     used = torch.tensor(lens, dtype=torch.int32)
     qq = q.reshape(b * sq, hq, d) if varlen_q else q
     got = _split(_FakeRuntime(6), q, kpool, vpool, "paged", (None, used, table), maxp * page,
-                 page, causal, None, None, None, True, varlen_q)
+                 page, causal, s, None, None, True, varlen_q)
     assert got is not None
     o, lse = got
     assert o.shape == (*qq.shape[:-1], d)
-    ro, rl = _ref(q, k, v, lens, causal, None)
+    ro, rl = _ref(q, k, v, lens, causal, s)
     o4 = o.view(b, sq, hq, d)
     lse3 = lse.t().reshape(b, sq, hq).transpose(1, 2) if varlen_q else lse
     assert rel_err(o4, ro) < 1e-2
@@ -669,6 +691,34 @@ def test_unsplit_steps_the_chunk_kernel_does_not_take():
     assert step(_NoSplitRuntime(), q=q128, hq=256, hk=2) is None
 
 
+@pytest.mark.parametrize("b,sk,rows,want", [
+    # (batch at 32:8, keys, query rows, the packed plan's (chunks, slots) or None: unrolled)
+    (1, 65536, 4, (15, 16)), (1, 65536, 2, (15, 16)), (1, 131072, 4, (15, 16)),
+    (2, 32768, 4, (7, 8)),  # the tail's slot keeps the chunks' grid one wave: 128 CTAs
+    (1, 16384, 4, (15, 16)), (4, 16384, 2, (3, 4)),
+    (4, 32768, 4, (3, 4)),  # the unrolled rows' 128 CTAs would not split: FA4's kernel
+    (1, 8192, 4, None), (1, 4096, 2, None), (1, 32768, 2, None),  # the extra launches lose
+    (8, 4096, 4, None), (16, 16384, 4, None),  # FA4's unsplit kernel packs the rows itself
+])
+def test_packed_rows_where_they_beat_unrolled_rows(b, sk, rows, want):
+    """split.plan_packed on the H200 (132 SMs, hd128, 32:8, causal, pages of 128): packed
+    where the one-row step's time plus the extra launches beats the unrolled rows' (H200,
+    2026-12-02: b1/64K s_q 4 85.6 us packed, 140.2 unrolled; b1/8K s_q 4 24.8 and 22.9); a
+    forced count always packs; a non-causal step has no tail slot, a sink one more slot."""
+    kw = dict(batch=b, kv_heads=8, rows=rows, seqlen_k=S.plan_bucket(sk), bytes_per_key=512,
+              page_size=128, num_sms=132)
+    unrolled = S.plan_split(ctas=b * rows * 8, seqlen_k=S.plan_bucket(sk), bytes_per_key=512,
+                            page_size=128, sink=False, num_sms=132, setting=-1,
+                            decode_rows=b * rows, fold=False)
+    sp = S.plan_packed(**kw, sink=False, causal=True, setting=-1, unrolled=unrolled)
+    assert (sp and (sp.n, sp.slots)) == want, sp
+    if sp:
+        assert sp.packed and sp.tail and sp.n * sp.chunk >= sk and b * 8 * sp.slots <= 132
+    forced = S.plan_packed(**kw, sink=True, causal=False, setting=5, unrolled=unrolled)
+    assert forced.packed and not forced.tail and (forced.n, forced.slots) == (5, 6)
+    assert S.plan_packed(**kw, sink=False, causal=True, setting=0) is None
+
+
 def test_speculative_rows_need_pages():
     q, k, v = _inputs(2, 2, 4, 2, 16, [600, 600], seed=0)
     cu = torch.tensor([0, 600, 1200], dtype=torch.int32)
@@ -743,15 +793,22 @@ def test_merge_kernel_thread_layouts():
     assert merge_threads(8 * 33, S.MAX_SLOTS) is None  # 33 lanes: no whole warps within 256
 
 
-@pytest.mark.parametrize("form", ["batch", "packed", "rows", "rows-unmerged"])
-def test_chunk_mode_kernel_reads_the_callers_q_and_lengths_in_place(form):
+@pytest.mark.parametrize("form,pack", [("batch", False), ("packed", False), ("rows", False),
+                                       ("rows-unmerged", False), ("rows", True),
+                                       ("rows-unmerged", True)])
+def test_chunk_mode_kernel_reads_the_callers_q_and_lengths_in_place(monkeypatch, form, pack):
     """With a forward that reads q and a paged K's lengths through chunk modes
     (compiler.trace_chunk_modes), the kernel gets the caller's q itself, (decode rows, r, hk,
-    d): no copy over the chunks, for q in batch form, packed, and with speculative rows (whose
-    rows merge into one stride); a q whose rows do not merge (here batch-strided through a
-    wider buffer) goes as one copy. At one decode row it gets the caller's seqused_k too (no
-    metadata launch); at several, each unrolled row's length."""
+    d): no copy over the chunks, for q in batch form, packed, and with speculative rows
+    unrolled (whose rows merge into one stride); a q whose rows do not merge (here
+    batch-strided through a wider buffer) goes as one copy. At one decode row it gets the
+    caller's seqused_k too (no metadata launch); at several, each unrolled row's length.
+    Speculative rows packed (split.plan_packed): the body's chunks read q copied into packed
+    rows (b, r * rows, hk, d) and cut each sequence's page-rounded length themselves; the
+    causal tail reads the caller's q as unrolled rows, with each row's tail length."""
     sq = 1 if form in ("batch", "packed") else 2
+    if not pack:
+        monkeypatch.setattr(S, "plan_packed", lambda **kw: None)
     lens = [300, 1000, 5]
     b, hq, hk, d, page = len(lens), 8, 2, 16, 64
     q, k, v = _inputs(b, sq, hq, hk, d, lens, seed=11)
@@ -779,7 +836,11 @@ def test_chunk_mode_kernel_reads_the_callers_q_and_lengths_in_place(form):
         Rt(4), 0, q_in, kpool, vpool, "paged", None, used, table, b, sq, hq, hk, d, d,
         table.shape[1] * page, page, True, None, None, None, None, False, form == "packed",
     )
-    assert got is not None and len(seen) == 1
+    assert got is not None and len(seen) == 1 + pack
+    if pack:
+        body_q, body_used = seen.pop(0)
+        assert body_q.shape == (b, hq // hk * sq, hk, d) and body_used.shape == (b,)
+        assert body_used.tolist() == [(n - sq + 1) // page * page for n in lens]
     qk, used_k = seen[0]
     # the caller's lengths at one row (no metadata launch), each unrolled row's at several
     assert (used_k is used) == (sq == 1) and used_k.shape == (b * sq,)

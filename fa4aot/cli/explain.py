@@ -434,6 +434,17 @@ def _split_plan(
             wide=(layout in ("dense", "varlen") and seqlen_q == 1
                   and S.wide_part(rec["parts"], kern) is not None),
         )
+        fwd_rec = rec["parts"]["fwd"]
+        if (seqlen_q > 1 and fwd_rec.get("q_broadcast") and fwd_rec.get("chunk_lengths")
+                and S.packed_refusal(ratio=hq // hk, rows=seqlen_q,
+                                     tile_m=C.split_tile_m(arch, d, dv)) is None):
+            # (runtime/splitkv._packed_plan, likewise)
+            sp = S.plan_packed(
+                batch=batch, kv_heads=hk, rows=seqlen_q, seqlen_k=bucket,
+                bytes_per_key=(d + dv) * 2, page_size=page_size, sink=sink, causal=causal,
+                num_sms=num_sms, setting=setting, max_slots=max_slots, unrolled=sp,
+                meta_s=S.packed_meta_s(not dense_pages, "packed_meta" in rec["parts"]),
+            ) or sp
         if sp is None:
             why = ("FA4AOT_SPLIT_KV=0" if setting == 0 else
                    f"the cost model: {batch * seqlen_q * hk} CTAs over {seqlen_k} keys gain "
@@ -463,6 +474,11 @@ def _split_plan(
     if sp is None:
         return {"splits": 0, "why": why}
     rows = f", {seqlen_q} query rows unrolled{dense_pages}" if seqlen_q > 1 else ""
+    ctas = batch * seqlen_q * hk * sp.slots
+    if sp.packed:
+        rows = (f", {seqlen_q} query rows packed as rows of each chunk{dense_pages}"
+                + (", the causal tail unrolled over two pages" if sp.tail else ""))
+        ctas = batch * hk * sp.slots + (batch * seqlen_q * hk if sp.tail else 0)
     merged = ("fa4aot's merge kernel" if merge_name == "merge" else
               "FA4's combine (a store built before fa4aot's merge kernel: `fa4aot build` "
               "replaces it)")
@@ -484,7 +500,8 @@ def _split_plan(
         "chunk_kernel": part or "fwd",
         "merge": merge_name,
         "q_broadcast": q_broadcast,
+        "packed": sp.packed,
         "plan": f"{sp.describe()}{rows}; chunks on {on}{kern.describe()} (id {kern.id}), "
-        f"{batch * seqlen_q * hk * sp.slots} CTAs on {num_sms} SMs, {q_read}; merged by "
+        f"{ctas} CTAs on {num_sms} SMs, {q_read}; merged by "
         f"{merged}",
     }

@@ -80,6 +80,9 @@ class SplitKernel:
     # page size == tile_n), so its launcher guards the page table (launch.GUARD_ALIGN); the
     # part fwd_tma does, the wide parts run a paged K on the cp.async path
     paged_tma: bool = True
+    # a paged K's packed-rows metadata kernel (part `packed_meta`: compiler.trace_packed_meta,
+    # runtime/splitkv.PackedRun), None in older artifacts and for a packed K
+    packed_meta: Any = None
     launch: Callable = field(init=False)
     merge: Callable = field(init=False)
     chunk_meta: Callable | None = field(init=False)
@@ -322,14 +325,14 @@ class Runtime:
                     tma = S.tma_part(art.record["parts"], page_size)
                     ws = S.wide_part(art.record["parts"], v)
                     if art.id in self._modules:  # the decode fold loaded it (same tile)
-                        combine, meta, bounds, wide, wide1, tma, ws = self._load(
+                        combine, meta, bounds, wide, wide1, tma, ws, pm = self._load(
                             art, name, "chunk_meta", "fwd_bounds", "fwd_wide", "fwd_wide1", tma,
-                            ws)
+                            ws, "packed_meta")
                     else:
-                        fwd, helper, combine, meta, bounds, wide, wide1, tma, ws = self._load(
-                            art, "fwd", "tile_cumsum", name, "chunk_meta", "fwd_bounds",
-                            "fwd_wide", "fwd_wide1", tma, ws,
-                        )
+                        fwd, helper, combine, meta, bounds, wide, wide1, tma, ws, pm = (
+                            self._load(art, "fwd", "tile_cumsum", name, "chunk_meta",
+                                       "fwd_bounds", "fwd_wide", "fwd_wide1", tma, ws,
+                                       "packed_meta"))
                         self._modules[art.id] = (fwd, helper, art)
                     got = SplitKernel(
                         self._modules[art.id][0],
@@ -347,6 +350,7 @@ class Runtime:
                         fwd_tma=tma,
                         fwd_wide_split=ws,
                         paged_tma=v.paged_tma is not False,
+                        packed_meta=pm,
                     )
         self._split_kernels[key] = got
         return got

@@ -109,7 +109,12 @@ def split_step(
         sp = rt.split_for(dev, q.dtype, b * rows * hk, seqlen_k, d, dv, page_size,
                           sink is not None, b * rows, fold=fold,
                           packed=kind != "paged")
-        if sp is not None:
+        pk = rows > 1 and _packed_plan(rt, dev, q.dtype, b, rows, hq, hk, d, dv, seqlen_k,
+                                       page_size, causal, sink is not None, sp, not dense_pages)
+        if pk:
+            run = PackedRun(rt, dev, q, b, rows, hq, hk, d, dv, pk, page_size, causal,
+                            varlen_q, ffi=q.is_cuda)
+        elif sp is not None:
             run = SplitRun(rt, dev, q, b, rows, hq, hk, d, dv, kind, sp, page_size, causal,
                            seqlen_k, varlen_q, ffi=q.is_cuda)
         else:
@@ -133,6 +138,9 @@ def split_step(
             k, v = k.view(*run.k_shape), v.view(*run.v_shape)
         except RuntimeError:
             return None  # K/V strided across batch and sequence: no packed view
+    if run.packed:
+        return _packed_step(run, rt, dev, q, k, v, seqused_k, page_table, dense_pages, b,
+                            seqlen_k, softmax_scale, sink, out, lse, return_lse, varlen_q)
     if run.fold:
         return _fold_step(run, q, k, v, kind, cu_seqlens_k, seqused_k, page_table,
                           softmax_scale, out, lse, return_lse)
@@ -228,6 +236,25 @@ def split_step(
     return out, lse
 
 
+def _packed_plan(rt, dev, dtype, b, rows, hq, hk, d, dv, seqlen_k, page_size, causal, sink,
+                 unrolled, meta):
+    """split.plan_packed for a step of several rows, where the chunk kernel reads q and cuts a
+    paged K's lengths through its chunk modes (compiler.trace_chunk_modes) and packs the rows
+    (split.packed_refusal); else None (unrolled, or unsplit)."""
+    kern = rt.split_kernel(dev, dtype, d, dv, page_size)
+    if kern is None or not (kern.q_broadcast and kern.chunk_lengths):
+        return None
+    arch, sms = rt.device(dev)
+    if S.packed_refusal(ratio=hq // hk, rows=rows, tile_m=C.split_tile_m(arch, d, dv)):
+        return None
+    return S.plan_packed(
+        batch=b, kv_heads=hk, rows=rows, seqlen_k=S.plan_bucket(seqlen_k),
+        bytes_per_key=(d + dv) * dtype.itemsize, page_size=page_size, sink=sink, causal=causal,
+        num_sms=sms, setting=rt.split, max_slots=kern.max_slots, unrolled=unrolled,
+        meta_s=S.packed_meta_s(meta, kern.packed_meta is not None),
+    )
+
+
 def _dense_page(rt, dev, dtype, d, dv, seqlen_k) -> int:
     """The page size a dense K of seqlen_k keys is split through at several query rows
     (split.dense_page_size over the cached paged split kernels), 0 for none; once per shape."""
@@ -316,6 +343,7 @@ class FoldRun:
     or a chunk kernel with FA4's own tile (head dims over 128, Blackwell)."""
 
     fold = True
+    packed = False
     __slots__ = ("launch", "wide", "scale", "r", "q4", "o4", "k_shape", "v_shape", "cu_k",
                  "cu_k_f", "kl_shape", "kl_stride", "lse_as_is", "lse_scratch", "lse_scratch_f",
                  "lse_rows", "out_shape", "lse_shape")
@@ -369,6 +397,7 @@ class SplitRun:
     per (device, stream, shape) and reused by later steps (see the module docstring)."""
 
     fold = False
+    packed = False
 
     __slots__ = (
         "sp", "chunk", "launch", "merge", "scale", "r", "one_row", "q_broadcast", "q_rows_shape",
@@ -506,6 +535,170 @@ class SplitRun:
         self.len_buf = torch.empty((b, rows * slots), dtype=torch.int32, device=dvc)
         self.len_t = self.len_buf.t()
         self.len_flat = self.len_buf.view(-1)
+
+
+class PackedRun:
+    """A decode step of several query rows a sequence (speculative decoding) over a paged K, or
+    a dense one viewed as pages, with its rows packed (split.plan_packed): the r query heads of
+    a KV head times the step's rows are the rows of the 1:1 chunk kernel, (head g, row t) at
+    row g * rows + t, so each chunk's keys stream once for all of them (unrolled rows stream
+    them once a row).
+
+    Per step: q copied into that row order (`qs`, one copy); the chunk kernel over the chunks
+    of the keys every row sees, [0, T) with T the page-rounded len - rows + 1 for a causal step
+    (its chunk-length mode cuts T, passed per sequence, into chunks), every key for a
+    non-causal one; for a causal step the tail, rows unrolled as decode rows (i, t) over the
+    two pages from T, each seeing len - rows + 1 + t - T keys (the same chunk kernel, one chunk
+    each), its output and LSE copied into the merge's tail slot; a sink's LSE into its slot;
+    the merge, which writes the caller's out and LSE in place (its modes are (slot, sequence,
+    row, head, dv)). The partials are laid out (sequence, slot, KV head, g, t, dv), which the
+    chunk kernel writes as (virtual sequence, its rows, KV head) and the merge reads with the
+    head mode h * r + g of stride rows * dv. A caller's paged K's tail metadata (T, the tail's
+    page table and lengths) is ten element-wise torch kernels a step; a dense K's, constants."""
+
+    fold = False
+    packed = True
+    __slots__ = (
+        "sp", "launch", "merge", "meta", "scale", "causal", "rows", "r", "page_size",
+        "qs_dst", "q_src_shape", "kq", "kq_b_size", "ko", "kl", "op_c", "lp_c", "op_tail",
+        "lp_tail", "ot_src", "lt_src", "kot", "klt", "lp_sink", "lse_scratch", "out_c_size",
+        "lse_shape", "out_shape", "ar_pages", "ar_rows", "x", "lb", "pg", "t_used", "idx",
+        "tail_table", "dx", "tail_len", "ko_f", "kl_f", "kot_f", "klt_f", "op_c_f", "lp_c_f",
+    )
+
+    def __init__(self, rt, dev, q, b, rows, hq, hk, d, dv, sp, page_size, causal, varlen_q,
+                 ffi=False):
+        kern = rt.split_kernel(dev, q.dtype, d, dv, page_size)
+        r, slots, dvc = hq // hk, sp.slots, q.device
+        f32 = torch.float32
+        self.sp, self.causal, self.rows, self.r, self.page_size = sp, causal, rows, r, page_size
+        self.launch, self.merge, self.meta = kern.launch_split, kern.merge, kern.packed_meta
+        self.scale = float(1.0 / math.sqrt(d))
+        # q, (b, rows, hk, r, d) as the caller lays it out, into (b, r, rows, hk, d): rows
+        # (g, t) of one stride for the kernel, which reads sequence i's for its chunks
+        qs = q.new_empty((b, r, rows, hk, d))
+        self.qs_dst = qs.permute(0, 2, 3, 1, 4)
+        self.q_src_shape = (b, rows, hk, r, d)
+        self.kq = qs.view(b, r * rows, hk, d)
+        op = q.new_empty((b, slots, hk, r, rows, dv))
+        lp = torch.empty((b, slots, hk, r, rows), dtype=f32, device=dvc)
+        self.ko = op.view(b * slots, hk, r * rows, dv).transpose(1, 2)
+        self.kl = lp.view(b * slots, hk, r * rows)
+        x, y = hq * rows * dv, hq * rows
+        self.op_c = torch.as_strided(op, (slots, b, rows, hq, dv), (x, slots * x, dv, rows * dv, 1))
+        self.lp_c = torch.as_strided(lp, (slots, b, rows, hq), (y, slots * y, 1, rows))
+        self.lp_sink = lp[:, slots - 1] if slots > sp.n + sp.tail else None  # (b, hk, r, rows)
+        self.op_tail = self.lp_tail = self.ot_src = self.lt_src = self.kot = self.klt = None
+        if sp.tail:
+            # the tail: decode rows (i, t), one chunk each, in scratch laid out as the caller's
+            # rows (b, rows, hk, r), then copied into slot n
+            self.op_tail, self.lp_tail = op[:, sp.n], lp[:, sp.n]
+            ot = q.new_empty((b, rows, hk, r, dv))
+            lt = torch.empty((b, rows, hk, r), dtype=f32, device=dvc)
+            self.ot_src, self.lt_src = ot.permute(0, 2, 3, 1, 4), lt.permute(0, 2, 3, 1)
+            self.kot = ot.view(b * rows, hk, r, dv).transpose(1, 2)
+            self.klt = lt.view(b * rows, hk, r)
+            self.kq_b_size = (b * rows, r, hk, d)
+            # the tail's keys lie in two pages (rows - 1 keys past a page boundary, rows <= 16
+            # <= the page size); per-step scratch for its metadata
+            self.ar_pages = torch.arange(2, dtype=torch.int32, device=dvc).repeat(rows)
+            self.ar_rows = torch.arange(rows, dtype=torch.int32, device=dvc)
+            i32 = dict(dtype=torch.int32, device=dvc)
+            self.x, self.lb, self.pg, self.t_used = (torch.empty(b, **i32) for _ in range(4))
+            self.dx = torch.empty(b, **i32)
+            self.idx = torch.empty((b, 2 * rows), dtype=torch.int64, device=dvc)
+            self.tail_table = torch.empty((b, 2 * rows), **i32)
+            self.tail_len = torch.empty((b, rows), **i32)
+        self.lse_scratch = torch.empty((b, rows, hq), dtype=f32, device=dvc)
+        self.out_shape = (b * rows, hq, dv) if varlen_q else (b, rows, hq, dv)
+        self.lse_shape = (hq, b * rows) if varlen_q else (b, hq, rows)
+        self.out_c_size = (b, rows, hq, dv)
+        conv = _to_ffi if ffi else (lambda t: t)
+        self.ko_f, self.kl_f = conv(self.ko), conv(self.kl)
+        self.op_c_f, self.lp_c_f = conv(self.op_c), conv(self.lp_c)
+        self.kot_f = self.kot if self.kot is None else conv(self.kot)
+        self.klt_f = self.klt if self.klt is None else conv(self.klt)
+
+    def tail_meta(self, used, table):
+        """A causal step's metadata from the lengths `used` (b,) and page table: (the keys
+        every row sees, page-rounded, (b,); the tail's page table, (b * rows, 2); each tail
+        row's keys, (b * rows,)), into scratch (no host sync): one launch of the artifact's
+        kernel (compiler.trace_packed_meta), or element-wise torch kernels."""
+        p, rows = self.page_size, self.rows
+        if self.meta is not None:
+            tt, tl = self.tail_table.view(-1, 2), self.tail_len.view(-1)
+            self.meta(used, table, self.t_used, tt, tl, rows, p)
+            return self.t_used, tt, tl
+        torch.sub(used, rows - 1, out=self.x)  # the keys row 0 sees (< 0: none)
+        torch.clamp(self.x, min=0, out=self.lb)
+        torch.div(self.lb, p, rounding_mode="floor", out=self.pg)
+        torch.mul(self.pg, p, out=self.t_used)
+        torch.add(self.pg[:, None], self.ar_pages, out=self.idx)
+        self.idx.clamp_(max=table.size(1) - 1)  # (a second page past the table is not read)
+        torch.gather(table, 1, self.idx, out=self.tail_table)
+        torch.sub(self.x, self.t_used, out=self.dx)
+        torch.add(self.dx[:, None], self.ar_rows, out=self.tail_len)
+        self.tail_len.clamp_(min=0)  # row t sees len - rows + 1 + t - T keys of the tail
+        return self.t_used, self.tail_table.view(-1, 2), self.tail_len.view(-1)
+
+
+def _packed_meta(run, used, table):
+    """A PackedRun's metadata for constant lengths and page table (a dense K viewed as pages):
+    (the chunks' lengths, their page table, the tail's page table and lengths), copies."""
+    chunked = S.chunk_page_table(torch, table, run.sp, run.page_size, 1).contiguous()
+    if not run.causal:
+        return used, chunked, None, None
+    used_a, table_t, len_t = (t.clone() for t in run.tail_meta(used, table))
+    return used_a, chunked, table_t, len_t
+
+
+def _packed_step(run, rt, dev, q, k, v, seqused_k, page_table, dense_pages, b, seqlen_k,
+                 softmax_scale, sink, out, lse, return_lse, varlen_q):
+    """Serve a speculative step on its PackedRun (see there)."""
+    sp, page = run.sp, run.page_size
+    scale = run.scale if softmax_scale is None else float(softmax_scale)
+    try:
+        run.qs_dst.copy_(q.view(*run.q_src_shape))
+    except RuntimeError:
+        run.qs_dst.copy_(q.reshape(*run.q_src_shape))
+    if dense_pages:  # constant lengths and table: the metadata made once per shape
+        used_a, table_a, table_t, len_t = _const(
+            rt, ("packed_meta", dev, b, seqlen_k, page, run.rows, run.causal, sp), q.device,
+            lambda: _packed_meta(run, seqused_k, page_table),
+        )
+    else:
+        used_a, table_t, len_t = seqused_k, None, None
+        if run.causal:
+            used_a, table_t, len_t = run.tail_meta(seqused_k, page_table)
+        table_a = S.chunk_page_table(torch, page_table, sp, page, 1)
+    run.launch(run.kq, k, v, run.ko_f, run.kl_f, scale, None, None, None, used_a, table_a)
+    if run.causal:
+        # the tail: the caller's q as decode rows (b * rows, r, hk, d), no copy where its rows
+        # merge into one stride
+        qr = q if q.dim() == 3 else q.reshape(-1, *q.shape[2:])
+        sr, sh = qr.stride(0), qr.stride(1)
+        kq = torch.as_strided(qr, run.kq_b_size, (sr, sh, run.r * sh, 1))
+        run.launch(kq, k, v, run.kot_f, run.klt_f, scale, None, None, None, len_t, table_t)
+        run.op_tail.copy_(run.ot_src)
+        run.lp_tail.copy_(run.lt_src)
+    if sink is not None:  # the empty last slot carries the sink: counted once, as FA4 does
+        run.lp_sink.copy_(sink.view(-1, run.r, 1))
+    if out is None:
+        out = q.new_empty(*run.out_shape)
+    if return_lse and lse is None:
+        lse = q.new_empty(*run.lse_shape, dtype=torch.float32)
+    s0 = out.stride(0)
+    out_c = out if out.dim() == 4 else torch.as_strided(
+        out, run.out_c_size, (run.rows * s0, s0, out.stride(1), 1))
+    if lse is None:
+        lse_c = run.lse_scratch
+    elif varlen_q:  # (hq, b * rows) -> (b, rows, hq)
+        lse_c = torch.as_strided(lse, run.lse_scratch.shape,
+                                 (run.rows * lse.stride(1), lse.stride(1), lse.stride(0)))
+    else:  # (b, hq, rows)
+        lse_c = lse.transpose(1, 2)
+    run.merge(run.op_c_f, run.lp_c_f, out_c, lse_c)
+    return out, lse
 
 
 def _to_ffi(t):
