@@ -49,6 +49,28 @@ def varlen_call(q, k, v, out):
     return call
 
 
+def paged_call(q, k, v, out, page):
+    """fa4aot.flash_attn_varlen_func on the dense inputs viewed as pages of `page` keys (a
+    table in sequence order, seqused_k: every sequence full), writing `out`."""
+    import torch
+
+    import fa4aot
+
+    b, sk, hk, d = k.shape
+    cu_q = torch.arange(b + 1, device=q.device, dtype=torch.int32)
+    used = torch.full((b,), sk, device=q.device, dtype=torch.int32)
+    table = torch.arange(b * sk // page, device=q.device, dtype=torch.int32).view(b, -1)
+    kp, vp = k.view(-1, page, hk, d), v.view(-1, page, hk, d)
+    qv, ov = q.view(b, *q.shape[2:]), out.view(b, *out.shape[2:])
+
+    def call():
+        fa4aot.flash_attn_varlen_func(qv, kp, vp, cu_seqlens_q=cu_q, max_seqlen_q=1,
+                                      max_seqlen_k=sk, page_table=table, seqused_k=used,
+                                      causal=True, out=ov)
+
+    return call
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cells", default=CELLS)
@@ -60,6 +82,11 @@ def main():
                     "packed view): `varlen auto` (its plan, wide where split.wide_split says) "
                     "and `varlen n=N` (the chunk kernel's plan: before the wide split took "
                     "varlen K; n=1, the fold)")
+    ap.add_argument("--paged-kernel", help="a paged wide split kernel (.so from "
+                    "wide_chunk_build.py --page P): add the step over the K as pages of "
+                    "--page (seqused_k, the table in sequence order): `paged auto` (its plan) "
+                    "and `paged wide n=N` at --wide-ns")
+    ap.add_argument("--page", type=int, default=16)
     ap.add_argument("--out")
     a = ap.parse_args()
     import torch
@@ -76,9 +103,20 @@ def main():
     if kern.launch_wide_split is None:
         sys.exit("the store's split kernel has no part fwd_wide_split (fa4aot build adds it)")
     chunk = kern.launch_split
+    pk = pwide = None
+    if a.paged_kernel:
+        import tvm_ffi
+
+        from fa4aot.runtime import launch as L
+
+        pk = rt.split_kernel(0, torch.bfloat16, 128, 128, a.page)
+        pchunk = pk.launch_split
+        pwide = L.SM90.fwd(tvm_ffi.load_module(a.paged_kernel)["fa4aot_fwd"], guard=False)
 
     def use(launch):  # the split's chunks on `launch` (a SplitRun binds it when made)
         kern.launch_split = launch
+        if pk is not None:  # (the paged columns' wide kernel: launch is pwide)
+            pk.launch_split = pwide if launch is pwide else pchunk
         rt._split_runs.clear()
 
     rows = []
@@ -102,6 +140,12 @@ def main():
             vfn = varlen_call(q, k, v, out)
             cols["varlen auto"] = (chunk, vfn)
             cols[f"varlen n={n}"] = (chunk, at_split(n, vfn))
+        if pk is not None:
+            pfn = paged_call(q, k, v, out, a.page)
+            cols["paged auto"] = (chunk, pfn)
+            for w in (int(x) for x in (a.wide_ns or "8,16").split(",")):
+                if w > 1:
+                    cols[f"paged wide n={w}"] = (pwide, at_split(w, pfn))
         cols["cudnn"] = (chunk, fns["cudnn"])
         row = {"b": b, "sk": sk, "auto_n": n, "diff": {}, "eager": {}, "graph": {}}
         use(chunk)
@@ -132,7 +176,7 @@ def main():
         ce, cg = row["eager"]["cudnn"], row["graph"]["cudnn"]
         print(f"b{b} sk{sk} chunk plan n={n}, auto n={plan.n if plan else 1}"
               f"{'w' if plan and plan.wide else ''}  cudnn {ce:.1f}/{cg:.1f}", flush=True)
-        print_columns(row, cols, 12)
+        print_columns(row, cols, 16)
         rows.append(row)
         del q, k, v, out, ref
     if a.out:
