@@ -316,15 +316,18 @@ def packed_meta_s(paged: bool, kernel: bool) -> float:
     return PACKED_META_KERNEL_S if kernel else PACKED_META_TORCH_S
 
 
-def packed_refusal(*, ratio: int, rows: int, tile_m: int | None) -> str | None:
+def packed_refusal(*, ratio: int, rows: int, tile_m: int | None, page_size: int) -> str | None:
     """Why a step of several query rows a sequence cannot run them packed as rows of one
-    chunk (plan_packed), or None: the chunk kernel's M tile holds ratio * rows rows."""
+    chunk (plan_packed), or None: the chunk kernel's M tile holds ratio * rows rows, and the
+    causal tail (at most page_size - 1 + rows - 1 keys) lies in two pages."""
     if tile_m is None:
         return "the chunk kernel has FA4's own tile"
     if rows < 2:
         return "one query row"
     if ratio * rows > tile_m:
         return f"{ratio} query heads x {rows} rows exceed the chunk kernel's {tile_m}-row tile"
+    if rows > page_size + 1:
+        return f"{rows} rows' causal tail spans more than two pages of {page_size}"
     return None
 
 
@@ -490,10 +493,10 @@ def plan_split(
     """The runtime's split of a decode step (None: unsplit): `setting` is FA4AOT_SPLIT_KV
     (-1 auto: the cost model; 0 never; N forced), ctas the (sequence, row, KV head) triples,
     of which decode_rows (sequence, row) pairs; seqlen_k a bound on every KV length; fold:
-    whether the step, unsplit, runs as the fold (fold_refusal); wide: a packed (dense or varlen) K
-    with one row and no sink whose split kernel has the wide split part (auto only: wide_split). Auto and
-    forced counts alike are cut to max_slots and to MAX_VIRTUAL_SEQS virtual sequences. Shared
-    by the runtime and `fa4aot explain`."""
+    whether the step, unsplit, runs as the fold (fold_refusal); wide: a packed (dense or
+    varlen) K with one row and no sink whose split kernel has the wide split part (auto only:
+    wide_split). Auto and forced counts alike are cut to max_slots and to MAX_VIRTUAL_SEQS
+    virtual sequences. Shared by the runtime and `fa4aot explain`."""
     if setting == 0:
         return None
     align = 128 if page_size is None else math.lcm(128, page_size)

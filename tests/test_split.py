@@ -714,6 +714,9 @@ def test_packed_rows_where_they_beat_unrolled_rows(b, sk, rows, want):
     assert (sp and (sp.n, sp.slots)) == want, sp
     if sp:
         assert sp.packed and sp.tail and sp.n * sp.chunk >= sk and b * 8 * sp.slots <= 132
+    assert S.packed_refusal(ratio=4, rows=rows, tile_m=64, page_size=128) is None
+    assert "two pages" in S.packed_refusal(ratio=4, rows=rows, tile_m=64, page_size=rows - 2)
+    assert "64-row tile" in S.packed_refusal(ratio=20, rows=4, tile_m=64, page_size=128)
     forced = S.plan_packed(**kw, sink=True, causal=False, setting=5, unrolled=unrolled)
     assert forced.packed and not forced.tail and (forced.n, forced.slots) == (5, 6)
     assert S.plan_packed(**kw, sink=False, causal=True, setting=0) is None

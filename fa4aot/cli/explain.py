@@ -437,7 +437,8 @@ def _split_plan(
         fwd_rec = rec["parts"]["fwd"]
         if (seqlen_q > 1 and fwd_rec.get("q_broadcast") and fwd_rec.get("chunk_lengths")
                 and S.packed_refusal(ratio=hq // hk, rows=seqlen_q,
-                                     tile_m=C.split_tile_m(arch, d, dv)) is None):
+                                     tile_m=C.split_tile_m(arch, d, dv),
+                                     page_size=page_size) is None):
             # (runtime/splitkv._packed_plan, likewise)
             sp = S.plan_packed(
                 batch=batch, kv_heads=hk, rows=seqlen_q, seqlen_k=bucket,

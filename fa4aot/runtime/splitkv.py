@@ -245,7 +245,8 @@ def _packed_plan(rt, dev, dtype, b, rows, hq, hk, d, dv, seqlen_k, page_size, ca
     if kern is None or not (kern.q_broadcast and kern.chunk_lengths):
         return None
     arch, sms = rt.device(dev)
-    if S.packed_refusal(ratio=hq // hk, rows=rows, tile_m=C.split_tile_m(arch, d, dv)):
+    if S.packed_refusal(ratio=hq // hk, rows=rows, tile_m=C.split_tile_m(arch, d, dv),
+                        page_size=page_size):
         return None
     return S.plan_packed(
         batch=b, kv_heads=hk, rows=rows, seqlen_k=S.plan_bucket(seqlen_k),
@@ -554,7 +555,8 @@ class PackedRun:
     row, head, dv)). The partials are laid out (sequence, slot, KV head, g, t, dv), which the
     chunk kernel writes as (virtual sequence, its rows, KV head) and the merge reads with the
     head mode h * r + g of stride rows * dv. A caller's paged K's tail metadata (T, the tail's
-    page table and lengths) is ten element-wise torch kernels a step; a dense K's, constants."""
+    page table and lengths) is one launch a step of the artifact's kernel (part packed_meta),
+    or ten element-wise torch kernels in stores without it; a dense K's, constants."""
 
     fold = False
     packed = True
@@ -600,15 +602,16 @@ class PackedRun:
             self.klt = lt.view(b * rows, hk, r)
             self.kq_b_size = (b * rows, r, hk, d)
             # the tail's keys lie in two pages (rows - 1 keys past a page boundary, rows <= 16
-            # <= the page size); per-step scratch for its metadata
-            self.ar_pages = torch.arange(2, dtype=torch.int32, device=dvc).repeat(rows)
-            self.ar_rows = torch.arange(rows, dtype=torch.int32, device=dvc)
+            # <= the page size); per-step scratch for its metadata (tail_meta)
             i32 = dict(dtype=torch.int32, device=dvc)
-            self.x, self.lb, self.pg, self.t_used = (torch.empty(b, **i32) for _ in range(4))
-            self.dx = torch.empty(b, **i32)
-            self.idx = torch.empty((b, 2 * rows), dtype=torch.int64, device=dvc)
+            self.t_used = torch.empty(b, **i32)
             self.tail_table = torch.empty((b, 2 * rows), **i32)
             self.tail_len = torch.empty((b, rows), **i32)
+            if self.meta is None:  # the torch kernels' operands
+                self.ar_pages = torch.arange(2, **i32).repeat(rows)
+                self.ar_rows = torch.arange(rows, **i32)
+                self.x, self.lb, self.pg, self.dx = (torch.empty(b, **i32) for _ in range(4))
+                self.idx = torch.empty((b, 2 * rows), dtype=torch.int64, device=dvc)
         self.lse_scratch = torch.empty((b, rows, hq), dtype=f32, device=dvc)
         self.out_shape = (b * rows, hq, dv) if varlen_q else (b, rows, hq, dv)
         self.lse_shape = (hq, b * rows) if varlen_q else (b, hq, rows)
