@@ -74,7 +74,7 @@ def _bench(table_only=False, grid_only=False):
             return {"b": b, "sk": sk, "hq": hq, "hk": hk,
                     "skipped": "cuDNN: " + str(e).splitlines()[0][:80]}
         rt.split = -1
-        sp = rt.split_for(0, dt, b * hk, sk, d, d, None, False, b, packed=True)
+        sp = rt.split_for(0, dt, b * hk, sk, d, d, None, False, b, one_row=True)
         row["splits"] = sp.n if sp else 1
         row["wide"] = bool(sp and sp.wide)
         out.fill_(float("nan"))

@@ -82,7 +82,7 @@ def main():
         q, k, v, out = decode_inputs(b, sk)
         fns = decode_columns(q, k, v, out)
         rt.split = -1
-        sp = rt.split_for(0, torch.bfloat16, b * 8, sk, 128, 128, None, False, b, packed=True)
+        sp = rt.split_for(0, torch.bfloat16, b * 8, sk, 128, 128, None, False, b, one_row=True)
         row = {"b": b, "sk": sk, "n": sp.n if sp else 1, "wide": bool(sp and sp.wide),
                "diff": {}, "eager": {}, "graph": {}}
         outs = {}

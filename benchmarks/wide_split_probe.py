@@ -87,6 +87,9 @@ def main():
                     "--page (seqused_k, the table in sequence order): `paged auto` (its plan) "
                     "and `paged wide n=N` at --wide-ns")
     ap.add_argument("--page", type=int, default=16)
+    ap.add_argument("--paged", action="store_true", help="add the step over the K as pages of "
+                    "--page: `paged auto` (its plan, wide where split.wide_split says) and "
+                    "`paged n=N` (the chunk kernel's plan, as before the paged wide split)")
     ap.add_argument("--out")
     a = ap.parse_args()
     import torch
@@ -127,7 +130,7 @@ def main():
         rt.split = -1
         sp = rt.split_for(0, torch.bfloat16, b * 8, sk, 128, 128, None, False, b)
         n = sp.n if sp else 1
-        plan = rt.split_for(0, torch.bfloat16, b * 8, sk, 128, 128, None, False, b, packed=True)
+        plan = rt.split_for(0, torch.bfloat16, b * 8, sk, 128, 128, None, False, b, one_row=True)
         cols = {"auto": (chunk, fns["fa4aot"])}  # name: (chunk launcher, the call)
         if a.wide_ns:
             for w in (int(x) for x in a.wide_ns.split(",")):
@@ -140,9 +143,11 @@ def main():
             vfn = varlen_call(q, k, v, out)
             cols["varlen auto"] = (chunk, vfn)
             cols[f"varlen n={n}"] = (chunk, at_split(n, vfn))
-        if pk is not None:
+        if pk is not None or a.paged:
             pfn = paged_call(q, k, v, out, a.page)
             cols["paged auto"] = (chunk, pfn)
+            cols[f"paged n={n}"] = (chunk, at_split(n, pfn))
+        if pk is not None:
             for w in (int(x) for x in (a.wide_ns or "8,16").split(",")):
                 if w > 1:
                     cols[f"paged wide n={w}"] = (pwide, at_split(w, pfn))

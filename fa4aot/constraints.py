@@ -308,13 +308,22 @@ def wide_folds(
 # instead as more, shorter chunks on the wide fold kernel compiled through the chunk modes (part
 # `fwd_wide_split`: compiler.trace_wide_fold; split.wide_split says when).
 WIDE_SPLIT = WideFold(part="fwd_wide_split", paged=False, chunk_modes=True)
+# The same for a paged K (FA4's cp.async paged path, which takes any page size, as the paged
+# fwd_wide does; split.wide_split says when by the chunk kernel's path). H200, 2026-12-02
+# (`wide_split_probe.py --paged-kernel`, `2026-12-02-s20-e-paged-wide-*.txt`, 32:8 hd128,
+# against the paged plan, eager): pages of 16 (the chunk kernel on the cp.async path) b16/64K
+# 955.9 -> 939.6 us and b16/128K 1896.0 -> 1868.1 (8 chunks), 0.2-0.4% at b4-b8, 0.3% lost
+# at b64/64K; pages of 128 (FA4's TMA paged kernel) b32/128K 3760.6 -> 3700.1 and b64/64K
+# 3753.4 -> 3694.4 (16 chunks), 0.3-0.8% lost at b4-b16.
+WIDE_SPLIT_PAGED = WIDE_SPLIT._replace(paged=True)
 
 
 def wide_split(arch: str, head_dim: int, head_dim_v: int, tile_m: int | None,
                paged: bool) -> WideFold | None:
-    """The wide split kernel fa4aot builds beside a split chunk kernel (WIDE_SPLIT), None where
-    none is: on the 64-row chunk kernel (split_tile_m) of a packed K, whose artifact also serves
-    dense K (the runtime views a dense K as packed). H200, 2026-12-02 (`warp_probe.py` with
+    """The wide split kernel fa4aot builds beside a split chunk kernel (WIDE_SPLIT, or for a
+    paged K WIDE_SPLIT_PAGED), None where none is: on the 64-row chunk kernel (split_tile_m) of
+    a packed K, whose artifact also serves dense K (the runtime views a dense K as packed), or
+    of a paged one. H200, 2026-12-02 (`warp_probe.py` with
     `benchmarks/wide_chunk_build.py`'s kernel, `2026-12-02-s16-f/g-wide-chunk.txt`, 32:8 hd128
     dense, eager, against cuDNN, on a machine where the plan trailed it): b16/128K 1.017 ->
     0.998 (8 chunks), b16/64K 1.018 -> 0.996 (8), b8/128K 0.996 -> 0.972 (16), b8/64K 0.995 ->
@@ -323,9 +332,9 @@ def wide_split(arch: str, head_dim: int, head_dim_v: int, tile_m: int | None,
     0.988) and at b32-b64 (two waves or more: 0.979 -> 0.975, 0.991 -> 0.991; at 16 chunks
     over 64K+ keys they gain: split.WIDE_WAVES_N). Head dim 128
     only: the one measured and checked on the GPU (tests/test_gpu_split.py)."""
-    if (not paged and tile_m == 64 and (head_dim, head_dim_v) == (128, 128)
+    if (tile_m == 64 and (head_dim, head_dim_v) == (128, 128)
             and split_tile_m(arch, head_dim, head_dim_v) == 64):
-        return WIDE_SPLIT
+        return WIDE_SPLIT_PAGED if paged else WIDE_SPLIT
     return None
 
 

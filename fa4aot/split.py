@@ -196,6 +196,15 @@ def merge_part(parts: dict, dtype: str) -> tuple[str | None, dict]:
     return None, {}
 
 
+def wide_path(page_size: int | None, paged_tma: bool, tma_part_bound: bool) -> str | None:
+    """plan_split's `wide_paged` for a paged split step (None for a packed K): "tma" on FA4's
+    TMA paged chunk kernel (paged_tma: pages of one 128-key tile), "cp.async" on its cp.async
+    one, None where the step runs on the part fwd_tma (pages of 64: not measured wide)."""
+    if page_size is None or tma_part_bound:
+        return None
+    return "tma" if paged_tma else "cp.async"
+
+
 def tma_part(parts: dict, page_size: int | None) -> str | None:
     """The part of a paged split chunk kernel's artifact a split step over pages of
     `page_size` runs its chunks on instead of `fwd`: `fwd_tma` (constraints.tma_page), where
@@ -208,12 +217,11 @@ def tma_part(parts: dict, page_size: int | None) -> str | None:
 
 
 def wide_part(parts: dict, variant) -> str | None:
-    """The part of split chunk kernel `variant`'s artifact (record parts `parts`) a packed
-    (dense or varlen) K's wide plan (Split.wide, wide_split) runs its chunks on:
-    `fwd_wide_split`, where the artifact holds it and constraints.wide_split builds it for the
-    variant (a store built before that rule may hold one for other head dims: unused); None
-    otherwise (a paged K, older artifacts). Shared by the runtime (plan.Runtime.split_kernel)
-    and `fa4aot explain`."""
+    """The part of split chunk kernel `variant`'s artifact (record parts `parts`) a wide plan
+    (Split.wide, wide_split) runs its chunks on: `fwd_wide_split`, where the artifact holds it
+    and constraints.wide_split builds it for the variant (a store built before that rule may
+    hold one for other head dims: unused); None otherwise (older artifacts). Shared by the
+    runtime (plan.Runtime.split_kernel) and `fa4aot explain`."""
     from . import constraints as C
 
     v = variant
@@ -415,17 +423,24 @@ WIDE_WAVES_N = 16
 
 
 def wide_split(
-    n: int, *, ctas: int, seqlen_k: int, bytes_per_key: int, num_sms: int, max_slots: int
+    n: int, *, ctas: int, seqlen_k: int, bytes_per_key: int, num_sms: int, max_slots: int,
+    paged: str | None = None,
 ) -> int | None:
     """The chunk count of a packed K's decode step that runs on the wide split kernel
     (constraints.wide_split) instead of the plan's n chunks (1: unsplit) on the chunk kernel,
     or None (keep the plan): where the plan is one wave at one CTA per SM (ctas * n <= SMs)
     of long chunks, n' chunks of at least WIDE_CHUNK_BYTES for about WIDE_CTAS CTAs. ctas:
     (sequence, KV head) pairs. An unsplit step of more CTAs than SMs (the fold in two waves or
-    more) over at least WIDE_MIN_FOLD_BYTES a sequence: WIDE_WAVES_N chunks."""
+    more) over at least WIDE_MIN_FOLD_BYTES a sequence: WIDE_WAVES_N chunks. paged: a paged
+    K's chunk kernel's path (constraints.WIDE_SPLIT_PAGED): "cp.async" takes the one-wave
+    rule only, "tma" (FA4's TMA paged kernel, pages of 128) the two-wave one only (H200,
+    2026-12-02-s20-e: each loses 0.3-0.8% where the other gains)."""
     if ctas * n > num_sms:
-        if n == 1 and seqlen_k * bytes_per_key >= WIDE_MIN_FOLD_BYTES:
+        if (n == 1 and paged != "cp.async"
+                and seqlen_k * bytes_per_key >= WIDE_MIN_FOLD_BYTES):
             return min(WIDE_WAVES_N, max_slots)
+        return None
+    if paged == "tma":
         return None
     least = WIDE_MIN_CHUNK_BYTES if n > 1 else WIDE_MIN_FOLD_BYTES
     if seqlen_k * bytes_per_key < least * n:
@@ -489,14 +504,16 @@ def plan_split(
     decode_rows: int = 1,
     fold: bool = True,
     wide: bool = False,
+    wide_paged: str | None = None,
 ) -> Split | None:
     """The runtime's split of a decode step (None: unsplit): `setting` is FA4AOT_SPLIT_KV
     (-1 auto: the cost model; 0 never; N forced), ctas the (sequence, row, KV head) triples,
     of which decode_rows (sequence, row) pairs; seqlen_k a bound on every KV length; fold:
     whether the step, unsplit, runs as the fold (fold_refusal); wide: a packed (dense or
-    varlen) K with one row and no sink whose split kernel has the wide split part (auto only:
-    wide_split). Auto and forced counts alike are cut to max_slots and to MAX_VIRTUAL_SEQS
-    virtual sequences. Shared by the runtime and `fa4aot explain`."""
+    varlen) K, or a paged one whose chunk kernel's path is `wide_paged` ("cp.async", "tma":
+    wide_split), with one row and no sink whose split kernel has the wide split part (auto
+    only: wide_split). Auto and forced counts alike are cut to max_slots and to
+    MAX_VIRTUAL_SEQS virtual sequences. Shared by the runtime and `fa4aot explain`."""
     if setting == 0:
         return None
     align = 128 if page_size is None else math.lcm(128, page_size)
@@ -507,9 +524,10 @@ def plan_split(
             batch=decode_rows, kv_heads=ctas // decode_rows, rows=1, seqlen_k=seqlen_k,
             bytes_per_key=bytes_per_key, num_sms=num_sms, align=align, fold=fold,
         )
-        if wide and fold and not sink and page_size is None:
+        if wide and fold and not sink and (page_size is None or wide_paged is not None):
             w = wide_split(n, ctas=ctas, seqlen_k=seqlen_k, bytes_per_key=bytes_per_key,
-                           num_sms=num_sms, max_slots=max_slots)
+                           num_sms=num_sms, max_slots=max_slots,
+                           paged=None if page_size is None else wide_paged)
             if w is not None:
                 n, on_wide = w, True
     n = min(n, max_slots - sink, MAX_VIRTUAL_SEQS // decode_rows - sink)

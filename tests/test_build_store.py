@@ -270,7 +270,7 @@ def test_superseded_is_a_split_kernel_merging_with_fa4s_combine_or_copying_q():
             rec["parts"]["fwd_wide"] = {}
         if wide1 and variant.split_kernel and variant.tile_m == 64 and not variant.paged:
             rec["parts"]["fwd_wide1"] = {}
-        if (wide_split and variant.split_kernel and variant.tile_m == 64 and not variant.paged
+        if (wide_split and variant.split_kernel and variant.tile_m == 64
                 and variant.head_dim == 128):
             rec["parts"]["fwd_wide_split"] = {}
         if tma and variant.split_kernel and variant.tile_m == 64 and variant.paged:
@@ -297,7 +297,7 @@ def test_superseded_is_a_split_kernel_merging_with_fa4s_combine_or_copying_q():
     # decode fold's 1:1 kernel (FA4's M tile) and head dims over 128 (FA4's tile) do not
     assert B.superseded(art(split, "merge", "chunk_meta", wide=False))
     assert B.superseded(art(split, "merge", "chunk_meta", wide1=False))  # before fwd_wide1
-    # and the wide split kernel (constraints.wide_split): packed K's 64-row kernel only
+    # and the wide split kernel (constraints.wide_split): the 64-row kernel at hd128
     assert B.superseded(art(split, "merge", "chunk_meta", wide_split=False))
     hd64 = split_kernel_variant("sm90", "bfloat16", 64, 64, None)  # head dim 128 only
     assert not B.superseded(art(hd64, "merge", "chunk_meta", wide_split=False))
@@ -309,7 +309,7 @@ def test_superseded_is_a_split_kernel_merging_with_fa4s_combine_or_copying_q():
     assert not B.superseded(art(paged, "merge", "chunk_meta"))
     assert B.superseded(art(paged, "merge", "chunk_meta", wide=False))
     assert not B.superseded(art(paged, "merge", "chunk_meta", wide1=False))  # packed K only
-    assert not B.superseded(art(paged, "merge", "chunk_meta", wide_split=False))
+    assert B.superseded(art(paged, "merge", "chunk_meta", wide_split=False))  # paged too
     assert B.superseded(art(paged, "merge", "chunk_meta", chunk_lengths=False))
     # a paged one carries the packed-rows metadata kernel (compiler.trace_packed_meta)
     assert B.superseded(art(paged, "merge", "chunk_meta", packed_meta=False))

@@ -141,8 +141,8 @@ def test_wide_fold_compiles_two_ctas_per_sm_and_refuses_other_tiles():
     128 registers (two 256-thread CTAs per SM), where FA4's launch lets them take 255; its part
     fwd_wide1: the same tiles at 240 (one CTA per SM); at head dim 128 its part fwd_wide_split:
     fwd_wide through the chunk modes (q read per chunk, constraints.wide_split). A paged one has
-    fwd_wide only, and on FA4's cp.async paged path fwd_tma (64-key tiles on the TMA path, for
-    pages of 64). Each is a programmatic dependent launch (compiler._pdl_secondary), which
+    fwd_wide (and at hd128 fwd_wide_split), and on FA4's cp.async paged path fwd_tma (64-key
+    tiles on the TMA path, for pages of 64). Each is a programmatic dependent launch (compiler._pdl_secondary), which
     refuses a kernel it cannot make wait before its first statement."""
     r = subprocess.run([sys.executable, "-c", _WIDE], capture_output=True, text=True,
                        timeout=600)
@@ -160,7 +160,7 @@ def test_wide_fold_compiles_two_ctas_per_sm_and_refuses_other_tiles():
     assert doc["wide_split_regs"] == [128]
     assert "fwd_wide_split" not in doc["hd64_parts"]  # hd128 only
     assert "fwd_wide" in doc["paged_parts"] and "fwd_wide1" not in doc["paged_parts"]
-    assert "fwd_wide_split" not in doc["paged_parts"]
+    assert "fwd_wide_split" not in doc["paged_parts"]  # (hd128 only: test_default_build)
     # its packed-rows metadata kernel (compiler.trace_packed_meta): paged K only
     assert "packed_meta" in doc["paged_parts"] and "packed_meta" not in doc["hd64_parts"]
     # the paged cp.async kernel's TMA part for pages of 64 (constraints.tma_page); none beside

@@ -112,6 +112,11 @@ def test_default_split_kernels_merge_with_fa4aots_merge_kernel():
         form = "lengths" if rec["variant"]["paged"] else "bounds"
         assert parts["chunk_meta"]["form"] == form, d.name
         assert b"fa4aot_chunk_meta" in (d / parts["chunk_meta"]["file"]).read_bytes()
+        # the wide split kernel at hd128, packed or paged K (constraints.wide_split)
+        v = Variant.from_dict(rec["variant"])
+        if (v.head_dim, v.head_dim_v, v.tile_m) == (128, 128, 64):
+            assert parts["fwd_wide_split"]["ctas_per_sm"] == 2, d.name
+            assert parts["fwd_wide_split"]["q_broadcast"] is True, d.name
         # a paged K's packed-rows metadata kernel (compiler.trace_packed_meta)
         assert ("packed_meta" in parts) is rec["variant"]["paged"], d.name
         if rec["variant"]["paged"]:

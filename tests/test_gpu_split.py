@@ -490,14 +490,16 @@ def test_cuda_graph_replay_of_the_wide_fold_is_bit_identical(page, b, sk, part):
 
 @pytest.mark.parametrize("b,sk,n", [(8, 32768, 8), (16, 65536, 8), (20, 65536, 16)])
 @pytest.mark.parametrize("lse", [False, True])
-@pytest.mark.parametrize("layout", ["dense", "varlen"])
+@pytest.mark.parametrize("layout", ["dense", "varlen", 16, 128])
 def test_wide_split_of_a_long_packed_step(monkeypatch, b, sk, n, lse, layout):
     """split.wide_split: a one-row step over a dense or varlen K whose plan is one wave of long
     chunks (b8/32K: 2 chunks; b16/64K: the fold) runs 8 chunks on the part fwd_wide_split (auto
     plan), and a fold of two waves (b20/64K: 160 CTAs) 16; exact to the unsplit kernel's
     precision, LSE too; then a CUDA graph of it replays bit-identically. The varlen K is
     ragged (the bound's sequence first, then empty, one-key and random lengths), its chunk
-    bounds written by the metadata kernel (the wide part has no bounds mode)."""
+    bounds written by the metadata kernel (the wide part has no bounds mode). A paged K
+    (ragged too) by its chunk kernel's path (split.wide_path): pages of 16 (cp.async) take the
+    one-wave rule only, pages of 128 (FA4's TMA paged kernel) the two-wave rule only."""
     import fa4aot
 
     spy = _Spy(monkeypatch)
@@ -506,6 +508,12 @@ def test_wide_split_of_a_long_packed_step(monkeypatch, b, sk, n, lse, layout):
     k = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
     lk = [sk] * b
+    wide = layout in ("dense", "varlen") or (b * hk > 132) == (layout == 128)
+    if layout in (16, 128):
+        lk = [sk, 0, 1] + torch.randint(2, sk + 1, (b - 3,)).tolist()
+        kpg, vpg, table, k, v = _paged(lk, layout, hk, d)
+        used = torch.tensor(lk, device="cuda", dtype=torch.int32)
+        cu_q = torch.arange(b + 1, device="cuda", dtype=torch.int32)
     if layout == "varlen":
         lk = [sk, 0, 1] + torch.randint(2, sk + 1, (b - 3,)).tolist()
         cu_k = torch.tensor([0] + torch.tensor(lk).cumsum(0).tolist(), device="cuda",
@@ -523,19 +531,27 @@ def test_wide_split_of_a_long_packed_step(monkeypatch, b, sk, n, lse, layout):
                 kw["lse"] = _poison((b, hq, 1), torch.float32)
             return fa4aot.flash_attn_func(q, k, v, **kw)
         kw = dict(out=_poison((b, hq, d)) if out is None else out, causal=True,
-                  cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=1, max_seqlen_k=sk)
+                  cu_seqlens_q=cu_q, max_seqlen_q=1, max_seqlen_k=sk)
+        if layout == "varlen":
+            kw["cu_seqlens_k"] = cu_k
+        else:
+            kw.update(page_table=table, seqused_k=used)
         if lse:
             kw["lse"] = _poison((hq, b), torch.float32)
-        return fa4aot.flash_attn_varlen_func(q.view(b, hq, d), kpk, vpk, **kw)
+        kk, vv = (kpk, vpk) if layout == "varlen" else (kpg, vpg)
+        return fa4aot.flash_attn_varlen_func(q.view(b, hq, d), kk, vv, **kw)
 
-    (o1, l1), (o0, l0) = _both(call, -1, spy, True)
+    (o1, l1), (o0, l0) = _both(call, -1, spy, True)  # (split, or the fold: both served)
     runs = [r for r in rt._split_runs.values() if r and not r.fold]
-    assert runs and all(r.sp.wide and r.sp.n == n for r in runs), [r.sp for r in runs]
-    assert all(r.launch_bounds is None for r in runs)
+    if wide:
+        assert runs and all(r.sp.wide and r.sp.n == n for r in runs), [r.sp for r in runs]
+        assert all(r.launch_bounds is None for r in runs)
+    else:
+        assert all(not r.sp.wide for r in runs), [r.sp for r in runs]
     ro, rl = attention_ref(q, k, v, torch.ones(b, device="cuda", dtype=torch.long),
                            torch.tensor(lk, device="cuda"), causal=True)
     assert not o1.isnan().any()
-    if layout == "varlen":
+    if layout != "dense":
         ro = ro.view(b, hq, d)
         rl = rl.view(b, hq).t() if lse else rl
     _record(f"wide {layout} b{b} sk{sk}", rel_err(o1, ro), rel_err(o0, ro),

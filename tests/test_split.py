@@ -226,7 +226,7 @@ class _FakeRuntime:
         return S.make_split(self.n, seqlen_k, page_size=page_size, sink=sink)
 
     def split_for(self, dev, dtype, ctas, seqlen_k, d, dv, page_size, sink, decode_rows=1,
-                  fold=True, packed=False):
+                  fold=True, one_row=False):
         return self.plan(seqlen_k, page_size, sink)
 
     def device(self, dev):
@@ -545,14 +545,18 @@ def test_a_fold_over_a_full_chip_runs_on_the_kernel_its_waves_fill(kind, b, hk, 
 
 
 def test_wide_part_is_bound_where_the_rule_builds_it():
-    """split.wide_part: fwd_wide_split for a packed (or dense) K's hd128 split kernel that
-    holds it; not for a paged K, other head dims (a store built before the head-dim rule may
-    hold one: unused), Blackwell, or an artifact without it."""
+    """split.wide_part: fwd_wide_split for a packed (or dense) or paged K's hd128 split kernel
+    that holds it; not for other head dims (a store built before the head-dim rule may hold
+    one: unused), Blackwell, or an artifact without it. split.wide_path: which rule a paged
+    step takes (none on the part fwd_tma, pages of 64)."""
     from fa4aot.variants import split_kernel_variant as kv
 
     parts = {"fwd": {}, "fwd_wide_split": {}}
     assert S.wide_part(parts, kv("sm90", "bfloat16", 128, 128, None)) == "fwd_wide_split"
-    assert S.wide_part(parts, kv("sm90", "bfloat16", 128, 128, 128)) is None
+    assert S.wide_part(parts, kv("sm90", "bfloat16", 128, 128, 128)) == "fwd_wide_split"
+    assert S.wide_path(None, False, False) is None
+    assert S.wide_path(128, True, False) == "tma" and S.wide_path(16, False, False) == "cp.async"
+    assert S.wide_path(64, False, True) is None
     assert S.wide_part(parts, kv("sm90", "bfloat16", 64, 64, None)) is None
     assert S.wide_part(parts, kv("sm100", "bfloat16", 128, 128, None)) is None
     assert S.wide_part({"fwd": {}}, kv("sm90", "bfloat16", 128, 128, None)) is None
@@ -562,11 +566,12 @@ class _PartsRuntime(_FakeRuntime):
     """_FakeRuntime's split kernels with the parts Runtime.split_kernel binds beside them: for
     pages of 64 the TMA page part (`fwd_tma`, constraints.tma_page), for a packed K the wide
     split part (`fwd_wide_split`, constraints.wide_split); records which kernel ran. Its plan
-    is wide for a packed K (as split.wide_split may make it); fold: it leaves the step unsplit."""
+    is wide for a one-row step where `wide` (as split.wide_split may make it); fold: it leaves
+    the step unsplit."""
 
-    def __init__(self, n, fold=False):
+    def __init__(self, n, fold=False, wide=False):
         super().__init__(n)
-        self.seen, self.fold = [], fold
+        self.seen, self.fold, self.wide = [], fold, wide
 
     def split_kernel(self, dev, dtype, d, dv, page_size):
         import dataclasses
@@ -584,16 +589,16 @@ class _PartsRuntime(_FakeRuntime):
             base, fwd=named("chunk", base.fwd),
             fwd_bounds=base.fwd_bounds and named("chunk", base.fwd_bounds),
             fwd_tma=named("fwd_tma", base.fwd) if page_size == 64 else None,
-            fwd_wide_split=named("wide", base.fwd) if page_size is None else None,
+            fwd_wide_split=named("wide", base.fwd),
         )
 
-    def split_for(self, *a, packed=False, **kw):
+    def split_for(self, *a, one_row=False, **kw):
         import dataclasses
 
         if self.fold:
             return None
         sp = super().split_for(*a, **kw)
-        return dataclasses.replace(sp, wide=True) if packed else sp
+        return dataclasses.replace(sp, wide=True) if self.wide and one_row else sp
 
 
 @pytest.mark.parametrize("page,fold,want", [(64, False, "fwd_tma"), (16, False, "chunk"),
@@ -631,7 +636,9 @@ def test_wide_split_takes_one_wave_plans_of_long_chunks(b, sk, want):
     """split.wide_split on the H200 (132 SMs, hd128, 32:8): one-wave plans whose chunks hold
     >= 16K keys (the unsplit fold: >= 64K) run ~1024 CTAs of >= 4K keys on the wide split
     kernel, a fold of two waves or more over >= 64K keys 16 chunks; the rest keep the plan.
-    Only auto plans of a dense K with no sink, whose store has the part, go wide."""
+    Only auto plans of a dense K with no sink, whose store has the part, go wide; a paged K
+    by its chunk kernel's path (split.wide_path): the cp.async one takes the one-wave rule,
+    FA4's TMA paged kernel (pages of 128) the two-wave rule."""
     kw = dict(ctas=b * 8, seqlen_k=sk, bytes_per_key=512, page_size=None, sink=False,
               num_sms=132, setting=-1)
     sp = S.plan_split(**kw, wide=True)
@@ -646,19 +653,26 @@ def test_wide_split_takes_one_wave_plans_of_long_chunks(b, sk, want):
         for other in ({"sink": True}, {"page_size": 128}):
             got = S.plan_split(**{**kw, **other}, wide=True)
             assert got is None or not got.wide
+    for path, page in (("cp.async", 16), ("tma", 128)):
+        got = S.plan_split(**{**kw, "page_size": page}, wide=True, wide_paged=path)
+        two_waves = b * 8 > 132
+        if want is None or two_waves != (path == "tma"):
+            assert got is None or not got.wide, (path, got)
+        else:
+            assert got.wide and got.n * got.chunk >= sk and got.chunk % page == 0, (path, got)
 
 
 @pytest.mark.parametrize("kind,want", [("dense", "wide"), ("varlen", "wide"),
-                                       ("paged", "chunk")])
+                                       ("paged", "wide")])
 def test_a_wide_plan_runs_its_chunks_on_the_wide_split_part(kind, want):
-    """split.wide_split: a packed K's wide plan (dense, or varlen: its chunk bounds written by
-    the metadata kernel, or torch ops in stores without one, never the bounds mode of the
-    chunk kernel, which the wide part lacks) runs its chunks on fwd_wide_split
-    (SplitRun.launch); a paged K's steps (never wide) on the chunk kernel; the same results
-    as the reference."""
+    """split.wide_split: a wide plan runs its chunks on fwd_wide_split (SplitRun.launch): a
+    dense K's, a varlen one's (its chunk bounds written by the metadata kernel, or torch ops
+    in stores without one, never the bounds mode of the chunk kernel, which the wide part
+    lacks), a paged one's (its lengths cut by the kernel's chunk-length mode); the same
+    results as the reference."""
     b, hq, hk, d, lens = 2, 8, 2, 16, [700, 700]
     q, k, v = _inputs(b, 1, hq, hk, d, lens, seed=5)
-    rt = _PartsRuntime(4)
+    rt = _PartsRuntime(4, wide=True)
     out = torch.full((b, hq, d), float("nan")).bfloat16()
     if kind == "dense":
         kv, kk, vv, sk, page = (None, None, None), k, v, 700, None

@@ -427,12 +427,15 @@ def _split_plan(
     if why is None:
         max_slots = merge.get("max_splits", S.MAX_SLOTS)
         bucket = S.plan_bucket(seqlen_k)  # as the runtime plans it
+        wide_paged = S.wide_path(page_size, kern.paged_tma is not False,
+                                 S.tma_part(rec["parts"], page_size) is not None)
         sp = S.plan_split(
             ctas=batch * seqlen_q * hk, seqlen_k=bucket, bytes_per_key=(d + dv) * 2,
             page_size=page_size, sink=sink, num_sms=num_sms, setting=setting,
             max_slots=max_slots, decode_rows=batch * seqlen_q, fold=fold_why is None,
-            wide=(layout in ("dense", "varlen") and seqlen_q == 1
-                  and S.wide_part(rec["parts"], kern) is not None),
+            wide=(seqlen_q == 1 and S.wide_part(rec["parts"], kern) is not None
+                  and (page_size is None or wide_paged is not None)),
+            wide_paged=wide_paged,
         )
         fwd_rec = rec["parts"]["fwd"]
         if (seqlen_q > 1 and fwd_rec.get("q_broadcast") and fwd_rec.get("chunk_lengths")

@@ -72,9 +72,9 @@ class SplitKernel:
     # `fwd_tma`, constraints.tma_page, compiler.trace_tma_page; the chunk kernel's ABI): bound
     # where the step's page size is the part's, else None (and in older artifacts)
     fwd_tma: Any = None
-    # a packed K's long split steps on fwd_wide through the chunk modes (part `fwd_wide_split`:
+    # long split steps on fwd_wide through the chunk modes (part `fwd_wide_split`:
     # constraints.wide_split, split.wide_split; the chunk kernel's ABI), None in older
-    # artifacts and for a paged K
+    # artifacts
     fwd_wide_split: Any = None
     # whether its forward (part `fwd`) may take FA4's TMA paged path (its variant's paged_tma:
     # page size == tile_n), so its launcher guards the page table (launch.GUARD_ALIGN); the
@@ -100,7 +100,7 @@ class SplitKernel:
                               else fwd(self.fwd_bounds, guard=False))
         self.launch_wide = None if self.fwd_wide is None else fwd(self.fwd_wide, guard=False)
         self.launch_wide1 = None if self.fwd_wide1 is None else fwd(self.fwd_wide1, guard=False)
-        self.launch_wide_split = (None if self.fwd_wide_split is None  # (a packed K)
+        self.launch_wide_split = (None if self.fwd_wide_split is None  # (cp.async if paged)
                                   else fwd(self.fwd_wide_split, guard=False))
         self.merge = (L.fa4aot_merge if self.fa4aot_merge else self.abi.combine)(self.combine)
         self.chunk_meta = None if self.meta is None else L.fa4aot_chunk_meta(self.meta)
@@ -358,19 +358,19 @@ class Runtime:
     def split_for(
         self, dev: int, dtype, ctas: int, seqlen_k: int, d: int, dv: int,
         page_size: int | None, sink: bool, decode_rows: int = 1, fold: bool = True,
-        packed: bool = False,
+        one_row: bool = False,
     ) -> S.Split | None:
         """The split plan of a decode step with `ctas` (sequence, row, KV head) triples, of
         which `decode_rows` (sequence, row) pairs, over at most seqlen_k keys, or None (run it
         unsplit: the cost model says splitting loses, FA4AOT_SPLIT_KV=0, or the store lacks
         the split kernel). Planned for seqlen_k rounded up to 256 keys and cached, so a decode
         loop whose KV grows a key a step replans (and reallocates nothing) once per 256
-        steps. fold: whether the step, unsplit, runs as the fold (split.fold_refusal); packed:
-        the step's K is packed, dense or varlen (its long steps may run on the wide split
-        kernel, split.wide_split)."""
+        steps. fold: whether the step, unsplit, runs as the fold (split.fold_refusal); one_row:
+        the step has one query row a sequence (its long steps may run on the wide split
+        kernel, split.wide_split: a packed K, or a paged one by its chunk kernel's path)."""
         bucket = S.plan_bucket(seqlen_k)
         key = (dev, dtype, ctas, bucket, d, dv, page_size, sink, self.split, decode_rows, fold,
-               packed)
+               one_row)
         try:
             return self._split_n[key]
         except KeyError:
@@ -378,11 +378,13 @@ class Runtime:
         sp = None
         kern = self.split_kernel(dev, dtype, d, dv, page_size) if self.split else None
         if kern is not None:
+            path = S.wide_path(page_size, kern.paged_tma, kern.fwd_tma is not None)
             sp = S.plan_split(
                 ctas=ctas, seqlen_k=bucket, bytes_per_key=(d + dv) * dtype.itemsize,
                 page_size=page_size, sink=sink, num_sms=self.device(dev)[1],
                 setting=self.split, max_slots=kern.max_slots, decode_rows=decode_rows,
-                fold=fold, wide=packed and kern.launch_wide_split is not None,
+                fold=fold, wide=one_row and kern.launch_wide_split is not None
+                and (page_size is None or path is not None), wide_paged=path,
             )
         if len(self._split_n) > 4096:
             self._split_n.clear()

@@ -107,8 +107,7 @@ def split_step(
         fold = not S.fold_refusal(arch=rt.device(dev)[0], head_dim=d, head_dim_v=dv,
                                   ratio=hq // hk, rows=rows, sink=sink is not None)
         sp = rt.split_for(dev, q.dtype, b * rows * hk, seqlen_k, d, dv, page_size,
-                          sink is not None, b * rows, fold=fold,
-                          packed=kind != "paged")
+                          sink is not None, b * rows, fold=fold, one_row=rows == 1)
         pk = rows > 1 and _packed_plan(rt, dev, q.dtype, b, rows, hq, hk, d, dv, seqlen_k,
                                        page_size, causal, sink is not None, sp, not dense_pages)
         if pk:
