@@ -478,11 +478,12 @@ def _split_plan(
     if sp is None:
         return {"splits": 0, "why": why}
     rows = f", {seqlen_q} query rows unrolled{dense_pages}" if seqlen_q > 1 else ""
-    ctas = batch * seqlen_q * hk * sp.slots
+    ctas = f"{batch * seqlen_q * hk * sp.slots}"
     if sp.packed:
         rows = (f", {seqlen_q} query rows packed as rows of each chunk{dense_pages}"
                 + (", the causal tail unrolled over two pages" if sp.tail else ""))
-        ctas = batch * hk * sp.slots + (batch * seqlen_q * hk if sp.tail else 0)
+        ctas = f"{batch * hk * sp.slots}" + (
+            f" (then {batch * seqlen_q * hk} for the tail)" if sp.tail else "")
     merged = ("fa4aot's merge kernel" if merge_name == "merge" else
               "FA4's combine (a store built before fa4aot's merge kernel: `fa4aot build` "
               "replaces it)")
