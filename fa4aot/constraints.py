@@ -304,9 +304,9 @@ def wide_folds(
     return ()
 
 
-# A packed (dense or varlen) K's split steps that the plan runs as one wave of long chunks at one CTA per SM run
-# instead as more, shorter chunks on the wide fold kernel compiled through the chunk modes (part
-# `fwd_wide_split`: compiler.trace_wide_fold; split.wide_split says when).
+# A packed (dense or varlen) K's split steps that the plan runs as one wave of long chunks at
+# one CTA per SM run instead as more, shorter chunks on the wide fold kernel compiled through
+# the chunk modes (part `fwd_wide_split`: compiler.trace_wide_fold; split.wide_split says when).
 WIDE_SPLIT = WideFold(part="fwd_wide_split", paged=False, chunk_modes=True)
 # The same for a paged K (FA4's cp.async paged path, which takes any page size, as the paged
 # fwd_wide does; split.wide_split says when by the chunk kernel's path). H200, 2026-12-02
