@@ -142,8 +142,9 @@ def test_wide_fold_compiles_two_ctas_per_sm_and_refuses_other_tiles():
     fwd_wide1: the same tiles at 240 (one CTA per SM); at head dim 128 its part fwd_wide_split:
     fwd_wide through the chunk modes (q read per chunk, constraints.wide_split). A paged one has
     fwd_wide (and at hd128 fwd_wide_split), and on FA4's cp.async paged path fwd_tma (64-key
-    tiles on the TMA path, for pages of 64). Each is a programmatic dependent launch (compiler._pdl_secondary), which
-    refuses a kernel it cannot make wait before its first statement."""
+    tiles on the TMA path, for pages of 64). Each is a programmatic dependent launch
+    (compiler._pdl_secondary), which refuses a kernel it cannot make wait before its first
+    statement."""
     r = subprocess.run([sys.executable, "-c", _WIDE], capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
