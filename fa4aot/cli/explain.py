@@ -433,8 +433,7 @@ def _split_plan(
             ctas=batch * seqlen_q * hk, seqlen_k=bucket, bytes_per_key=(d + dv) * 2,
             page_size=page_size, sink=sink, num_sms=num_sms, setting=setting,
             max_slots=max_slots, decode_rows=batch * seqlen_q, fold=fold_why is None,
-            wide=(seqlen_q == 1 and S.wide_part(rec["parts"], kern) is not None
-                  and (page_size is None or wide_paged is not None)),
+            wide=seqlen_q == 1 and S.wide_part(rec["parts"], kern) is not None,
             wide_paged=wide_paged,
         )
         fwd_rec = rec["parts"]["fwd"]

@@ -383,8 +383,8 @@ class Runtime:
                 ctas=ctas, seqlen_k=bucket, bytes_per_key=(d + dv) * dtype.itemsize,
                 page_size=page_size, sink=sink, num_sms=self.device(dev)[1],
                 setting=self.split, max_slots=kern.max_slots, decode_rows=decode_rows,
-                fold=fold, wide=one_row and kern.launch_wide_split is not None
-                and (page_size is None or path is not None), wide_paged=path,
+                fold=fold, wide=one_row and kern.launch_wide_split is not None,
+                wide_paged=path,
             )
         if len(self._split_n) > 4096:
             self._split_n.clear()
