@@ -7,6 +7,9 @@ unsplit kernel and torch SDPA's cuDNN backend, on the same inputs, in one proces
 Per shape (32:8 hd128 bf16, causal: row t of s_q sees len - s_q + 1 + t keys, FA4's
 bottom-right alignment), columns:
 - `fa4aot`: the dense K (viewed as its own pages, split.dense_page_size), as planned;
+- `packed` / `packed serial`: the same call packed wherever the plan can pack it (the cost
+  model's PACKED_EXTRA_S set below zero), its causal tail on a side stream beside the chunks
+  (runtime.splitkv.TAIL_STREAM, the default) / after them on the caller's stream;
 - `unrolled`: the same call with split.plan_packed off (each row a decode row of its own);
 - `paged P` / `paged P unrolled`: the same keys as a caller's paged K (pages of P in sequence
   order, seqused_k; the tail's metadata computed per step), packed and unrolled;
@@ -41,6 +44,7 @@ def main():
     import fa4aot
     import fa4aot.runtime as R
     from fa4aot import split as S
+    from fa4aot.runtime import splitkv as SK
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
@@ -51,9 +55,16 @@ def main():
     rt = R.default_runtime()
     plan_packed = S.plan_packed
 
-    def packing(on: bool):
+    extra_s = S.PACKED_EXTRA_S
+
+    def packing(on: bool, tail_stream: bool = True, force: bool = False):
         S.plan_packed = plan_packed if on else (lambda **kw: None)
+        S.PACKED_EXTRA_S = -1.0 if force else extra_s
+        SK.TAIL_STREAM = tail_stream
         rt._split_runs.clear()
+
+    def mode(c: str):
+        packing("unrolled" not in c, "serial" not in c, c.startswith("packed"))
 
     rows = []
     for b, sk, sq in shapes:
@@ -61,7 +72,8 @@ def main():
         torch.cuda.empty_cache()
         q, k, v, out = decode_inputs(b, sk, hq, hk, d, rows=sq)
         fns = decode_columns(q, k, v, out)
-        cols = {"fa4aot": fns["fa4aot"], "unrolled": fns["fa4aot"]}
+        cols = {"fa4aot": fns["fa4aot"], "packed": fns["fa4aot"],
+                "packed serial": fns["fa4aot"], "unrolled": fns["fa4aot"]}
         cu_q = torch.arange(0, b * sq + 1, sq, device="cuda", dtype=torch.int32)
         used = torch.full((b,), sk, device="cuda", dtype=torch.int32)
         for p in PAGES:
@@ -84,14 +96,14 @@ def main():
         for c, fn in cols.items():
             if c in ("unsplit", "cudnn"):
                 continue
-            packing("unrolled" not in c)
+            mode(c)
             out.fill_(float("nan"))
             fn()
             torch.cuda.synchronize()
             diff[c] = (out.float() - ref.float()).abs().max().item()
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
             eager, graph = interleaved_medians(
-                cols, 3, before=lambda c: packing("unrolled" not in c),
+                cols, 3, before=mode,
                 after=lambda: packing(True))
         row = {"b": b, "sk": sk, "sq": sq, "hq": hq, "hk": hk,
                "limit_us": 2 * b * sk * hk * d * 2 / 4.8e6, "eager": eager, "graph": graph,

@@ -620,6 +620,48 @@ def test_split_step_runs_on_the_current_stream(monkeypatch, kind):
     assert spy.split == 2
 
 
+@pytest.mark.parametrize("page", [16, 128])
+def test_packed_rows_tail_stream_follows_the_callers(monkeypatch, page):
+    """A causal packed step (4 rows a sequence) on a caller's stream whose q is written there
+    behind a 0.1 s sleep: the tail, which runs on a side stream (splitkv.TAIL_STREAM) and reads
+    the caller's q itself, must wait for that write, and the merge for the tail; on any other
+    ordering it would read the poisoned q or a stale tail slot. Twice: the first call makes
+    the PackedRun, the second reuses it and its events."""
+    import fa4aot
+
+    spy = _Spy(monkeypatch)
+    b, sq, hq, hk, d = 2, 4, 32, 8, 128
+    lk = [6000, 3001]
+    k, v, table, kp, vp = _paged(lk, page, hk, d)
+    used = torch.tensor(lk, device="cuda", dtype=torch.int32)
+    qs = torch.randn(b * sq, hq, d, device="cuda", dtype=torch.bfloat16)
+    q = _poison((b * sq, hq, d))
+    cu_q = torch.arange(0, b * sq + 1, sq, device="cuda", dtype=torch.int32)
+    ro, _ = attention_ref(qs.view(b, sq, hq, d), kp, vp, torch.full((b,), sq, device="cuda"),
+                          used.long(), causal=True)
+    rt = _rt(6)
+    rt._split_runs.clear()
+    s = torch.cuda.Stream()
+    try:
+        for _ in range(2):
+            q.fill_(float("nan"))
+            torch.cuda.synchronize()
+            with torch.cuda.stream(s):
+                torch.cuda._sleep(100_000_000)
+                q.copy_(qs)
+                got = fa4aot.flash_attn_varlen_func(
+                    q, k, v, cu_seqlens_q=cu_q, max_seqlen_q=sq, max_seqlen_k=max(lk),
+                    page_table=table, seqused_k=used, causal=True)[0].clone()
+            torch.cuda.synchronize()
+            runs = [r for r in rt._split_runs.values() if r]
+            assert len(runs) == 1 and runs[0].packed and runs[0].side is not None
+            assert not got.isnan().any()
+            assert rel_err(got, ro.reshape(b * sq, hq, d)) < 4e-3
+    finally:
+        _rt(-1)
+    assert spy.split == 2
+
+
 def test_packed_kv_with_seqused_k_is_not_split(monkeypatch):
     """cu_seqlens_k + seqused_k (FA4 takes both: offsets from one, lengths from the other):
     the split's chunk bounds come from cu_seqlens_k alone, so such a call must run unsplit.

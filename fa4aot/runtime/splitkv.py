@@ -37,6 +37,10 @@ _PLAN_KEYS = S.PLAN_KEYS
 # SplitRuns kept (each holds scratch for one batch size / stream): bound what they hold
 _MAX_RUNS = 16
 _MAX_KEYS = 4096
+# A causal packed step's tail (PackedRun) runs on a side stream, beside the chunks (False:
+# after them, on the caller's stream; benchmarks/spec_decode.py times both)
+TAIL_STREAM = True
+_SIDE: dict = {}
 
 # (absent from CPU-only torch builds; called for CUDA tensors only)
 _is_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
@@ -565,6 +569,7 @@ class PackedRun:
         "lp_tail", "ot_src", "lt_src", "kot", "klt", "lp_sink", "lse_scratch", "out_c_size",
         "lse_shape", "out_shape", "ar_pages", "ar_rows", "x", "lb", "pg", "t_used", "idx",
         "tail_table", "dx", "tail_len", "ko_f", "kl_f", "kot_f", "klt_f", "op_c_f", "lp_c_f",
+        "side", "fork", "join",
     )
 
     def __init__(self, rt, dev, q, b, rows, hq, hk, d, dv, sp, page_size, causal, varlen_q,
@@ -590,6 +595,12 @@ class PackedRun:
         self.lp_c = torch.as_strided(lp, (slots, b, rows, hq), (y, slots * y, 1, rows))
         self.lp_sink = lp[:, slots - 1] if slots > sp.n + sp.tail else None  # (b, hk, r, rows)
         self.op_tail = self.lp_tail = self.ot_src = self.lt_src = self.kot = self.klt = None
+        self.side = self.fork = self.join = None
+        if sp.tail and dvc.type == "cuda" and TAIL_STREAM:
+            # the tail's stream, forked from the caller's after the chunks' launch and joined
+            # before the merge by the run's own two events
+            self.side = _side_stream(dvc)
+            self.fork, self.join = torch.cuda.Event(), torch.cuda.Event()
         if sp.tail:
             # the tail: decode rows (i, t), one chunk each, in scratch laid out as the caller's
             # rows (b, rows, hk, r), then copied into slot n
@@ -676,13 +687,27 @@ def _packed_step(run, rt, dev, q, k, v, seqused_k, page_table, dense_pages, b, s
     run.launch(run.kq, k, v, run.ko_f, run.kl_f, scale, None, None, None, used_a, table_a)
     if run.causal:
         # the tail: the caller's q as decode rows (b * rows, r, hk, d), no copy where its rows
-        # merge into one stride
+        # merge into one stride; on a side stream where q is on the GPU, so its small grid runs
+        # on the SMs the chunks leave (their empty tail slot's among them), not after them
         qr = q if q.dim() == 3 else q.reshape(-1, *q.shape[2:])
         sr, sh = qr.stride(0), qr.stride(1)
         kq = torch.as_strided(qr, run.kq_b_size, (sr, sh, run.r * sh, 1))
-        run.launch(kq, k, v, run.kot_f, run.klt_f, scale, None, None, None, len_t, table_t)
-        run.op_tail.copy_(run.ot_src)
-        run.lp_tail.copy_(run.lt_src)
+        side = run.side
+        if side is not None:
+            cur = torch.cuda.current_stream(q.device)
+            run.fork.record(cur)
+            side.wait_event(run.fork)
+            torch.cuda.set_stream(side)
+        try:
+            run.launch(kq, k, v, run.kot_f, run.klt_f, scale, None, None, None, len_t, table_t)
+            run.op_tail.copy_(run.ot_src)
+            run.lp_tail.copy_(run.lt_src)
+        finally:
+            if side is not None:
+                run.join.record(side)
+                torch.cuda.set_stream(cur)
+        if side is not None:
+            cur.wait_event(run.join)
     if sink is not None:  # the empty last slot carries the sink: counted once, as FA4 does
         run.lp_sink.copy_(sink.view(-1, run.r, 1))
     if out is None:
@@ -701,6 +726,17 @@ def _packed_step(run, rt, dev, q, k, v, seqused_k, page_table, dense_pages, b, s
         lse_c = lse.transpose(1, 2)
     run.merge(run.op_c_f, run.lp_c_f, out_c, lse_c)
     return out, lse
+
+
+def _side_stream(device):
+    """A second stream for the caller's current one on `device` (PackedRun's tail), made once
+    per (device, caller's stream): two callers' streams never share one, nor does a stream
+    being captured into a CUDA graph share one with eager work."""
+    key = (device.index, _raw_stream(device.index))
+    side = _SIDE.get(key)
+    if side is None:
+        side = _SIDE.setdefault(key, torch.cuda.Stream(device))
+    return side
 
 
 def _to_ffi(t):
