@@ -10,6 +10,8 @@ bottom-right alignment), columns:
 - `packed` / `packed serial`: the same call packed wherever the plan can pack it (the cost
   model's PACKED_EXTRA_S set below zero), its causal tail on a side stream beside the chunks
   (runtime.splitkv.TAIL_STREAM, the default) / after them on the caller's stream;
+- `n=N` (with --ns): the same call packed in N chunks (FA4AOT_SPLIT_KV=N: no one-wave cap on
+  the chunks and the tail's empty slot);
 - `unrolled`: the same call with split.plan_packed off (each row a decode row of its own);
 - `paged P` / `paged P unrolled`: the same keys as a caller's paged K (pages of P in sequence
   order, seqused_k; the tail's metadata computed per step), packed and unrolled;
@@ -49,6 +51,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     ap.add_argument("--shapes", help="b:keys:rows,... (default: SHAPES)")
+    ap.add_argument("--ns", default="", help="forced chunk counts, a column each (e.g. 15,16)")
     a = ap.parse_args()
     shapes = SHAPES if not a.shapes else [
         tuple(int(x) for x in c.split(":")) for c in a.shapes.split(",")]
@@ -57,14 +60,18 @@ def main():
 
     extra_s = S.PACKED_EXTRA_S
 
-    def packing(on: bool, tail_stream: bool = True, force: bool = False):
+    split = rt.split
+
+    def packing(on: bool, tail_stream: bool = True, force: bool = False, n: int = 0):
         S.plan_packed = plan_packed if on else (lambda **kw: None)
         S.PACKED_EXTRA_S = -1.0 if force else extra_s
         SK.TAIL_STREAM = tail_stream
+        rt.split = n or split
         rt._split_runs.clear()
 
     def mode(c: str):
-        packing("unrolled" not in c, "serial" not in c, c.startswith("packed"))
+        packing("unrolled" not in c, "serial" not in c, c.startswith("packed"),
+                int(c[2:]) if c.startswith("n=") else 0)
 
     rows = []
     for b, sk, sq in shapes:
@@ -74,6 +81,7 @@ def main():
         fns = decode_columns(q, k, v, out)
         cols = {"fa4aot": fns["fa4aot"], "packed": fns["fa4aot"],
                 "packed serial": fns["fa4aot"], "unrolled": fns["fa4aot"]}
+        cols.update({f"n={n}": fns["fa4aot"] for n in a.ns.split(",") if n})
         cu_q = torch.arange(0, b * sq + 1, sq, device="cuda", dtype=torch.int32)
         used = torch.full((b,), sk, device="cuda", dtype=torch.int32)
         for p in PAGES:

@@ -436,7 +436,11 @@ def test_cuda_graph_replay_of_packed_speculative_rows(monkeypatch, page, sinks):
     reference, and captured and replayed on new q and new lengths: the same bits as eager."""
     import fa4aot
 
+    import fa4aot.runtime.splitkv as SK
+
     spy = _Spy(monkeypatch)
+    side_stream, sides = SK._side_stream, []
+    monkeypatch.setattr(SK, "_side_stream", lambda dv: sides.append(dv) or side_stream(dv))
     b, sq, hq, hk, d = 3, 4, 32, 8, 128
     lk = [6000, 3001, 4500]
     k, v, table, kp, vp = _paged(lk, page, hk, d)
@@ -463,8 +467,11 @@ def test_cuda_graph_replay_of_packed_speculative_rows(monkeypatch, page, sinks):
             rel_err(out, ro.reshape(b * sq, hq, d)), None)
 
     def captured():
-        assert spy.split >= 3
+        # the capture ran the tail on a side stream (splitkv.TAIL_STREAM), the eager calls
+        # after it: the replays match them bit for bit
+        assert spy.split >= 3 and len(sides) == 1
 
+    assert not sides  # (eagerly: no side stream)
     _replays_match_eager(step, q, used, out, max(lk), captured)
     _rt(-1)
 
@@ -621,12 +628,12 @@ def test_split_step_runs_on_the_current_stream(monkeypatch, kind):
 
 
 @pytest.mark.parametrize("page", [16, 128])
-def test_packed_rows_tail_stream_follows_the_callers(monkeypatch, page):
+def test_packed_rows_run_on_the_callers_stream(monkeypatch, page):
     """A causal packed step (4 rows a sequence) on a caller's stream whose q is written there
-    behind a 0.1 s sleep: the tail, which runs on a side stream (splitkv.TAIL_STREAM) and reads
-    the caller's q itself, must wait for that write, and the merge for the tail; on any other
-    ordering it would read the poisoned q or a stale tail slot. Twice: the first call makes
-    the PackedRun, the second reuses it and its events."""
+    behind a 0.1 s sleep: the q copy, the chunks, the tail (which reads the caller's q itself)
+    and the merge must all run on that stream (eagerly the tail has no side stream of its own:
+    splitkv.TAIL_STREAM); on any other they would read the poisoned q. Twice: the first call
+    makes the PackedRun, the second reuses it."""
     import fa4aot
 
     spy = _Spy(monkeypatch)
@@ -654,7 +661,7 @@ def test_packed_rows_tail_stream_follows_the_callers(monkeypatch, page):
                     page_table=table, seqused_k=used, causal=True)[0].clone()
             torch.cuda.synchronize()
             runs = [r for r in rt._split_runs.values() if r]
-            assert len(runs) == 1 and runs[0].packed and runs[0].side is not None
+            assert len(runs) == 1 and runs[0].packed and runs[0].side is None
             assert not got.isnan().any()
             assert rel_err(got, ro.reshape(b * sq, hq, d)) < 4e-3
     finally:

@@ -37,8 +37,12 @@ _PLAN_KEYS = S.PLAN_KEYS
 # SplitRuns kept (each holds scratch for one batch size / stream): bound what they hold
 _MAX_RUNS = 16
 _MAX_KEYS = 4096
-# A causal packed step's tail (PackedRun) runs on a side stream, beside the chunks (False:
-# after them, on the caller's stream; benchmarks/spec_decode.py times both)
+# A causal packed step's tail (PackedRun) captured in a CUDA graph runs on a side stream,
+# beside the chunks, on the SMs they leave (False: after them, on the caller's stream, as an
+# eager step always does). H200, 2026-12-02 (spec_decode.py, 32:8 hd128, side / serial, us):
+# in a graph b1/64K s_q 4 81.0 / 82.3, b2/32K 82.9 / 84.4, b4/32K 148.1 / 151.3; eagerly
+# the fork, the join and the stream switches cost the host 8-19 us a step (b1/64K 104.0 /
+# 95.6, b1/8K 64.2 / 45.5), more than the overlap gains.
 TAIL_STREAM = True
 _SIDE: dict = {}
 
@@ -596,9 +600,11 @@ class PackedRun:
         self.lp_sink = lp[:, slots - 1] if slots > sp.n + sp.tail else None  # (b, hk, r, rows)
         self.op_tail = self.lp_tail = self.ot_src = self.lt_src = self.kot = self.klt = None
         self.side = self.fork = self.join = None
-        if sp.tail and dvc.type == "cuda" and TAIL_STREAM:
-            # the tail's stream, forked from the caller's after the chunks' launch and joined
-            # before the merge by the run's own two events
+        if sp.tail and dvc.type == "cuda" and TAIL_STREAM and _is_capturing():
+            # in a CUDA graph being captured, the tail's stream, forked from the caller's after
+            # the chunks' launch and joined before the merge by the run's own two events (a
+            # graph's branch costs nothing per replay; eagerly the fork and join cost the host
+            # more than the overlap gains: see TAIL_STREAM)
             self.side = _side_stream(dvc)
             self.fork, self.join = torch.cuda.Event(), torch.cuda.Event()
         if sp.tail:
@@ -687,8 +693,8 @@ def _packed_step(run, rt, dev, q, k, v, seqused_k, page_table, dense_pages, b, s
     run.launch(run.kq, k, v, run.ko_f, run.kl_f, scale, None, None, None, used_a, table_a)
     if run.causal:
         # the tail: the caller's q as decode rows (b * rows, r, hk, d), no copy where its rows
-        # merge into one stride; on a side stream where q is on the GPU, so its small grid runs
-        # on the SMs the chunks leave (their empty tail slot's among them), not after them
+        # merge into one stride; in a CUDA graph on a side stream (PackedRun.side), so its
+        # small grid runs on the SMs the chunks leave (their empty tail slot's among them)
         qr = q if q.dim() == 3 else q.reshape(-1, *q.shape[2:])
         sr, sh = qr.stride(0), qr.stride(1)
         kq = torch.as_strided(qr, run.kq_b_size, (sr, sh, run.r * sh, 1))
