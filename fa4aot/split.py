@@ -377,12 +377,11 @@ def plan_packed(
     if setting > 0:
         n = setting
     else:
+        # the one-row step's count: the tail's and a sink's slots are CTAs of the chunks' grid
+        # too, but empty ones, which leave at once (H200, 2026-12-02, spec_decode.py --ns,
+        # graph: b1/64K s_q 4 in 16 chunks + the tail's slot, 136 CTAs, 79.1 us, in 15 + 1,
+        # one wave, 85.3; b2/32K 8 + 1 79.6, 7 + 1 86.6; b4/32K 4 + 1 142.0, 3 + 1 151.4)
         n = choose_splits(batch=batch, kv_heads=kv_heads, rows=1, fold=True, **kw)
-        if extra and ctas * n <= num_sms < ctas * (n + extra):
-            # the tail's and sink's slots are CTAs of the chunks' grid too (empty ones, after
-            # each sequence's chunks): keep the grid one wave (H200, 2026-12-02: b8/4K s_q 4 in
-            # 2 chunks + the tail slot, 192 CTAs, ran 60.7 us against FA4's unsplit 48.4)
-            n = max(1, num_sms // ctas - extra)
         one = step_time(n, ctas=ctas, fold=True, **kw)  # the one-row step of this shape
         if n == 1 and extra:
             one += model.overhead_s  # one chunk still merges with its tail (or sink)

@@ -707,10 +707,10 @@ def test_unsplit_steps_the_chunk_kernel_does_not_take():
 
 @pytest.mark.parametrize("b,sk,rows,want", [
     # (batch at 32:8, keys, query rows, the packed plan's (chunks, slots) or None: unrolled)
-    (1, 65536, 4, (15, 16)), (1, 65536, 2, (15, 16)), (1, 131072, 4, (15, 16)),
-    (2, 32768, 4, (7, 8)),  # the tail's slot keeps the chunks' grid one wave: 128 CTAs
-    (1, 16384, 4, (15, 16)), (4, 16384, 2, (3, 4)),
-    (4, 32768, 4, (3, 4)),  # the unrolled rows' 128 CTAs would not split: FA4's kernel
+    (1, 65536, 4, (16, 17)), (1, 65536, 2, (16, 17)), (1, 131072, 4, (16, 17)),
+    (2, 32768, 4, (8, 9)),  # the one-row step's count: the tail's slot is empty CTAs besides
+    (1, 16384, 4, (16, 17)), (4, 16384, 2, (4, 5)),
+    (4, 32768, 4, (4, 5)),  # the unrolled rows' 128 CTAs would not split: FA4's kernel
     (1, 8192, 4, None), (1, 4096, 2, None), (1, 32768, 2, None),  # the extra launches lose
     (8, 4096, 4, None), (16, 16384, 4, None),  # FA4's unsplit kernel packs the rows itself
 ])
@@ -727,7 +727,7 @@ def test_packed_rows_where_they_beat_unrolled_rows(b, sk, rows, want):
     sp = S.plan_packed(**kw, sink=False, causal=True, setting=-1, unrolled=unrolled)
     assert (sp and (sp.n, sp.slots)) == want, sp
     if sp:
-        assert sp.packed and sp.tail and sp.n * sp.chunk >= sk and b * 8 * sp.slots <= 132
+        assert sp.packed and sp.tail and sp.n * sp.chunk >= sk and b * 8 * sp.n <= 132
     assert S.packed_refusal(ratio=4, rows=rows, tile_m=64, page_size=128) is None
     assert "two pages" in S.packed_refusal(ratio=4, rows=rows, tile_m=64, page_size=rows - 2)
     assert "64-row tile" in S.packed_refusal(ratio=20, rows=4, tile_m=64, page_size=128)
