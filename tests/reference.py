@@ -7,6 +7,9 @@ import math
 import torch
 
 
+_BATCH_AT_ONCE_BYTES = 2 << 30
+
+
 def attention_ref(
     q, k, v, lq, lk, *, causal, window_left=None, sink=None, scale=None, softcap=None
 ):
@@ -18,6 +21,13 @@ def attention_ref(
     """
     b, Sq, hq, d = q.shape
     hk = k.shape[2]
+    if b > 1 and k.shape[1] * hq * max(d, v.shape[-1]) * 4 * b > _BATCH_AT_ONCE_BYTES:
+        # one sequence at a time: K and V in fp32 over every query head fit an 80 GB card
+        # (b16 over 64K keys at 32 heads: 16 GiB each at once)
+        outs = [attention_ref(q[i:i + 1], k[i:i + 1], v[i:i + 1], lq[i:i + 1], lk[i:i + 1],
+                              causal=causal, window_left=window_left, sink=sink, scale=scale,
+                              softcap=softcap) for i in range(b)]
+        return torch.cat([o for o, _ in outs]), torch.cat([lse for _, lse in outs])
     scale = scale if scale is not None else 1.0 / math.sqrt(d)
     kf = k.float().repeat_interleave(hq // hk, 2)
     vf = v.float().repeat_interleave(hq // hk, 2)
