@@ -75,6 +75,22 @@ class CostModel:
 
 
 DEFAULT_MODEL = CostModel()
+# The model's figures are the H200's (HBM3e, 4.8 TB/s peak). Another sm90 card has the same SMs
+# (the CTAs stream as fast) but streams as a whole in proportion to its peak: on an H100 SXM
+# (HBM3, 3.35 TB/s) FA4's unsplit kernel at b8/16K s_q 4 (64 CTAs) read 2.95 TB/s, and the
+# packed split in 2 chunks, which the H200's figures pick, ran 11% slower (H100, 2026-12-02,
+# spec_decode.py: 202.8 against 182.3 us in a graph).
+H200_HBM_PEAK = 4.8e12
+
+
+def model_for(hbm_peak: float | None) -> CostModel:
+    """The cost model of a card whose HBM peaks at `hbm_peak` bytes/s (None: unknown, the
+    H200's): the chip's streaming rate scaled by its peak over the H200's (within 5%: the
+    H200's model itself)."""
+    if not hbm_peak or abs(hbm_peak / H200_HBM_PEAK - 1) < 0.05:
+        return DEFAULT_MODEL
+    return dataclasses.replace(
+        DEFAULT_MODEL, hbm_bytes_per_s=DEFAULT_MODEL.hbm_bytes_per_s * hbm_peak / H200_HBM_PEAK)
 # Most query rows per sequence a split takes: decode and speculative steps (a prefill chunk
 # fills the SMs by itself).
 MAX_ROWS = 16
@@ -504,6 +520,7 @@ def plan_split(
     fold: bool = True,
     wide: bool = False,
     wide_paged: str | None = None,
+    model: CostModel = DEFAULT_MODEL,
 ) -> Split | None:
     """The runtime's split of a decode step (None: unsplit): `setting` is FA4AOT_SPLIT_KV
     (-1 auto: the cost model; 0 never; N forced), ctas the (sequence, row, KV head) triples,
@@ -521,7 +538,7 @@ def plan_split(
     if n < 0:
         n = choose_splits(
             batch=decode_rows, kv_heads=ctas // decode_rows, rows=1, seqlen_k=seqlen_k,
-            bytes_per_key=bytes_per_key, num_sms=num_sms, align=align, fold=fold,
+            bytes_per_key=bytes_per_key, num_sms=num_sms, align=align, fold=fold, model=model,
         )
         if wide and fold and not sink and (page_size is None or wide_paged is not None):
             w = wide_split(n, ctas=ctas, seqlen_k=seqlen_k, bytes_per_key=bytes_per_key,

@@ -232,6 +232,9 @@ class _FakeRuntime:
     def device(self, dev):
         return "sm90", 132
 
+    def cost_model(self, dev):
+        return S.DEFAULT_MODEL
+
 
 def _split(rt, q, k, v, kind, kv, seqlen_k, page, causal, sink, out, lse, want_lse, varlen_q):
     """splitkv.split_step on q (b, rows, hq, d), passed packed when varlen_q, as the entry
@@ -879,3 +882,42 @@ def test_a_split_keeps_its_virtual_sequences_within_the_chunk_grid():
     assert sp.slots * 4096 <= S.MAX_VIRTUAL_SEQS and sp.slots == sp.n + 1 >= 13
     assert S.plan_split(ctas=40000 * 8, decode_rows=40000, sink=False, setting=8, **kw) is None
     assert S.plan_split(ctas=8, decode_rows=1, sink=False, setting=64, **kw).n == 64
+
+
+def test_the_cost_model_follows_the_cards_hbm(monkeypatch):
+    """split.model_for: the H200's figures on an H200 (its peak within 5%) or an unknown card;
+    an H100 SXM's chip streams at 3.35 / 4.8 of them, so the packed plan leaves b8/16K s_q 4
+    to FA4's unsplit kernel there (H100, 2026-12-02: 182.3 us unsplit against 202.8 in 2
+    chunks, graph) and keeps b1/64K's 16 chunks. runtime.plan.hbm_peak: 2 x the memory clock
+    x the bus width, else the card's name, else None."""
+    import types
+
+    from fa4aot.runtime import plan as P
+
+    assert S.model_for(None) is S.DEFAULT_MODEL and S.model_for(4.92e12) is S.DEFAULT_MODEL
+    h100 = S.model_for(3.35e12)
+    assert h100.hbm_bytes_per_s == pytest.approx(S.DEFAULT_MODEL.hbm_bytes_per_s * 3.35 / 4.8)
+    assert h100.cta_bytes_per_s == S.DEFAULT_MODEL.cta_bytes_per_s
+
+    def packed(b, sk, rows, model):
+        kw = dict(seqlen_k=S.plan_bucket(sk), bytes_per_key=512, page_size=128, num_sms=132,
+                  setting=-1, model=model)
+        un = S.plan_split(ctas=b * rows * 8, sink=False, decode_rows=b * rows, fold=False, **kw)
+        sp = S.plan_packed(batch=b, kv_heads=8, rows=rows, sink=False, causal=True,
+                           unrolled=un, **kw)
+        return sp and sp.n
+
+    assert packed(8, 16384, 4, S.DEFAULT_MODEL) == 2 and packed(8, 16384, 4, h100) is None
+    assert packed(1, 65536, 4, S.DEFAULT_MODEL) == packed(1, 65536, 4, h100) == 16
+
+    props = types.SimpleNamespace(name="NVIDIA H100 80GB HBM3", memory_clock_rate=2619000,
+                                  memory_bus_width=5120)
+    monkeypatch.setattr(P.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(P.torch.cuda, "get_device_properties", lambda d: props)
+    assert P.hbm_peak("cuda:0") == pytest.approx(3.352e12, rel=1e-3)
+    props.memory_clock_rate = 0
+    assert P.hbm_peak("cuda:0") == 3.35e12
+    props.name = "NVIDIA H200"
+    assert P.hbm_peak("cuda:0") == 4.8e12
+    props.name = "NVIDIA A100-SXM4-80GB"
+    assert P.hbm_peak("cuda:0") is None

@@ -201,6 +201,24 @@ def _arch_of(device: torch.device) -> tuple[str, int]:
     return f"sm{major}{minor}", sms
 
 
+# HBM peaks (bytes/s) by device name, where torch reports no memory clock and bus width
+_HBM_BY_NAME = (("H200", 4.8e12), ("H100 80GB HBM3", 3.35e12), ("H100 NVL", 3.9e12),
+                ("H100 PCIe", 2.0e12))
+
+
+def hbm_peak(device: torch.device) -> float | None:
+    """The HBM peak of CUDA `device` in bytes/s: 2 x its memory clock x its bus width (as
+    torch reports them), else by its name (_HBM_BY_NAME), else None (unknown, or no CUDA: the
+    CPU tests' stand-in devices)."""
+    if not torch.cuda.is_available():
+        return None
+    props = torch.cuda.get_device_properties(device)
+    khz, bits = getattr(props, "memory_clock_rate", 0), getattr(props, "memory_bus_width", 0)
+    if khz and bits:
+        return 2 * khz * 1e3 * bits / 8
+    return next((bw for name, bw in _HBM_BY_NAME if name in props.name), None)
+
+
 class Runtime:
     """Serves calls from a layered store. Thread-safe; loads each artifact once per process."""
 
@@ -225,6 +243,7 @@ class Runtime:
         self.split = -1 if split == "auto" else split  # -1: the cost model chooses
         self._lock = threading.Lock()
         self._devices: dict[int, tuple[str, int]] = {}
+        self._models: dict[int, S.CostModel] = {}
         self._lib_checked: set[Path] = set()
         self._split_kernels: dict[tuple, SplitKernel | None] = {}
         self._split_n: dict[tuple, S.Split | None] = {}
@@ -298,6 +317,14 @@ class Runtime:
         got = self._devices.get(index)
         if got is None:
             got = self._devices[index] = _arch_of(torch.device("cuda", index))
+        return got
+
+    def cost_model(self, dev: int) -> S.CostModel:
+        """The split plans' cost model for CUDA device `dev` (split.model_for its HBM peak),
+        made once."""
+        got = self._models.get(dev)
+        if got is None:
+            got = self._models[dev] = S.model_for(hbm_peak(torch.device("cuda", dev)))
         return got
 
     def split_kernel(
@@ -384,7 +411,7 @@ class Runtime:
                 page_size=page_size, sink=sink, num_sms=self.device(dev)[1],
                 setting=self.split, max_slots=kern.max_slots, decode_rows=decode_rows,
                 fold=fold, wide=one_row and kern.launch_wide_split is not None,
-                wide_paged=path,
+                wide_paged=path, model=self.cost_model(dev),
             )
         if len(self._split_n) > 4096:
             self._split_n.clear()

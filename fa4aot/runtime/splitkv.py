@@ -259,7 +259,7 @@ def _packed_plan(rt, dev, dtype, b, rows, hq, hk, d, dv, seqlen_k, page_size, ca
         batch=b, kv_heads=hk, rows=rows, seqlen_k=S.plan_bucket(seqlen_k),
         bytes_per_key=(d + dv) * dtype.itemsize, page_size=page_size, sink=sink, causal=causal,
         num_sms=sms, setting=rt.split, max_slots=kern.max_slots, unrolled=unrolled,
-        meta_s=S.packed_meta_s(meta, kern.packed_meta is not None),
+        meta_s=S.packed_meta_s(meta, kern.packed_meta is not None), model=rt.cost_model(dev),
     )
 
 
