@@ -67,6 +67,10 @@ class CostModel:
     # how fast one CTA of FA4's own decode kernel streams K/V: the unsplit step where the fold
     # does not serve it (fold_refusal: a sink, several query rows, head dims over 128)
     fa4_cta_bytes_per_s: float = 42e9
+    # what the chip streams over a step of fewer than short_bytes of K/V, where it differs
+    # (None: hbm_bytes_per_s): model_for's cards other than the H200
+    short_hbm_bytes_per_s: float | None = None
+    short_bytes: float = 64e6
     # keys: one KV block, the shortest chunk (q is read in place, compiler.trace_chunk_modes):
     # H200, split_sweep --small, 2026-12-01, graph/eager: b1/1K 32:8 in 8 chunks of 128 ran
     # 7.3/12.1 us against 11.5/13.7 unsplit, b2/1K in 8 7.8/13.2 against 11.0/14.7, b4/1K in 4
@@ -79,18 +83,21 @@ DEFAULT_MODEL = CostModel()
 # (the CTAs stream as fast) but streams as a whole in proportion to its peak: on an H100 SXM
 # (HBM3, 3.35 TB/s) FA4's unsplit kernel at b8/16K s_q 4 (64 CTAs) read 2.95 TB/s, and the
 # packed split in 2 chunks, which the H200's figures pick, ran 11% slower (H100, 2026-12-02,
-# spec_decode.py: 202.8 against 182.3 us in a graph).
+# spec_decode.py: 202.8 against 182.3 us in a graph). A short step does not reach either
+# card's peak: there the H200's figures hold (H100, hbm_model_probe.py, b4/1K, 16 MB: 4
+# chunks 8.3 us in a graph, the fold 11.1).
 H200_HBM_PEAK = 4.8e12
 
 
 def model_for(hbm_peak: float | None) -> CostModel:
     """The cost model of a card whose HBM peaks at `hbm_peak` bytes/s (None: unknown, the
-    H200's): the chip's streaming rate scaled by its peak over the H200's (within 5%: the
-    H200's model itself)."""
+    H200's): the chip's streaming rate over steps of at least short_bytes scaled by its peak
+    over the H200's (within 5%: the H200's model itself)."""
     if not hbm_peak or abs(hbm_peak / H200_HBM_PEAK - 1) < 0.05:
         return DEFAULT_MODEL
     return dataclasses.replace(
-        DEFAULT_MODEL, hbm_bytes_per_s=DEFAULT_MODEL.hbm_bytes_per_s * hbm_peak / H200_HBM_PEAK)
+        DEFAULT_MODEL, hbm_bytes_per_s=DEFAULT_MODEL.hbm_bytes_per_s * hbm_peak / H200_HBM_PEAK,
+        short_hbm_bytes_per_s=DEFAULT_MODEL.hbm_bytes_per_s)
 # Most query rows per sequence a split takes: decode and speculative steps (a prefill chunk
 # fills the SMs by itself).
 MAX_ROWS = 16
@@ -131,8 +138,11 @@ def step_time(
     n_eff = -(-seqlen_k // c)
     waves = -(-ctas * n_eff // num_sms)
     rate = model.cta_bytes_per_s if n_eff > 1 or fold else model.fa4_cta_bytes_per_s
-    stream = max(waves * c * bytes_per_key / rate,
-                 ctas * seqlen_k * bytes_per_key / model.hbm_bytes_per_s)
+    total = ctas * seqlen_k * bytes_per_key
+    hbm = model.hbm_bytes_per_s
+    if model.short_hbm_bytes_per_s and total < model.short_bytes:
+        hbm = model.short_hbm_bytes_per_s
+    stream = max(waves * c * bytes_per_key / rate, total / hbm)
     return stream + (model.overhead_s if n_eff > 1 else 0.0)
 
 

@@ -888,7 +888,8 @@ def test_the_cost_model_follows_the_cards_hbm(monkeypatch):
     """split.model_for: the H200's figures on an H200 (its peak within 5%) or an unknown card;
     an H100 SXM's chip streams at 3.35 / 4.8 of them, so the packed plan leaves b8/16K s_q 4
     to FA4's unsplit kernel there (H100, 2026-12-02: 182.3 us unsplit against 202.8 in 2
-    chunks, graph) and keeps b1/64K's 16 chunks. runtime.plan.hbm_peak: 2 x the memory clock
+    chunks, graph) and keeps b1/64K's 16 chunks; short steps plan as on the H200.
+    runtime.plan.hbm_peak: 2 x the memory clock
     x the bus width, else the card's name, else None."""
     import types
 
@@ -909,6 +910,17 @@ def test_the_cost_model_follows_the_cards_hbm(monkeypatch):
 
     assert packed(8, 16384, 4, S.DEFAULT_MODEL) == 2 and packed(8, 16384, 4, h100) is None
     assert packed(1, 65536, 4, S.DEFAULT_MODEL) == packed(1, 65536, 4, h100) == 16
+
+    def one_row(b, sk, model):
+        sp = S.plan_split(ctas=b * 8, seqlen_k=S.plan_bucket(sk), bytes_per_key=512,
+                          page_size=None, sink=False, num_sms=132, setting=-1, decode_rows=b,
+                          model=model)
+        return sp and sp.n
+
+    # a step of fewer than short_bytes (b4/1K: 16 MB) plans as on the H200: it reaches
+    # neither card's peak (H100: 4 chunks 8.3 us in a graph, the fold 11.1)
+    assert one_row(4, 1024, h100) == one_row(4, 1024, S.DEFAULT_MODEL) == 4
+    assert one_row(8, 16384, S.DEFAULT_MODEL) == 2 and one_row(8, 16384, h100) is None
 
     props = types.SimpleNamespace(name="NVIDIA H100 80GB HBM3", memory_clock_rate=2619000,
                                   memory_bus_width=5120)
