@@ -15,7 +15,8 @@ difference), and a column that differs by more than 1e-2 is reported and not tim
 2026-12-02-s16-d, before `fwd_wide_split`, the wide columns ran `fwd_wide`, which lacks the
 chunk modes: wrong outputs, diffs 3e-2 to inf, timed then.) n: the chunk kernel's plan
 (split.plan_split without wide). --wide-ns N,...: the wide kernel at those chunk counts instead
-(`wide n=1`: the step unsplit, i.e. the fold).
+(`wide n=1`: the step unsplit, i.e. the fold). --chunk-ns N,...: also the chunk kernel at those
+counts (0: unsplit), e.g. the one-wave plan the wide split replaced.
 bf16 hd128 32:8, one query row, causal, dense K/V (--varlen: also as varlen K).
 """
 
@@ -77,6 +78,10 @@ def main():
     ap.add_argument("--wide-ns", help="comma-separated chunk counts: the columns `wide n=N` "
                     "(N=1: the unsplit step, the fold) instead of the chunk kernel's at 2n and "
                     "the wide kernel's at n and 2n")
+    ap.add_argument("--chunk-ns", help="comma-separated chunk counts: also the columns "
+                    "`chunk n=N` (the chunk kernel, 128-key tiles, one CTA per SM; N=0: the "
+                    "step unsplit, FA4AOT_SPLIT_KV=0; N=auto: the chunk kernel's own plan)")
+    ap.add_argument("--rounds", type=int, default=ROUNDS)
     ap.add_argument("--varlen", action="store_true",
                     help="add the same step over the K as varlen (cu_seqlens_k, the dense K's "
                     "packed view): `varlen auto` (its plan, wide where split.wide_split says) "
@@ -139,6 +144,9 @@ def main():
             cols[f"chunk n={2 * n}"] = (chunk, at_split(2 * n, fns["fa4aot"]))
             cols[f"wide n={n}"] = (kern.launch_wide_split, at_split(n, fns["fa4aot"]))
             cols[f"wide n={2 * n}"] = (kern.launch_wide_split, at_split(2 * n, fns["fa4aot"]))
+        for c in (a.chunk_ns.split(",") if a.chunk_ns else ()):
+            m = n if c == "auto" else int(c)
+            cols[f"chunk n={m}"] = (chunk, at_split(m if m > 1 else 0, fns["fa4aot"]))
         if a.varlen:
             vfn = varlen_call(q, k, v, out)
             cols["varlen auto"] = (chunk, vfn)
@@ -176,7 +184,7 @@ def main():
         row["wrong"] = wrong
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
             row["eager"], row["graph"] = interleaved_medians(
-                {c: fn for c, (_, fn) in cols.items()}, ROUNDS,
+                {c: fn for c, (_, fn) in cols.items()}, a.rounds,
                 before=lambda c: use(cols[c][0]), after=lambda: use(chunk))
         ce, cg = row["eager"]["cudnn"], row["graph"]["cudnn"]
         print(f"b{b} sk{sk} chunk plan n={n}, auto n={plan.n if plan else 1}"

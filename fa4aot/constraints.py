@@ -304,9 +304,9 @@ def wide_folds(
     return ()
 
 
-# A packed (dense or varlen) K's split steps that the plan runs as one wave of long chunks at
-# one CTA per SM run instead as more, shorter chunks on the wide fold kernel compiled through
-# the chunk modes (part `fwd_wide_split`: compiler.trace_wide_fold; split.wide_split says when).
+# A packed (dense or varlen) K's long one-row steps that the plan runs unsplit, as the fold, run
+# instead as chunks on the wide fold kernel compiled through the chunk modes (part
+# `fwd_wide_split`: compiler.trace_wide_fold; split.wide_split says when).
 WIDE_SPLIT = WideFold(part="fwd_wide_split", paged=False, chunk_modes=True)
 # The same for a paged K (FA4's cp.async paged path, which takes any page size, as the paged
 # fwd_wide does; split.wide_split says when by the chunk kernel's path). H200, 2026-12-02
@@ -330,7 +330,8 @@ def wide_split(arch: str, head_dim: int, head_dim_v: int, tile_m: int | None,
     0.974 (16), b4/64K 0.996 -> 0.983 (16), b2/128K 0.996 -> 0.988 (33); ties or losses where
     the plan's chunks are short (b16/16K 1.009 -> 1.015, b2/64K 0.993 -> 0.995, b1/64K 0.980 ->
     0.988) and at b32-b64 (two waves or more: 0.979 -> 0.975, 0.991 -> 0.991; at 16 chunks
-    over 64K+ keys they gain: split.WIDE_WAVES_N). Head dim 128
+    over 64K+ keys they gain: split.WIDE_WAVES_N). The gains at b2-b8 did not hold with the
+    store's kernel: since 2026-12-03 only the unsplit fold goes wide (split.wide_split). Head dim 128
     only: the one measured and checked on the GPU (tests/test_gpu_split.py)."""
     if (tile_m == 64 and (head_dim, head_dim_v) == (128, 128)
             and split_tile_m(arch, head_dim, head_dim_v) == 64):

@@ -425,14 +425,16 @@ def plan_packed(
     return Split(sp.n, sp.chunk, sp.n + extra, packed=True, tail=causal)
 
 
-# split.wide_split: the shortest chunk (bytes a CTA streams) of a one-wave plan whose step goes
-# wide; for an unsplit step (the fold, which has no merge to pay) the shortest sequence; how
-# many CTAs the wide plan aims at (about four waves of two CTAs per SM on 132 SMs); its
-# shortest chunk. H200, 2026-12-02 (constraints.wide_split): gains from one-wave chunks of 16K
-# keys at hd128 (b4/64K, b2/128K), ties at 8K (b2/64K, b4/32K); the fold at b16 gains from 64K
-# keys (b16/16K loses: the merge costs what the chunks gain); 8-16 chunks of 4K-16K keys per
-# (sequence, KV head), 512-1024 CTAs, ran best.
-WIDE_MIN_CHUNK_BYTES = 16384 * 512
+# split.wide_split: the shortest sequence of an unsplit one-wave step (the fold, which has no
+# merge to pay) that goes wide; how many CTAs the wide plan aims at (about four waves of two CTAs
+# per SM on 132 SMs); its shortest chunk. H200, 2026-12-02 (constraints.wide_split): the fold at
+# b16 gains from 64K keys (b16/16K loses: the merge costs what the chunks gain); 8-16 chunks of
+# 4K-16K keys per (sequence, KV head), 512-1024 CTAs, ran best. A plan of n > 1 one-wave chunks
+# stays on the chunk kernel (128-key tiles, one CTA per SM): `wide_split_probe.py --chunk-ns
+# auto --wide-ns 8,16,32`, 2026-12-03-s22-a, eager against cuDNN, the chunk plan / the wide
+# plan this rule used to take: b2/128K 0.988 / 1.001, b4/64K 0.995 / 1.004, b4/128K 0.996 /
+# 1.001, b8/64K 0.992 / 0.994; the grid runs since the wide plan took them (s16-h to s20-d,
+# nine runs) had them at medians 1.000-1.006, the ten before (s9-s15) 0.994-0.999.
 WIDE_MIN_FOLD_BYTES = 65536 * 512
 WIDE_CTAS = 1024
 WIDE_CHUNK_BYTES = 4096 * 512
@@ -453,8 +455,9 @@ def wide_split(
 ) -> int | None:
     """The chunk count of a packed K's decode step that runs on the wide split kernel
     (constraints.wide_split) instead of the plan's n chunks (1: unsplit) on the chunk kernel,
-    or None (keep the plan): where the plan is one wave at one CTA per SM (ctas * n <= SMs)
-    of long chunks, n' chunks of at least WIDE_CHUNK_BYTES for about WIDE_CTAS CTAs. ctas:
+    or None (keep the plan): where the plan is the unsplit fold in one wave (ctas <= SMs) over
+    at least WIDE_MIN_FOLD_BYTES a sequence, chunks of at least WIDE_CHUNK_BYTES for about
+    WIDE_CTAS CTAs (a split plan, n > 1, keeps the chunk kernel). ctas:
     (sequence, KV head) pairs. An unsplit step of more CTAs than SMs (the fold in two waves or
     more) over at least WIDE_MIN_FOLD_BYTES a sequence: WIDE_WAVES_N chunks. paged: a paged
     K's chunk kernel's path (constraints.WIDE_SPLIT_PAGED): "cp.async" takes the one-wave
@@ -465,10 +468,7 @@ def wide_split(
                 and seqlen_k * bytes_per_key >= WIDE_MIN_FOLD_BYTES):
             return min(WIDE_WAVES_N, max_slots)
         return None
-    if paged == "tma":
-        return None
-    least = WIDE_MIN_CHUNK_BYTES if n > 1 else WIDE_MIN_FOLD_BYTES
-    if seqlen_k * bytes_per_key < least * n:
+    if paged == "tma" or n > 1 or seqlen_k * bytes_per_key < WIDE_MIN_FOLD_BYTES:
         return None
     wide = min(-(-WIDE_CTAS // ctas), seqlen_k * bytes_per_key // WIDE_CHUNK_BYTES, max_slots)
     return wide if wide > n else None

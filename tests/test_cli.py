@@ -433,32 +433,34 @@ def test_explain_says_a_split_over_pages_of_64_runs_on_the_tma_page_part(run, mo
 
 
 def test_explain_says_a_long_packed_step_runs_on_the_wide_split_part(run, monkeypatch):
-    """split.wide_split: a dense or varlen K's one-wave plan of long chunks (b8/64K at 32:8: 2
-    chunks of 32K keys) runs 16 chunks on fwd_wide_split where the store holds it, as does a
-    fold of two waves over 64K+ keys; a paged K, or a store without the part, keeps the
-    plan."""
+    """split.wide_split: a dense or varlen K's unsplit one-wave fold over 64K+ keys (b16/64K
+    at 32:8) runs 8 chunks on fwd_wide_split where the store holds it, a fold of two waves 16;
+    a split plan (b8/64K: 2 chunks of 32K keys) keeps the chunk kernel, as do a paged K over
+    pages of 128 and a store without the part."""
     merge = {"partial_dtype": "bfloat16", "max_splits": 128, "threads": 256}
     args = ["explain", "--head-dim", "128", "--heads", "32:8", "--seqlen-k", "65536", "--batch",
-            "8", "--json"]
+            "16", "--json"]
     parts = {"fwd": {"q_broadcast": True}, "merge": merge}
     _hold_split_kernels(monkeypatch, {**parts, "fwd_wide_split": {"tile_n": 64,
                                                                    "ctas_per_sm": 2}})
     doc = json.loads(run(*args).stdout)["split"]
-    assert doc["splits"] == 16 and doc["chunk_kernel"] == "fwd_wide_split"
+    assert doc["splits"] == 8 and doc["chunk_kernel"] == "fwd_wide_split"
     assert ("chunks on fwd_wide_split (fwd_wide through the chunk modes: 64-key tiles, 2 CTAs "
             "per SM) of") in doc["plan"]
     assert "1024 CTAs" in doc["plan"]
+    doc = json.loads(run(*args[:-2], "8", "--json").stdout)["split"]
+    assert doc["splits"] == 2 and doc["chunk_kernel"] == "fwd"
     # a fold of two waves (b32/128K: 256 CTAs on 132 SMs) runs 16 chunks there too
     doc = json.loads(run(*args[:-4], "131072", "--batch", "32", "--json").stdout)["split"]
     assert doc["splits"] == 16 and doc["chunk_kernel"] == "fwd_wide_split"
     assert "4096 CTAs" in doc["plan"]
     doc = json.loads(run(*args, "--layout", "varlen").stdout)["split"]
-    assert doc["splits"] == 16 and doc["chunk_kernel"] == "fwd_wide_split"
+    assert doc["splits"] == 8 and doc["chunk_kernel"] == "fwd_wide_split"
     doc = json.loads(run(*args, "--layout", "paged", "--page-size", "128").stdout)["split"]
-    assert doc["splits"] == 2 and doc["chunk_kernel"] == "fwd"
+    assert doc["splits"] == 0
     _hold_split_kernels(monkeypatch, parts)
     doc = json.loads(run(*args).stdout)["split"]
-    assert doc["splits"] == 2 and doc["chunk_kernel"] == "fwd"
+    assert doc["splits"] == 0
 
 
 def test_explain_says_which_kernel_the_fold_runs_on(run, monkeypatch):

@@ -495,13 +495,14 @@ def test_cuda_graph_replay_of_the_wide_fold_is_bit_identical(page, b, sk, part):
     _replays_match_eager(step, q, used, out, sk, captured)
 
 
-@pytest.mark.parametrize("b,sk,n", [(8, 32768, 8), (16, 65536, 8), (20, 65536, 16)])
+@pytest.mark.parametrize("b,sk,n", [(8, 32768, None), (16, 65536, 8), (20, 65536, 16)])
 @pytest.mark.parametrize("lse", [False, True])
 @pytest.mark.parametrize("layout", ["dense", "varlen", 16, 128])
 def test_wide_split_of_a_long_packed_step(monkeypatch, b, sk, n, lse, layout):
-    """split.wide_split: a one-row step over a dense or varlen K whose plan is one wave of long
-    chunks (b8/32K: 2 chunks; b16/64K: the fold) runs 8 chunks on the part fwd_wide_split (auto
-    plan), and a fold of two waves (b20/64K: 160 CTAs) 16; exact to the unsplit kernel's
+    """split.wide_split: a one-row step over a dense or varlen K whose plan is the unsplit fold
+    in one wave over 64K keys (b16/64K) runs 8 chunks on the part fwd_wide_split (auto plan), a
+    fold of two waves (b20/64K: 160 CTAs) 16, a split plan (b8/32K: 2 chunks, n None) stays on
+    the chunk kernel; exact to the unsplit kernel's
     precision, LSE too; then a CUDA graph of it replays bit-identically. The varlen K is
     ragged (the bound's sequence first, then empty, one-key and random lengths), its chunk
     bounds written by the metadata kernel (the wide part has no bounds mode). A paged K
@@ -515,7 +516,7 @@ def test_wide_split_of_a_long_packed_step(monkeypatch, b, sk, n, lse, layout):
     k = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
     lk = [sk] * b
-    wide = layout in ("dense", "varlen") or (b * hk > 132) == (layout == 128)
+    wide = n is not None and (layout in ("dense", "varlen") or (b * hk > 132) == (layout == 128))
     if layout in (16, 128):
         lk = [sk, 0, 1] + torch.randint(2, sk + 1, (b - 3,)).tolist()
         kpg, vpg, table, k, v = _paged(lk, layout, hk, d)

@@ -627,18 +627,18 @@ def test_a_split_over_pages_of_64_runs_on_the_tma_page_part(page, fold, want):
     # (batch at 32:8, keys, (chunks, keys a chunk) on the wide split kernel, or None)
     (16, 65536, (8, 8192)), (16, 131072, (8, 16384)),  # the fold over >= 64K keys
     (16, 16384, None),  # a fold of 16K: the merge would cost what the chunks gain
-    (8, 65536, (16, 4096)), (8, 131072, (16, 8192)), (4, 65536, (16, 4096)),
-    (4, 131072, (32, 4096)), (2, 131072, (32, 4096)), (8, 32768, (8, 4096)),
-    (8, 16384, None), (4, 32768, None), (2, 65536, None),  # one-wave chunks of 8K keys
-    (1, 65536, None), (1, 131072, None),  # 16 chunks of 4K-8K
+    # a split plan of one wave keeps the chunk kernel (H200, 2026-12-03-s22-a)
+    (8, 65536, None), (8, 131072, None), (4, 65536, None), (4, 131072, None),
+    (2, 131072, None), (8, 32768, None), (8, 16384, None), (4, 32768, None), (2, 65536, None),
+    (1, 65536, None), (1, 131072, None),
     # two waves or more of the fold: 16 wide chunks over >= 64K keys, else the fold's kernels
     (32, 131072, (16, 8192)), (32, 65536, (16, 4096)), (20, 65536, (16, 4096)),
     (128, 131072, (16, 8192)), (64, 16384, None), (32, 32768, None),
 ])
-def test_wide_split_takes_one_wave_plans_of_long_chunks(b, sk, want):
-    """split.wide_split on the H200 (132 SMs, hd128, 32:8): one-wave plans whose chunks hold
-    >= 16K keys (the unsplit fold: >= 64K) run ~1024 CTAs of >= 4K keys on the wide split
-    kernel, a fold of two waves or more over >= 64K keys 16 chunks; the rest keep the plan.
+def test_wide_split_takes_long_folds(b, sk, want):
+    """split.wide_split on the H200 (132 SMs, hd128, 32:8): the unsplit fold in one wave over
+    >= 64K keys runs ~1024 CTAs of >= 4K keys on the wide split kernel, a fold of two waves or
+    more over >= 64K keys 16 chunks; the rest, split plans among them, keep the plan.
     Only auto plans of a dense K with no sink, whose store has the part, go wide; a paged K
     by its chunk kernel's path (split.wide_path): the cp.async one takes the one-wave rule,
     FA4's TMA paged kernel (pages of 128) the two-wave rule."""
