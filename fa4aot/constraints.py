@@ -29,6 +29,9 @@ GPUS = {
     "b300": ("sm103", 148),
     "gb300": ("sm103", 152),
 }
+# HBM peaks (bytes/s) of the sm90 cards, for `fa4aot explain --gpu` (split.model_for: the split
+# plans' cost model; the runtime reads the card's own, runtime.plan.hbm_peak)
+GPU_HBM = {"h100": 3.35e12, "h100-pcie": 2.0e12, "h200": 4.8e12}
 # The cubin each arch's kernels are compiled to (CUTE_DSL_ARCH). Arch-specific ("a") targets:
 # tcgen05/TMEM (sm100) and wgmma (sm90) exist only there, and an "a" cubin loads only on its exact
 # compute capability (CUDA Programming Guide, "Feature Set Compiler Targets"): an sm_100a
@@ -331,8 +334,8 @@ def wide_split(arch: str, head_dim: int, head_dim_v: int, tile_m: int | None,
     the plan's chunks are short (b16/16K 1.009 -> 1.015, b2/64K 0.993 -> 0.995, b1/64K 0.980 ->
     0.988) and at b32-b64 (two waves or more: 0.979 -> 0.975, 0.991 -> 0.991; at 16 chunks
     over 64K+ keys they gain: split.WIDE_WAVES_N). The gains at b2-b8 did not hold with the
-    store's kernel: since 2026-12-03 only the unsplit fold goes wide (split.wide_split). Head dim 128
-    only: the one measured and checked on the GPU (tests/test_gpu_split.py)."""
+    store's kernel: since 2026-12-03 only the unsplit fold goes wide (split.wide_split). Head
+    dim 128 only: the one measured and checked on the GPU (tests/test_gpu_split.py)."""
     if (tile_m == 64 and (head_dim, head_dim_v) == (128, 128)
             and split_tile_m(arch, head_dim, head_dim_v) == 64):
         return WIDE_SPLIT_PAGED if paged else WIDE_SPLIT

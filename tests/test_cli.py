@@ -520,6 +520,27 @@ def test_explain_says_speculative_rows_run_packed(run, monkeypatch):
     assert not doc["packed"] and "4 query rows unrolled" in doc["plan"], doc
 
 
+def test_explain_plans_with_the_named_cards_hbm(run, monkeypatch):
+    """split.model_for in explain: --gpu h100 (3.35 TB/s) or --hbm-tbps plans as the runtime
+    does on that card (b8/16K s_q 4 over pages of 128: FA4's unsplit kernel, where the H200's
+    figures pack 2 chunks); the default and --gpu h200 plan with the H200's."""
+    merge = {"partial_dtype": "bfloat16", "max_splits": 128, "threads": 256}
+    _hold_split_kernels(monkeypatch, {
+        "fwd": {"q_broadcast": True, "chunk_lengths": True}, "merge": merge,
+        "chunk_meta": {"form": "lengths"}})
+    base = ["explain", "--head-dim", "128", "--heads", "32:8", "--seqlen-k", "16384",
+            "--seqlen-q", "4", "--batch", "8", "--layout", "paged", "--page-size", "128"]
+    for extra, splits, tbps in (([], 2, 4.8), (["--gpu", "h200"], 2, 4.8),
+                                (["--gpu", "h100"], 0, 3.35), (["--hbm-tbps", "3.35"], 0, 3.35)):
+        doc = json.loads(run(*base, *extra, "--json").stdout)["split"]
+        assert doc["splits"] == splits and doc["hbm_tbps"] == tbps, (extra, doc)
+    text = run(*base, "--gpu", "h100").stdout
+    assert "cost model  : the split plans' for HBM at 3.35 TB/s" in text
+    assert "cost model" not in run(*base).stdout
+    r = run(*base, "--hbm-tbps", "0")
+    assert r.exit_code == 2 and "--hbm-tbps" in r.output
+
+
 def test_explain_split_kv(run, split_store):
     base = ["explain", "--head-dim", "128", "--json"]
     r = run(*base, "--heads", "32:8", "--seqlen-k", "65536")

@@ -1,5 +1,7 @@
 """The GPU tests' fp32 reference (tests/reference.py) on the CPU: computed one sequence at a
-time above a size (so b16 over 64K keys fits an 80 GB card), it gives the same bits as at once."""
+time above a size (so b16 over 64K keys fits an 80 GB card), it gives what it gives at once, to
+fp32 rounding (the CPU's matmuls block a batch of one differently: 2e-7 apart here, on 2 cores;
+the GPU tests' tolerances are 1e-2)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import reference as R  # noqa: E402
 
 
-def test_one_sequence_at_a_time_gives_the_same_bits(monkeypatch):
+def test_one_sequence_at_a_time_gives_the_same_result(monkeypatch):
     g = torch.Generator().manual_seed(0)
     b, sq, hq, hk, d, sk = 3, 2, 8, 2, 16, 50
     q = torch.randn(b, sq, hq, d, generator=g)
@@ -25,6 +27,7 @@ def test_one_sequence_at_a_time_gives_the_same_bits(monkeypatch):
         o2, l2 = R.attention_ref(q, k, v, lq, lk, **kw)
         monkeypatch.undo()
         assert o1.shape == o2.shape == (b, sq, hq, d) and l1.shape == l2.shape == (b, hq, sq)
-        assert torch.equal(o1, o2) and torch.equal(l1, l2)
+        torch.testing.assert_close(o2, o1, rtol=1e-5, atol=1e-6, equal_nan=True)
+        torch.testing.assert_close(l2, l1, rtol=1e-5, atol=1e-6, equal_nan=True)
         # sequence 2 has no keys: lse -inf, or the sink's where one is given
         assert (torch.isfinite(l1[2]) if "sink" in kw else torch.isinf(l1[2])).all()

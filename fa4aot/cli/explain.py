@@ -62,6 +62,11 @@ def _cached_artifacts(layers, arch: str, num_sms: int, python: str | None):
 @click.option("--sink", is_flag=True, help="The call passes float32 learnable sinks.")
 @click.option("--no-padding", is_flag=True, help="As with FA4AOT_PADDING=deny.")
 @click.option(
+    "--hbm-tbps", type=click.FloatRange(0, min_open=True),
+    help="HBM peak of the GPU in TB/s, which scales the split plans' cost model (default: "
+    "--gpu's, else the H200's 4.8; the runtime reads its card's own).",
+)
+@click.option(
     "--qv",
     type=click.IntRange(1, 1024),
     help="Absorbed MLA: the latent head dim FA4 takes as qv (512; --head-dim is then the rope "
@@ -88,6 +93,7 @@ def explain(
     lse,
     sink,
     no_padding,
+    hbm_tbps,
     qv,
     cache,
     out,
@@ -97,6 +103,7 @@ def explain(
     its KV (split-KV on sm90; FA4's native split on sm100/sm103) and how. FP8 calls (Blackwell)
     are served by kernels of their descale set. Exit 1 when nothing can serve it."""
     from .. import settings
+    from .. import split as S
     from ..select import choose, fold_from_env, nearest
     from ..variants import Call, Variant, features
 
@@ -158,6 +165,7 @@ def explain(
     allow_fold = fold_from_env()  # as the runtime reads it (SettingError: exit 1)
     choices = choose(arch, feat, avail, allow_padding=not no_padding, allow_fold=allow_fold)
     split_doc = None
+    hbm = hbm_tbps * 1e12 if hbm_tbps else C.GPU_HBM.get(gpu)
     if seqlen_k is not None and C.is_blackwell(arch):
         split_doc = _native_split_plan(
             arch, num_sms, feat, choices, arts, layout, batch, seqlen_q, seqlen_k
@@ -165,8 +173,9 @@ def explain(
     elif seqlen_k is not None:
         split_doc = _split_plan(
             arch, num_sms, dtype, hq, hk, head_dim, head_dim_v or head_dim, layout, batch,
-            seqlen_q, seqlen_k, page_size, causal, window, sink, arts,
+            seqlen_q, seqlen_k, page_size, causal, window, sink, arts, hbm,
         )
+        split_doc["hbm_tbps"] = round((hbm or S.H200_HBM_PEAK) / 1e12, 3)
     fp8_doc = None
     if fp8:
         fp8_doc = {
@@ -216,6 +225,8 @@ def explain(
             out.text(f"served by   : {split_doc.get('plan') or split_doc['fold']}")
         if split_doc and not split_doc["splits"]:
             out.text(f"split-KV    : no ({split_doc['why']})")
+        if split_doc and hbm:
+            out.text(f"cost model  : the split plans' for HBM at {split_doc['hbm_tbps']} TB/s")
         if choices:
             head = "unsplit     :" if split_serves else "served by   :"
             out.text(f"{head} {choices[0].describe(want)}")
@@ -386,10 +397,11 @@ def _record(arts, vid: str) -> dict | None:
 
 def _split_plan(
     arch, num_sms, dtype, hq, hk, d, dv, layout, batch, seqlen_q, seqlen_k, page_size, causal,
-    window, sink, arts,
+    window, sink, arts, hbm=None,
 ) -> dict:
     """The runtime's split-KV decision for this call (runtime.Runtime.split_for and the entry
-    points' checks, from the same pure functions): {"splits": n or 0, "plan"/"why": text}."""
+    points' checks, from the same pure functions) on a card whose HBM peaks at `hbm` bytes/s
+    (None: the H200's): {"splits": n or 0, "plan"/"why": text, "hbm_tbps": the model's peak}."""
     from .. import settings
     from .. import split as S
     from ..variants import split_kernel_variant
@@ -434,7 +446,7 @@ def _split_plan(
             page_size=page_size, sink=sink, num_sms=num_sms, setting=setting,
             max_slots=max_slots, decode_rows=batch * seqlen_q, fold=fold_why is None,
             wide=seqlen_q == 1 and S.wide_part(rec["parts"], kern) is not None,
-            wide_paged=wide_paged,
+            wide_paged=wide_paged, model=S.model_for(hbm),
         )
         fwd_rec = rec["parts"]["fwd"]
         if (seqlen_q > 1 and fwd_rec.get("q_broadcast") and fwd_rec.get("chunk_lengths")
@@ -447,6 +459,7 @@ def _split_plan(
                 bytes_per_key=(d + dv) * 2, page_size=page_size, sink=sink, causal=causal,
                 num_sms=num_sms, setting=setting, max_slots=max_slots, unrolled=sp,
                 meta_s=S.packed_meta_s(not dense_pages, "packed_meta" in rec["parts"]),
+                model=S.model_for(hbm),
             ) or sp
         if sp is None:
             why = ("FA4AOT_SPLIT_KV=0" if setting == 0 else
