@@ -30,7 +30,7 @@ GPUS = {
     "gb300": ("sm103", 152),
 }
 # HBM peaks (bytes/s) of the sm90 cards, for `fa4aot explain --gpu` (split.model_for: the split
-# plans' cost model; the runtime reads the card's own, runtime.plan.hbm_peak)
+# plans' cost model) and the runtime where torch reports no memory clock (runtime.plan.hbm_peak)
 GPU_HBM = {"h100": 3.35e12, "h100-pcie": 2.0e12, "h200": 4.8e12}
 # The cubin each arch's kernels are compiled to (CUTE_DSL_ARCH). Arch-specific ("a") targets:
 # tcgen05/TMEM (sm100) and wgmma (sm90) exist only there, and an "a" cubin loads only on its exact

@@ -401,7 +401,7 @@ def _split_plan(
 ) -> dict:
     """The runtime's split-KV decision for this call (runtime.Runtime.split_for and the entry
     points' checks, from the same pure functions) on a card whose HBM peaks at `hbm` bytes/s
-    (None: the H200's): {"splits": n or 0, "plan"/"why": text, "hbm_tbps": the model's peak}."""
+    (None: the H200's): {"splits": n or 0, "plan"/"why": text}."""
     from .. import settings
     from .. import split as S
     from ..variants import split_kernel_variant
@@ -441,12 +441,13 @@ def _split_plan(
         bucket = S.plan_bucket(seqlen_k)  # as the runtime plans it
         wide_paged = S.wide_path(page_size, kern.paged_tma is not False,
                                  S.tma_part(rec["parts"], page_size) is not None)
+        model = S.model_for(hbm)
         sp = S.plan_split(
             ctas=batch * seqlen_q * hk, seqlen_k=bucket, bytes_per_key=(d + dv) * 2,
             page_size=page_size, sink=sink, num_sms=num_sms, setting=setting,
             max_slots=max_slots, decode_rows=batch * seqlen_q, fold=fold_why is None,
             wide=seqlen_q == 1 and S.wide_part(rec["parts"], kern) is not None,
-            wide_paged=wide_paged, model=S.model_for(hbm),
+            wide_paged=wide_paged, model=model,
         )
         fwd_rec = rec["parts"]["fwd"]
         if (seqlen_q > 1 and fwd_rec.get("q_broadcast") and fwd_rec.get("chunk_lengths")
@@ -459,7 +460,7 @@ def _split_plan(
                 bytes_per_key=(d + dv) * 2, page_size=page_size, sink=sink, causal=causal,
                 num_sms=num_sms, setting=setting, max_slots=max_slots, unrolled=sp,
                 meta_s=S.packed_meta_s(not dense_pages, "packed_meta" in rec["parts"]),
-                model=S.model_for(hbm),
+                model=model,
             ) or sp
         if sp is None:
             why = ("FA4AOT_SPLIT_KV=0" if setting == 0 else

@@ -202,8 +202,8 @@ def _arch_of(device: torch.device) -> tuple[str, int]:
 
 
 # HBM peaks (bytes/s) by device name, where torch reports no memory clock and bus width
-_HBM_BY_NAME = (("H200", 4.8e12), ("H100 80GB HBM3", 3.35e12), ("H100 NVL", 3.9e12),
-                ("H100 PCIe", 2.0e12))
+_HBM_BY_NAME = (("H200", C.GPU_HBM["h200"]), ("H100 80GB HBM3", C.GPU_HBM["h100"]),
+                ("H100 NVL", 3.9e12), ("H100 PCIe", C.GPU_HBM["h100-pcie"]))
 
 
 def hbm_peak(device: torch.device) -> float | None:
