@@ -15,6 +15,8 @@ bottom-right alignment), columns:
 - `unrolled`: the same call with split.plan_packed off (each row a decode row of its own);
 - `paged P` / `paged P unrolled`: the same keys as a caller's paged K (pages of P in sequence
   order, seqused_k; the tail's metadata computed per step), packed and unrolled;
+- `varlen`: the same keys as a caller's packed K (cu_seqlens_k): its rows unrolled on the
+  chunk kernel's bounds mode (compiler.trace_chunk_modes(bounds=True));
 - `unsplit`: FA4AOT_SPLIT_KV=0 (FA4's kernel);
 - `cudnn`: torch SDPA unmasked (its is_causal is top-left aligned, a different mask): the
   same bytes read, at most s_q - 1 keys fewer per row computed.
@@ -96,6 +98,15 @@ def main():
 
             cols[f"paged {p}"] = paged
             cols[f"paged {p} unrolled"] = paged
+        cu_k = torch.arange(0, (b + 1) * sk, sk, device="cuda", dtype=torch.int32)
+
+        def varlen(kf=k.view(b * sk, hk, d), vf=v.view(b * sk, hk, d),
+                   qv=q.view(b * sq, hq, d), ov=out.view(b * sq, hq, d)):
+            fa4aot.flash_attn_varlen_func(
+                qv, kf, vf, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=sq,
+                max_seqlen_k=sk, causal=True, out=ov)
+
+        cols["varlen"] = varlen
         cols["unsplit"], cols["cudnn"] = fns["unsplit"], fns["cudnn"]
         diff = {}
         packing(True)

@@ -379,6 +379,8 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
         parts["fwd"]["q_broadcast"] = True
         if variant.paged:
             parts["fwd"]["chunk_lengths"] = True
+        else:  # (the bounds mode's (b + 1, R, c, K) form: several rows a sequence)
+            parts["fwd_bounds"]["rows"] = True
     if tma_page:  # the page size (and tile) it serves
         parts["fwd_tma"]["page_size"] = tma_page
     return {"parts": parts, "compile_seconds": seconds, "fa4_key": parts["fwd"]["key"]}
@@ -526,11 +528,16 @@ def trace_chunk_modes(compiles: list, bounds: bool = False, kernel: Any = None,
     - seqused_k, where the kernel is paged: virtual sequence v of u = out's batch // the
       lengths' count sees clamp(seqused_k[v // u] - (v % u) * c, 0, c) keys, c = the page
       table's columns * page size (record: `chunk_lengths`);
-    - with `bounds` (a packed K; the artifact's part `fwd_bounds`, its own ABI): cu_seqlens_k
-      comes as (b + 1, c) with strides (s, 0), c the chunk's keys (only its shape is read), and
-      virtual sequence v of u = out's batch // b starts at min(cu[v // u] + (v % u) * c,
-      cu[v // u + 1]) and ends where v + 1 starts (FA4 reads cu[v] and cu[v + 1]): the chunk
-      bounds the metadata kernel wrote, with no launch.
+    - with `bounds` (a packed K; the artifact's part `fwd_bounds`, its own ABI, record
+      `rows`): cu_seqlens_k comes as (b + 1, R, c, K) with strides (s, 0, 0, 0), R the query
+      rows a sequence, c the chunk's keys, K 2 for causal rows else 1 (only the shape is read
+      past cu itself). Virtual sequence v is chunk j = v % u of decode row r = v // u, row
+      t = r % R of sequence i = r // R (u = out's batch // (b * R)); it starts at
+      min(cu[i] + j * c, cu[i + 1]) and holds clamp(cu[i + 1] - cu[i] - (R - 1 - t) * (K - 1)
+      - j * c, 0, c) keys (FA4 reads them as cu_seqlens_k[v] and seqused_k[v]): the chunk
+      bounds of every sequence's rows with no metadata launch, and a speculative step's rows
+      over a packed K, whose chunks overlap (row t of a causal step sees len - R + 1 + t keys),
+      which cu_seqlens_k ranges alone cannot express.
 
     pdl: launched as a programmatic dependent launch, waiting first (_pdl_secondary).
 
@@ -566,9 +573,9 @@ def trace_chunk_modes(compiles: list, bounds: bool = False, kernel: Any = None,
         if args[7] is None or paged:
             raise RuntimeError("the chunk-bounds mode is for a packed K's kernel")
         args = list(args)
-        args[7] = cute.runtime.make_fake_tensor(  # cu_seqlens_k as (b + 1, chunk keys)
-            cutlass.Int32, (cute.sym_int(), cute.sym_int()),
-            stride=(cute.sym_int64(divisibility=1), 0), assumed_align=4,
+        args[7] = cute.runtime.make_fake_tensor(  # cu_seqlens_k as (b + 1, R, c, K)
+            cutlass.Int32, (cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()),
+            stride=(cute.sym_int64(divisibility=1), 0, 0, 0), assumed_align=4,
         )
 
     class ChunkModes:
@@ -592,11 +599,12 @@ def trace_chunk_modes(compiles: list, bounds: bool = False, kernel: Any = None,
                     ((mO.shape[0] // bu, bu), pages.shape[1] * mK.shape[1]),
                     stride=((0, used_k.stride[0]), 0),
                 ))
-            if cutlass.const_expr(cu_k is not None and cute.rank(cu_k) == 2):
-                b1 = cu_k.shape[0]
+            if cutlass.const_expr(cu_k is not None and cute.rank(cu_k) == 4):
+                b1, rows = cu_k.shape[0], cu_k.shape[1]
                 cu_k = cute.make_tensor(cu_k.iterator, cute.make_layout(
-                    ((mO.shape[0] // (b1 - 1), b1), cu_k.shape[1]),
-                    stride=((0, cu_k.stride[0]), 0),
+                    ((mO.shape[0] // ((b1 - 1) * rows), rows, b1), cu_k.shape[2],
+                     cu_k.shape[3]),
+                    stride=((0, 0, cu_k.stride[0]), 0, 0),
                 ))
             self.inner(cute.make_tensor(mQ.iterator, layout), mK, mV, mO, mLSE, scale, cu_q,
                        cu_k, used_q, used_k, pages, wl, wr, sink, sparse, aux, cu_m, cu_sm,
@@ -612,17 +620,27 @@ def trace_chunk_modes(compiles: list, bounds: bool = False, kernel: Any = None,
             u, c = self.t.shape[0][0], self.t.shape[1]
             return cutlass.min(cutlass.max(self.t[v, 0] - (v % u) * c, 0), c)
 
-    class ChunkBounds:
-        """What FA4's SeqlenInfoQK.create reads as cu_seqlens_k[v]: chunk v % u's start."""
+    class RowChunks:
+        """What FA4's SeqlenInfoQK.create reads as cu_seqlens_k[v] (`lengths` False: chunk
+        v % u's first key) and as seqused_k[v] (True: its keys) in the bounds mode; t: cu as
+        ((u, R, b + 1), c, K)."""
 
-        def __init__(self, t):
-            self.t = t
+        def __init__(self, t, lengths):
+            self.t, self.lengths = t, lengths
 
         def __getitem__(self, v):
-            u, c, last = self.t.shape[0][0], self.t.shape[1], self.t.shape[0][1] - 1
-            i = v // u
-            nxt = self.t[cutlass.min(i + 1, last) * u, 0]
-            return cutlass.min(self.t[i * u, 0] + (v - i * u) * c, nxt)
+            t = self.t
+            u, rows, last = t.shape[0][0], t.shape[0][1], t.shape[0][2] - 1
+            c = t.shape[1]
+            r = v // u  # the decode row; its sequence i, its row tt of the sequence's rows
+            i = r // rows
+            j = v - r * u
+            start = t[i * rows * u, 0, 0]
+            nxt = t[cutlass.min(i + 1, last) * rows * u, 0, 0]
+            if cutlass.const_expr(not self.lengths):
+                return cutlass.min(start + j * c, nxt)
+            back = (rows - 1 - (r - i * rows)) * (t.shape[2] - 1)  # causal: row tt's keys
+            return cutlass.min(cutlass.max(nxt - start - back - j * c, 0), c)
 
     def assume_flat(t, **kw):  # FA4's alignment step takes flat strides: q's are done above
         if t is not None and any(isinstance(x, tuple) for x in t.stride):
@@ -633,8 +651,10 @@ def trace_chunk_modes(compiles: list, bounds: bool = False, kernel: Any = None,
         if mSeqUsedK is not None and cute.rank(mSeqUsedK) == 2:  # the chunk-length mode
             mSeqUsedK = ChunkLengths(mSeqUsedK)
             applied.append(True)
-        if mCuSeqlensK is not None and cute.rank(mCuSeqlensK) == 2:  # the chunk-bounds mode
-            mCuSeqlensK = ChunkBounds(mCuSeqlensK)
+        if mCuSeqlensK is not None and cute.rank(mCuSeqlensK) == 3:  # the chunk-bounds mode
+            if mSeqUsedK is not None:
+                raise RuntimeError("the chunk-bounds mode is for a packed K without seqused_k")
+            mCuSeqlensK, mSeqUsedK = RowChunks(mCuSeqlensK, False), RowChunks(mCuSeqlensK, True)
             applied.append(True)
         return create(*a, mCuSeqlensK=mCuSeqlensK, mSeqUsedK=mSeqUsedK, **kw)
 

@@ -14,9 +14,11 @@ Exactness, rule by rule (`split_refusal` refuses the rest):
   key of its chunk, which is what a non-last chunk must see, and a decode row (s_q == 1,
   causal or not) sees all of its sequence's keys. A step of s_q > 1 rows (speculative
   decoding) is unrolled into s_q decode rows, row t seeing `len - s_q + 1 + t` keys when
-  causal (all of them otherwise): only a paged KV can give those rows the same pages with
-  their own lengths (cu_seqlens_k ranges cannot overlap), so s_q > 1 splits on pages only,
-  a dense KV viewed as pages included (dense_page_size).
+  causal (all of them otherwise). Over a paged KV (a dense one viewed as pages included:
+  dense_page_size) the rows share pages with their own lengths, and may instead pack as rows
+  of one chunk (plan_packed); over a packed KV, whose rows' ranges overlap (cu_seqlens_k
+  ranges alone cannot), the chunk kernel's bounds mode reads each row's chunk bounds from
+  cu_seqlens_k itself (compiler.trace_chunk_modes(bounds=True)).
 - GQA is folded (`select.py`): the r query heads of a KV head are r query rows of the 1:1
   kernel, so one kernel serves every head ratio.
 - Learnable sinks count once: the chunks run without them, and one extra, empty slot per
@@ -242,6 +244,14 @@ def tma_part(parts: dict, page_size: int | None) -> str | None:
     return None
 
 
+def bounds_part(parts: dict) -> str | None:
+    """The packed K's bounds-mode forward part the runtime loads: `fwd_bounds` in its form of
+    (b + 1, rows, chunk, 1 + causal) bounds (record `rows`), else None (the earlier (b + 1,
+    chunk) form: the runtime then writes one-row bounds with the metadata kernel and runs a
+    step of several rows over a packed K unsplit)."""
+    return "fwd_bounds" if parts.get("fwd_bounds", {}).get("rows") else None
+
+
 def wide_part(parts: dict, variant) -> str | None:
     """The part of split chunk kernel `variant`'s artifact (record parts `parts`) a wide plan
     (Split.wide, wide_split) runs its chunks on: `fwd_wide_split`, where the artifact holds it
@@ -278,22 +288,26 @@ def split_refusal(
     paged: bool,
     max_seqlen_q_known: bool,
     softcap: bool = False,
+    row_bounds: bool = True,
 ) -> str | None:
     """Why a decode call cannot be split exactly (None: it can). The plan then runs unsplit.
     (The runtime's entry points test the same conditions inline, on their hot path.) paged:
-    the KV is paged, or dense and viewed as pages (dense_page_size)."""
+    the KV is paged, or dense and viewed as pages (dense_page_size); row_bounds: the packed
+    K's split kernel reads each row's chunk bounds itself (bounds_part), which a step of
+    several rows over a packed K (or a dense one not viewed as pages) needs."""
     if window:
         return "windowed: the kernel already reads only the window's keys"
     if softcap:
         return "softcap: the split's chunk kernel has none"
     if seqlen_q is None or not max_seqlen_q_known:
         return "the query rows per sequence are not host-known (pass max_seqlen_q)"
-    if seqlen_q > 1 and not paged:
+    if seqlen_q > 1 and not paged and not row_bounds:
         return (
             f"{seqlen_q} query rows over a packed KV, or a dense one whose length no cached "
-            f"paged split kernel's page size divides (unrolled into decode rows, "
-            f"{'causal ones see different keys; ' if causal else ''}only pages give each row "
-            "the same keys with its own length)"
+            f"paged split kernel's page size divides, and a packed-K split kernel built "
+            f"before its bounds mode took several rows (unrolled into decode rows, "
+            f"{'causal ones see different keys; ' if causal else ''}each row needs its own "
+            "chunk bounds: `fa4aot build` rebuilds it)"
         )
     return None
 

@@ -367,6 +367,24 @@ def split_store(monkeypatch):
     })
 
 
+def test_explain_splits_speculative_rows_over_a_packed_k_on_the_bounds_mode(run, monkeypatch):
+    """A packed-K split kernel whose bounds mode takes several rows (record fwd_bounds.rows)
+    splits a speculative step over a packed K, or a dense one no cached page size divides."""
+    _hold_split_kernels(monkeypatch, {
+        "fwd": {"q_broadcast": True},
+        "fwd_bounds": {"rows": True},
+        "merge": {"partial_dtype": "bfloat16", "max_splits": 128, "threads": 256},
+        "chunk_meta": {"form": "bounds"},
+    })
+    base = ["explain", "--head-dim", "128", "--json", "--heads", "32:8", "--seqlen-q", "4"]
+    for extra in (["--seqlen-k", "65520"], ["--seqlen-k", "65536", "--layout", "varlen"]):
+        r = run(*base, *extra)
+        doc = json.loads(r.stdout)["split"]
+        assert r.exit_code == 0 and doc["splits"] > 1, (extra, r.stdout)
+        assert "4 query rows unrolled (each row's chunk bounds read from cu_seqlens_k" in (
+            doc["plan"])
+
+
 def _hold_split_kernels(monkeypatch, parts, pages=(None, 128)):
     from types import SimpleNamespace
 
@@ -557,7 +575,9 @@ def test_explain_split_kv(run, split_store):
     # each refusal names its reason, and nothing else serves these calls
     for extra, why in (
         (["--window", "128"], "windowed"),
-        (["--seqlen-q", "4", "--seqlen-k", "65520"], "only pages give"),  # 128 does not divide
+        # 128 does not divide 65520, and this store's packed-K kernel predates the bounds
+        # mode's several rows
+        (["--seqlen-q", "4", "--seqlen-k", "65520"], "`fa4aot build` rebuilds it"),
         (["--seqlen-k", "600"], "never split"),
     ):
         args = ["--heads", "32:8", "--seqlen-k", "65536", *extra]

@@ -107,6 +107,7 @@ def test_default_split_kernels_merge_with_fa4aots_merge_kernel():
         assert parts["fwd"]["q_broadcast"] is True, d.name
         assert parts["fwd"].get("chunk_lengths", False) is rec["variant"]["paged"], d.name
         assert ("fwd_bounds" in parts) is (not rec["variant"]["paged"]), d.name
+        assert parts.get("fwd_bounds", {}).get("rows", False) is (not rec["variant"]["paged"])
         assert parts["merge"]["partial_dtype"] == rec["variant"]["dtype"]
         assert b"fa4aot_merge" in (d / parts["merge"]["file"]).read_bytes()
         form = "lengths" if rec["variant"]["paged"] else "bounds"

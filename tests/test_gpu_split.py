@@ -151,8 +151,9 @@ def test_dense_decode(monkeypatch, hq, hk, d, sinks, n, lse):
 @pytest.mark.parametrize("lse", [False, True])
 def test_dense_speculative_rows(monkeypatch, hq, hk, d, sinks, sq, sk, causal, lse):
     """Several query rows over a dense KV (speculative decoding) split with the KV as its own
-    page pool where a cached paged split kernel's page size divides its length (4096; 4100:
-    none does, so it runs unsplit, exact), each row seeing its causal keys."""
+    page pool where a cached paged split kernel's page size divides its length (4096), else
+    (4100) unrolled on the packed K's bounds mode over the dense K's cu, each row seeing its
+    causal keys."""
     import fa4aot
     import fa4aot.runtime.splitkv as SK
 
@@ -169,9 +170,9 @@ def test_dense_speculative_rows(monkeypatch, hq, hk, d, sinks, sq, sk, causal, l
             kw["lse"] = _poison((b, hq, sq), torch.float32)
         return fa4aot.flash_attn_func(q, k, v, **kw)
 
-    want = SK._dense_page(_rt(-1), 0, torch.bfloat16, d, d, sk) > 0
-    assert want == (sk % 16 == 0), f"the default store has no paged split kernel for hd{d}"
-    (o1, l1), (o0, l0) = _both(call, 7, spy, want)
+    pages = SK._dense_page(_rt(-1), 0, torch.bfloat16, d, d, sk) > 0
+    assert pages == (sk % 16 == 0), f"the default store has no paged split kernel for hd{d}"
+    (o1, l1), (o0, l0) = _both(call, 7, spy, True)
     ro, rl = attention_ref(q, k, v, torch.full((b,), sq, device="cuda"),
                            torch.full((b,), sk, device="cuda"), causal=causal, sink=sink)
     assert not o1.isnan().any()
@@ -204,8 +205,9 @@ def _paged(lk, page, hk, d):
 @pytest.mark.parametrize("sq", [1, 2, 4])
 @pytest.mark.parametrize("lse", [False, True])
 def test_varlen_and_paged(monkeypatch, hq, hk, d, sinks, layout, sq, lse):
-    """Ragged KV with empty and one-token sequences; s_q > 1 (speculative rows, causal) splits
-    on pages only and must run unsplit, still exact, on a packed KV."""
+    """Ragged KV with empty and one-token sequences, and one of exactly s_q keys; s_q > 1
+    (speculative rows, causal) splits on pages, and on a packed KV through the chunk kernel's
+    bounds mode (each unrolled row's chunks cut from cu_seqlens_k by the kernel)."""
     import fa4aot
 
     spy = _Spy(monkeypatch)
@@ -238,7 +240,7 @@ def test_varlen_and_paged(monkeypatch, hq, hk, d, sinks, layout, sq, lse):
             bufs["lse"] = _poison((hq, b * sq), torch.float32)
         return fa4aot.flash_attn_varlen_func(q, k, v, **kw, **bufs)
 
-    (o1, l1), (o0, l0) = _both(call, 7, spy, sq == 1 or layout != "varlen")
+    (o1, l1), (o0, l0) = _both(call, 7, spy, True)
     lq = torch.full((b,), sq, device="cuda")
     ro, rl = attention_ref(q.view(b, sq, hq, d), kp, vp, lq, torch.tensor(lk, device="cuda"),
                            causal=True, sink=sink)
@@ -474,6 +476,65 @@ def test_cuda_graph_replay_of_packed_speculative_rows(monkeypatch, page, sinks):
     assert not sides  # (eagerly: no side stream)
     _replays_match_eager(step, q, used, out, max(lk), captured)
     _rt(-1)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_cuda_graph_replay_of_speculative_rows_over_a_packed_k(monkeypatch, causal):
+    """Four query rows a sequence over a packed K, split on the bounds mode (each row's chunks
+    cut from cu_seqlens_k in the kernel), captured and replayed with new q and new
+    cu_seqlens_k (lengths 0 to 6000 within the same K): the same bits as eager, and exact."""
+    import fa4aot
+
+    spy = _Spy(monkeypatch)
+    b, sq, hq, hk, d, cap = 3, 4, 32, 8, 128, 6000
+    k = torch.randn(b * cap, hk, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    cu = torch.tensor([0, 6000, 9001, 13501], device="cuda", dtype=torch.int32)
+    q = torch.randn(b * sq, hq, d, device="cuda", dtype=torch.bfloat16)
+    cu_q = torch.arange(0, b * sq + 1, sq, device="cuda", dtype=torch.int32)
+    out = _poison((b * sq, hq, d))
+    _rt(-1)
+
+    def step():
+        return fa4aot.flash_attn_varlen_func(
+            q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu, max_seqlen_q=sq, max_seqlen_k=cap,
+            causal=causal, out=out)
+
+    def check(tag):
+        lk = (cu[1:] - cu[:-1]).tolist()
+        kp = torch.zeros(b, cap, hk, d, device="cuda", dtype=torch.bfloat16)
+        vp = torch.zeros_like(kp)
+        for i, n in enumerate(lk):
+            kp[i, :n], vp[i, :n] = k[cu[i]:cu[i] + n], v[cu[i]:cu[i] + n]
+        ro, _ = attention_ref(q.view(b, sq, hq, d), kp, vp, torch.full((b,), sq, device="cuda"),
+                              torch.tensor(lk, device="cuda"), causal=causal)
+        assert not out.isnan().any()
+        _record(tag, rel_err(out, ro.reshape(b * sq, hq, d)), None)
+
+    step()
+    assert spy.split == 1
+    check(f"packed K rows graph {'causal' if causal else 'noncausal'}")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        step()
+    for lens in ([0, 1, 6000], [2, 5999, 3], [4000, 0, 4097]):
+        q.normal_()
+        cu.copy_(torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda",
+                              dtype=torch.int32))
+        g.replay()
+        torch.cuda.synchronize()
+        replayed = out.clone()
+        out.fill_(float("nan"))
+        step()
+        torch.cuda.synchronize()
+        assert torch.equal(replayed, out)
+        check(f"packed K rows graph {lens}")
+    assert spy.split >= 6
 
 
 @pytest.mark.parametrize("page,b,sk,part", [(None, 32, 8192, "fwd_wide1"),

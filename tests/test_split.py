@@ -4,6 +4,7 @@ torch stand-ins for the two kernels, checked against an fp32 reference attention
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from functools import partial
 
@@ -96,8 +97,12 @@ def test_refusals_name_the_reason():
     assert "window" in S.split_refusal(
         causal=True, window=True, seqlen_q=1, paged=True, max_seqlen_q_known=True
     )
+    # several rows over a packed K: the bounds mode gives each row its keys; a store built
+    # before it took several rows refuses, and says why
     assert S.split_refusal(causal=True, window=False, seqlen_q=4, paged=False,
-                           max_seqlen_q_known=True)
+                           max_seqlen_q_known=True) is None
+    assert "rebuilds" in S.split_refusal(causal=True, window=False, seqlen_q=4, paged=False,
+                                         max_seqlen_q_known=True, row_bounds=False)
     assert S.split_refusal(causal=True, window=False, seqlen_q=4, paged=True,
                            max_seqlen_q_known=True) is None
     assert S.split_refusal(causal=True, window=False, seqlen_q=1, paged=False,
@@ -125,12 +130,15 @@ def fake_fwd(q, k, v, out, lse, scale, cu_q, cu_k, used_q, used_k, pt, wl, wr, s
             n = min(max(int(used_k[s // u]) - (s % u) * c, 0), c)
             kk = k[pt[s].long()].reshape(-1, H, d)[:n]
             vv = v[pt[s].long()].reshape(-1, H, v.shape[-1])[:n]
-        elif cu_k.dim() == 2:  # compiler.trace_chunk_modes(bounds=True): (b + 1, chunk)
-            u, c, last = B // (cu_k.shape[0] - 1), cu_k.shape[1], cu_k.shape[0] - 1
-            i, j = s // u, s % u
-            a = min(int(cu_k[i, 0]) + j * c, int(cu_k[min(i + 1, last), 0]))
-            e = min(int(cu_k[i, 0]) + (j + 1) * c, int(cu_k[min(i + 1, last), 0]))
-            kk, vv = k[a:e], v[a:e]
+        elif cu_k.dim() == 4:  # compiler.trace_chunk_modes(bounds=True): (b + 1, R, c, K)
+            b1, rows, c, kc = cu_k.shape
+            u, last = B // ((b1 - 1) * rows), b1 - 1
+            r, j = s // u, s % u
+            i, t = r // rows, r % rows
+            start, nxt = int(cu_k[i, 0, 0, 0]), int(cu_k[min(i + 1, last), 0, 0, 0])
+            a = min(start + j * c, nxt)
+            n = min(max(nxt - start - (rows - 1 - t) * (kc - 1) - j * c, 0), c)
+            kk, vv = k[a:a + n], v[a:a + n]
         else:
             a, e = int(cu_k[s]), int(cu_k[s + 1])
             kk, vv = k[a:e], v[a:e]
@@ -324,19 +332,63 @@ def test_dense_speculative_rows_split_as_pages(sq, causal, sk):
     assert any(key[0] in ("dense_meta", "packed_meta") for key in rt._split_consts)
 
 
-def test_dense_speculative_rows_whose_length_no_page_divides_run_unsplit():
+@pytest.mark.parametrize("causal", [True, False])
+def test_dense_speculative_rows_whose_length_no_page_divides_split_on_the_bounds_mode(causal):
+    """No cached page size divides the length: the rows run unrolled on the packed K's bounds
+    mode over the dense K's constant cu (a store built before the mode: unsplit)."""
     class Rt(_FakeRuntime):
         def split_kernel(self, dev, dtype, d, dv, page_size):  # packed K and pages of 128 only
             return None if page_size not in (None, 128) else super().split_kernel(
                 dev, dtype, d, dv, page_size)
 
     q, k, v = _inputs(2, 2, 8, 2, 16, [1040, 1040], seed=1)  # 1040 = 8 * 130: not 128 * m
-    assert _split(Rt(3), q, k, v, "dense", (None, None, None), 1040, None, True, None, None,
-                  None, False, False) is None
-    # a K that is not contiguous across batch and sequence has no page view either
+    out = torch.full((2, 2, 8, 16), float("nan")).bfloat16()
+    got = _split(Rt(3), q, k, v, "dense", (None, None, None), 1040, None, causal, None, out,
+                 None, True, False)
+    if not Rt.chunk_modes:
+        assert got is None
+    else:
+        assert got is not None and got[0] is out
+        ro, rl = _ref(q, k, v, [1040, 1040], causal, None)
+        assert rel_err(out, ro) < 1e-2
+        assert torch.allclose(got[1], rl, atol=1e-3)
+    # a K that is not contiguous across batch and sequence has neither view
     kk = torch.cat([k, k], dim=1)[:, :1024]
     assert _split(Rt(3), q, kk, kk, "dense", (None, None, None), 1024, None, True, None, None,
                   None, False, False) is None
+
+
+@pytest.mark.parametrize("sq,causal", [(2, True), (4, True), (3, False)])
+@pytest.mark.parametrize("varlen_q", [False, True])
+@pytest.mark.parametrize("sink", [False, True])
+@pytest.mark.parametrize("n", [3, 7])
+def test_varlen_speculative_rows_split_on_the_bounds_mode(sq, causal, varlen_q, sink, n):
+    """Several rows a sequence over a packed K: unrolled rows whose chunks the kernel's bounds
+    mode cuts from cu_seqlens_k (row t of a causal step sees len - sq + 1 + t keys, so a
+    sequence shorter than its rows leaves its first rows empty); a store built before the
+    mode took several rows runs the step unsplit."""
+    lens = [0, 1, 2, 300, 1000, 129, 5]
+    b, hq, hk, d = len(lens), 8, 2, 16
+    s = torch.randn(hq) if sink else None
+    q, k, v = _inputs(b, sq, hq, hk, d, lens, seed=n + sq)
+    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32)
+    kp = torch.cat([k[i, :n_] for i, n_ in enumerate(lens)])
+    vp = torch.cat([v[i, :n_] for i, n_ in enumerate(lens)])
+    got = _split(_FakeRuntime(n), q, kp, vp, "varlen", (cu, None, None), max(lens), None,
+                 causal, s, None, None, True, varlen_q)
+    if not _FakeRuntime.chunk_modes:
+        assert got is None
+        return
+    assert got is not None
+    o, lse = got
+    ro, rl = _ref(q, k, v, lens, causal, s)
+    o4 = o.view(b, sq, hq, d)
+    lse3 = lse.t().reshape(b, sq, hq).transpose(1, 2) if varlen_q else lse
+    assert not o.isnan().any()
+    assert rel_err(o4, ro) < 1e-2
+    fin = torch.isfinite(rl)
+    assert torch.equal(fin, torch.isfinite(lse3))
+    assert torch.allclose(lse3[fin], rl[fin], atol=1e-3)
 
 
 @pytest.mark.parametrize("n", [2, 7])
@@ -739,12 +791,23 @@ def test_packed_rows_where_they_beat_unrolled_rows(b, sk, rows, want):
     assert S.plan_packed(**kw, sink=False, causal=True, setting=0) is None
 
 
-def test_speculative_rows_need_pages():
+def test_speculative_rows_over_a_packed_k_need_the_bounds_mode():
+    """A store whose packed-K split kernel predates the bounds mode's several rows (the
+    earlier one-row form, or none: SplitKernel.fwd_bounds None) runs such a step unsplit."""
     q, k, v = _inputs(2, 2, 4, 2, 16, [600, 600], seed=0)
     cu = torch.tensor([0, 600, 1200], dtype=torch.int32)
-    got = _split(_FakeRuntime(4), q, k.reshape(-1, 2, 16), v.reshape(-1, 2, 16), "varlen",
+
+    class Rt(_FakeRuntime):
+        def split_kernel(self, dev, dtype, d, dv, page_size):
+            kern = super().split_kernel(dev, dtype, d, dv, page_size)
+            return dataclasses.replace(kern, fwd_bounds=None)
+
+    got = _split(Rt(4), q, k.reshape(-1, 2, 16), v.reshape(-1, 2, 16), "varlen",
                  (cu, None, None), 600, None, True, None, None, None, False, False)
     assert got is None
+    # the record of that earlier form: the runtime loads no bounds part from it
+    assert S.bounds_part({"fwd": {}, "fwd_bounds": {}}) is None
+    assert S.bounds_part({"fwd": {}, "fwd_bounds": {"rows": True}}) == "fwd_bounds"
 
 
 def test_page_table_view_is_free_when_it_fits():

@@ -419,9 +419,14 @@ def _split_plan(
         page_size = S.dense_page_size(seqlen_k, cached)
         if page_size:
             dense_pages = f", the dense K viewed as pages of {page_size}"
+    row_bounds = True
+    if seqlen_q > 1 and layout != "paged" and not dense_pages:  # (runtime/splitkv, likewise)
+        rec = _record(arts, split_kernel_variant(arch, dtype, d, dv, None).id)
+        row_bounds = bool(rec and S.bounds_part(rec["parts"]))
     why = S.split_refusal(
         causal=causal, window=window is not None, seqlen_q=seqlen_q,
         paged=layout == "paged" or bool(dense_pages), max_seqlen_q_known=True,
+        row_bounds=row_bounds,
     )
     if why is None and seqlen_q > S.MAX_ROWS:
         why = f"{seqlen_q} query rows: split-KV plans take decode steps of at most {S.MAX_ROWS}"
@@ -491,6 +496,8 @@ def _split_plan(
     if sp is None:
         return {"splits": 0, "why": why}
     rows = f", {seqlen_q} query rows unrolled{dense_pages}" if seqlen_q > 1 else ""
+    if rows and page_size is None:
+        rows += " (each row's chunk bounds read from cu_seqlens_k by the bounds mode)"
     ctas = f"{batch * seqlen_q * hk * sp.slots}"
     if sp.packed:
         rows = (f", {seqlen_q} query rows packed as rows of each chunk{dense_pages}"

@@ -262,7 +262,7 @@ def flash_attn_varlen_func(
                 bound = max_seqlen_k  # the caller's contract: it bounds every KV length
             else:
                 bound = page_table.size(1) * page_size if paged else seqlen_k
-            if bound > _SPLIT_MIN and (paged or rows == 1):
+            if bound > _SPLIT_MIN:
                 got = SK.split_step(
                     rt, dev, q, k, v, "paged" if paged else "varlen", cu_seqlens_k, seqused_k,
                     page_table, batch, rows, hq, hk, d, dv, bound, page_size, causal,

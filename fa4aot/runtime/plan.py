@@ -60,8 +60,9 @@ class SplitKernel:
     q_broadcast: bool = False
     # it cuts a paged K's lengths into chunks itself (the same): no metadata launch at one row
     chunk_lengths: bool = False
-    # a packed K's: the forward that reads its chunk bounds from cu_seqlens_k as (b + 1, chunk)
-    # (part `fwd_bounds`, compiler.trace_chunk_modes(bounds=True)), None in older artifacts
+    # a packed K's: the forward that reads its chunks' bounds from cu_seqlens_k as (b + 1,
+    # rows, chunk, 1 + causal) (part `fwd_bounds`, compiler.trace_chunk_modes(bounds=True);
+    # split.bounds_part), None in older artifacts
     fwd_bounds: Any = None
     # the fold's kernels for a chip full of CTAs (parts `fwd_wide`, `fwd_wide1`: constraints.
     # WideFold, compiler.trace_wide_fold; FA4's ABI), None in older artifacts, for head dims
@@ -351,14 +352,15 @@ class Runtime:
                 if name is not None:
                     tma = S.tma_part(art.record["parts"], page_size)
                     ws = S.wide_part(art.record["parts"], v)
+                    bp = S.bounds_part(art.record["parts"])
                     if art.id in self._modules:  # the decode fold loaded it (same tile)
                         combine, meta, bounds, wide, wide1, tma, ws, pm = self._load(
-                            art, name, "chunk_meta", "fwd_bounds", "fwd_wide", "fwd_wide1", tma,
+                            art, name, "chunk_meta", bp, "fwd_wide", "fwd_wide1", tma,
                             ws, "packed_meta")
                     else:
                         fwd, helper, combine, meta, bounds, wide, wide1, tma, ws, pm = (
                             self._load(art, "fwd", "tile_cumsum", name, "chunk_meta",
-                                       "fwd_bounds", "fwd_wide", "fwd_wide1", tma, ws,
+                                       bp, "fwd_wide", "fwd_wide1", tma, ws,
                                        "packed_meta"))
                         self._modules[art.id] = (fwd, helper, art)
                     got = SplitKernel(

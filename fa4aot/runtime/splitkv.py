@@ -91,14 +91,20 @@ def split_step(
     "dense" | "varlen" | "paged" K; seqlen_k: a host bound on every KV length (a dense K's
     exact length); out / lse: the caller's buffers or None (lse laid out as the entry point
     returns it)."""
-    dense_pages = rows > 1 and kind == "dense"
+    dense_pages = False
     if rows > 1 and kind != "paged":
-        # split.split_refusal: only pages can give unrolled rows the same keys; a dense K
-        # whose length a cached paged split kernel's page size divides is its own page pool
-        page_size = dense_pages and _dense_page(rt, dev, q.dtype, d, dv, seqlen_k)
-        if not page_size:
-            return None
-        kind = "paged"
+        # several rows a sequence: a dense K whose length a cached paged split kernel's page
+        # size divides is its own page pool (its rows then pack into one chunk: PackedRun);
+        # else the rows run unrolled on the packed K's bounds mode, which gives each row its
+        # own keys (compiler.trace_chunk_modes(bounds=True); a store built before it: unsplit)
+        page_size = kind == "dense" and _dense_page(rt, dev, q.dtype, d, dv, seqlen_k)
+        if page_size:
+            dense_pages, kind = True, "paged"
+        else:
+            page_size = None
+            kern = rt.split_kernel(dev, q.dtype, d, dv, None)
+            if kern is None or kern.launch_bounds is None:
+                return None
     if q.is_cuda:
         capturing = _keep_nothing(True)
         stream = _raw_stream(dev)
@@ -176,19 +182,21 @@ def split_step(
         run.q_dst.copy_(q)  # q broadcast over the chunk slots
         kq = run.kq
     launch = run.launch
-    if kind == "dense":
+    if run.launch_bounds is not None:
+        # chunk j of row t of sequence i starts at min(cu[i] + j*c, cu[i+1]) and holds
+        # clamp(cu[i+1] - cu[i] - (causal: rows - 1 - t) - j*c, 0, c) keys: read by the kernel
+        # itself from cu_seqlens_k passed as (b + 1, rows, c, 1 + causal)
+        # (compiler.trace_chunk_modes(bounds=True)); a dense K's cu: a constant
+        launch = run.launch_bounds
+        cu_seqlens_k = (run.cu_k_f if kind == "dense" else torch.as_strided(
+            cu_seqlens_k, run.cu_bounds_size, (cu_seqlens_k.stride(0), 0, 0, 0)))
+    elif kind == "dense":
         cu_seqlens_k = run.cu_k_f
     elif kind == "varlen":
-        # chunk j of sequence i starts at min(cu[i] + j*c, cu[i+1]); the last bound, cu[b],
-        # is row b's first entry (cu[b] + 0): read by the kernel itself from the caller's
-        # cu_seqlens_k, passed as (b + 1, c) (compiler.trace_chunk_modes(bounds=True)), or
-        # written into scratch, no allocation, by one kernel (compiler.trace_chunk_meta), or
-        # two torch ones where the store has neither
-        if run.launch_bounds is not None:
-            launch = run.launch_bounds
-            cu_seqlens_k = torch.as_strided(cu_seqlens_k, run.cu_bounds_size,
-                                            (cu_seqlens_k.stride(0), 0))
-        elif run.meta is not None:
+        # one row a sequence: the bounds written into scratch, no allocation, by one kernel
+        # (compiler.trace_chunk_meta; a store whose bounds mode predates several rows, or a
+        # wide plan, whose kernel has no bounds mode), or two torch ones
+        if run.meta is not None:
             run.meta(cu_seqlens_k, run.cu_buf_f, *run.meta_args)
             cu_seqlens_k = run.cu_flat_f
         else:
@@ -428,10 +436,12 @@ class SplitRun:
         # (fwd_tma for its pages; fwd_wide_split for a wide plan: split.wide_split)
         self.launch = kern.launch_wide_split if sp.wide else kern.launch_split
         self.merge = kern.merge
-        # a packed K's chunk bounds read by the kernel (compiler.trace_chunk_modes(bounds=True));
-        # a wide plan's kernel has no bounds mode: the metadata kernel writes them
-        self.launch_bounds = kern.launch_bounds if kind == "varlen" and not sp.wide else None
-        self.cu_bounds_size = (b + 1, sp.chunk)
+        # a packed K's chunk bounds read by the kernel (compiler.trace_chunk_modes(bounds=True)),
+        # and a dense K's at several rows a sequence; a wide plan's kernel has no bounds mode:
+        # the metadata kernel writes them
+        self.launch_bounds = (kern.launch_bounds if (kind == "varlen" or kind == "dense" and
+                                                     rows > 1) and not sp.wide else None)
+        self.cu_bounds_size = (b + 1, rows, sp.chunk, 1 + int(causal))
         self.meta, self.meta_args = kern.chunk_meta, (sp.chunk, slots, rows, int(causal))
         # the kernel cuts a paged K's lengths into chunks (compiler.trace_chunk_modes)
         self.chunk_lengths = kind == "paged" and kern.chunk_lengths and self.meta is not None
@@ -502,6 +512,11 @@ class SplitRun:
         def const(key, make):  # (while capturing: the eager warm-up's, or made in the graph)
             return _const(rt, key, dvc, make)
 
+        if kind == "dense" and self.launch_bounds is not None:  # the sequences' cu, as bounds
+            cu = const(("fold_cu", dev, b, seqlen_k), lambda: torch.arange(
+                0, (b + 1) * seqlen_k, seqlen_k, dtype=torch.int32, device=dvc))
+            self.cu_k = torch.as_strided(cu, self.cu_bounds_size, (1, 0, 0, 0))
+            return
         if kind == "dense":
             self.cu_k = const(
                 ("dense_cu", dev, b, seqlen_k, sp.chunk, slots),
