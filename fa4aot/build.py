@@ -453,7 +453,7 @@ def superseded(art) -> bool:
     a layout for its head dim (FA4's combine otherwise), and the chunk metadata kernel
     (compiler.trace_merge, trace_chunk_meta), or, on sm90, whose forward does not read q (and
     a paged K's lengths, a packed K's chunk bounds for one or several rows a sequence: part
-    `fwd_bounds`, record `rows`) through chunk modes (compiler.trace_chunk_modes), or a 64-row
+    `fwd_bounds`, record `rows` == C.BOUNDS_FORM) through chunk modes (compiler.trace_chunk_modes), or a 64-row
     one
     without a wide fold kernel its K takes (parts `fwd_wide`, `fwd_wide1`: constraints.WideFold,
     compiler.trace_wide_fold) or, for a packed K, without the wide split kernel (part
@@ -480,7 +480,7 @@ def superseded(art) -> bool:
     if C.wide_split(v.arch, v.head_dim, v.head_dim_v, v.tile_m, v.paged):
         kernels.add(C.WIDE_SPLIT.part)
     modes = (fwd.get("chunk_lengths") if v.paged
-             else parts.get("fwd_bounds", {}).get("rows")) and (
+             else parts.get("fwd_bounds", {}).get("rows") == C.BOUNDS_FORM) and (
         kernels <= set(parts))
     if v.arch == "sm90" and not (fwd.get("q_broadcast") and modes and fwd.get("pdl")):
         return True

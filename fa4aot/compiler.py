@@ -379,8 +379,8 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
         parts["fwd"]["q_broadcast"] = True
         if variant.paged:
             parts["fwd"]["chunk_lengths"] = True
-        else:  # (the bounds mode's (b + 1, R, c, K) form: several rows a sequence)
-            parts["fwd_bounds"]["rows"] = True
+        else:  # (the bounds mode's form: C.BOUNDS_FORM)
+            parts["fwd_bounds"]["rows"] = C.BOUNDS_FORM
     if tma_page:  # the page size (and tile) it serves
         parts["fwd_tma"]["page_size"] = tma_page
     return {"parts": parts, "compile_seconds": seconds, "fa4_key": parts["fwd"]["key"]}
@@ -528,16 +528,20 @@ def trace_chunk_modes(compiles: list, bounds: bool = False, kernel: Any = None,
     - seqused_k, where the kernel is paged: virtual sequence v of u = out's batch // the
       lengths' count sees clamp(seqused_k[v // u] - (v % u) * c, 0, c) keys, c = the page
       table's columns * page size (record: `chunk_lengths`);
-    - with `bounds` (a packed K; the artifact's part `fwd_bounds`, its own ABI, record
-      `rows`): cu_seqlens_k comes as (b + 1, R, c, K) with strides (s, 0, 0, 0), R the query
-      rows a sequence, c the chunk's keys, K 2 for causal rows else 1 (only the shape is read
-      past cu itself). Virtual sequence v is chunk j = v % u of decode row r = v // u, row
-      t = r % R of sequence i = r // R (u = out's batch // (b * R)); it starts at
-      min(cu[i] + j * c, cu[i + 1]) and holds clamp(cu[i + 1] - cu[i] - (R - 1 - t) * (K - 1)
-      - j * c, 0, c) keys (FA4 reads them as cu_seqlens_k[v] and seqused_k[v]): the chunk
-      bounds of every sequence's rows with no metadata launch, and a speculative step's rows
-      over a packed K, whose chunks overlap (row t of a causal step sees len - R + 1 + t keys),
-      which cu_seqlens_k ranges alone cannot express.
+    - with `bounds` (a packed K; the artifact's part `fwd_bounds`, its own ABI, record `rows`:
+      C.BOUNDS_FORM): cu_seqlens_k comes as (b + 1, R, c, K, A) with strides (s, 0, 0, 0, 0)
+      (past cu itself only the shape is read): R query rows a sequence, c the chunk's keys, K
+      the causal shift (row t sees all but max(K - 1 - t, 0) of its sequence's last keys: K = R
+      for causal unrolled rows, 1 for non-causal ones, s_q for the rows of a speculative step
+      packed as one), A the anchor (A > 1: the chunks start A - 1 keys before the sequence's
+      end, the causal tail of a packed step; 1: at its start). Virtual sequence v is chunk
+      j = v % u of decode row r = v // u, row t = r % R of sequence i = r // R (u = out's
+      batch // (b * R)); with L = cu[i + 1] - cu[i] and base = cu[i] + (A > 1) * max(L - A +
+      1, 0), it starts at min(base + j * c, cu[i + 1]) and holds clamp(L - max(K - 1 - t, 0)
+      - (base - cu[i]) - j * c, 0, c) keys (FA4 reads them as cu_seqlens_k[v] and
+      seqused_k[v]): every row's chunk bounds with no metadata launch, including a speculative
+      step's rows over a packed K, whose key ranges overlap, which cu_seqlens_k ranges alone
+      cannot express.
 
     pdl: launched as a programmatic dependent launch, waiting first (_pdl_secondary).
 
@@ -573,9 +577,9 @@ def trace_chunk_modes(compiles: list, bounds: bool = False, kernel: Any = None,
         if args[7] is None or paged:
             raise RuntimeError("the chunk-bounds mode is for a packed K's kernel")
         args = list(args)
-        args[7] = cute.runtime.make_fake_tensor(  # cu_seqlens_k as (b + 1, R, c, K)
-            cutlass.Int32, (cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()),
-            stride=(cute.sym_int64(divisibility=1), 0, 0, 0), assumed_align=4,
+        args[7] = cute.runtime.make_fake_tensor(  # cu_seqlens_k as (b + 1, R, c, K, A)
+            cutlass.Int32, tuple(cute.sym_int() for _ in range(5)),
+            stride=(cute.sym_int64(divisibility=1), 0, 0, 0, 0), assumed_align=4,
         )
 
     class ChunkModes:
@@ -599,12 +603,12 @@ def trace_chunk_modes(compiles: list, bounds: bool = False, kernel: Any = None,
                     ((mO.shape[0] // bu, bu), pages.shape[1] * mK.shape[1]),
                     stride=((0, used_k.stride[0]), 0),
                 ))
-            if cutlass.const_expr(cu_k is not None and cute.rank(cu_k) == 4):
+            if cutlass.const_expr(cu_k is not None and cute.rank(cu_k) == 5):
                 b1, rows = cu_k.shape[0], cu_k.shape[1]
                 cu_k = cute.make_tensor(cu_k.iterator, cute.make_layout(
                     ((mO.shape[0] // ((b1 - 1) * rows), rows, b1), cu_k.shape[2],
-                     cu_k.shape[3]),
-                    stride=((0, 0, cu_k.stride[0]), 0, 0),
+                     cu_k.shape[3], cu_k.shape[4]),
+                    stride=((0, 0, cu_k.stride[0]), 0, 0, 0),
                 ))
             self.inner(cute.make_tensor(mQ.iterator, layout), mK, mV, mO, mLSE, scale, cu_q,
                        cu_k, used_q, used_k, pages, wl, wr, sink, sparse, aux, cu_m, cu_sm,
@@ -623,7 +627,7 @@ def trace_chunk_modes(compiles: list, bounds: bool = False, kernel: Any = None,
     class RowChunks:
         """What FA4's SeqlenInfoQK.create reads as cu_seqlens_k[v] (`lengths` False: chunk
         v % u's first key) and as seqused_k[v] (True: its keys) in the bounds mode; t: cu as
-        ((u, R, b + 1), c, K)."""
+        ((u, R, b + 1), c, K, A)."""
 
         def __init__(self, t, lengths):
             self.t, self.lengths = t, lengths
@@ -631,16 +635,18 @@ def trace_chunk_modes(compiles: list, bounds: bool = False, kernel: Any = None,
         def __getitem__(self, v):
             t = self.t
             u, rows, last = t.shape[0][0], t.shape[0][1], t.shape[0][2] - 1
-            c = t.shape[1]
+            c, shift, anchor = t.shape[1], t.shape[2], t.shape[3]
             r = v // u  # the decode row; its sequence i, its row tt of the sequence's rows
             i = r // rows
             j = v - r * u
-            start = t[i * rows * u, 0, 0]
-            nxt = t[cutlass.min(i + 1, last) * rows * u, 0, 0]
+            start = t[i * rows * u, 0, 0, 0]
+            nxt = t[cutlass.min(i + 1, last) * rows * u, 0, 0, 0]
+            # the anchor: a causal tail's chunks start anchor - 1 keys before the end
+            skip = cutlass.min(anchor - 1, 1) * cutlass.max(nxt - start - anchor + 1, 0)
             if cutlass.const_expr(not self.lengths):
-                return cutlass.min(start + j * c, nxt)
-            back = (rows - 1 - (r - i * rows)) * (t.shape[2] - 1)  # causal: row tt's keys
-            return cutlass.min(cutlass.max(nxt - start - back - j * c, 0), c)
+                return cutlass.min(start + skip + j * c, nxt)
+            back = cutlass.max(shift - 1 - (r - i * rows), 0)  # causal: row tt's keys
+            return cutlass.min(cutlass.max(nxt - start - back - skip - j * c, 0), c)
 
     def assume_flat(t, **kw):  # FA4's alignment step takes flat strides: q's are done above
         if t is not None and any(isinstance(x, tuple) for x in t.stride):
@@ -651,7 +657,7 @@ def trace_chunk_modes(compiles: list, bounds: bool = False, kernel: Any = None,
         if mSeqUsedK is not None and cute.rank(mSeqUsedK) == 2:  # the chunk-length mode
             mSeqUsedK = ChunkLengths(mSeqUsedK)
             applied.append(True)
-        if mCuSeqlensK is not None and cute.rank(mCuSeqlensK) == 3:  # the chunk-bounds mode
+        if mCuSeqlensK is not None and cute.rank(mCuSeqlensK) == 4:  # the chunk-bounds mode
             if mSeqUsedK is not None:
                 raise RuntimeError("the chunk-bounds mode is for a packed K without seqused_k")
             mCuSeqlensK, mSeqUsedK = RowChunks(mCuSeqlensK, False), RowChunks(mCuSeqlensK, True)

@@ -552,3 +552,11 @@ def split_s_ping_pong(
 
 # FA4 switches varlen scheduling to a precomputed per-batch tile cumsum above this batch size.
 BIN_BATCH_SEARCH_THRESH = 256
+
+
+# The form of a packed K's bounds-mode forward (part `fwd_bounds`, its record's `rows`;
+# compiler.trace_chunk_modes(bounds=True)): 2, cu_seqlens_k as (b + 1, rows, chunk, causal
+# shift, anchor), which serves one-row steps, unrolled speculative rows and packed ones with
+# their causal tail (split.bounds_part); 1, (b + 1, rows, chunk, 1 + causal), no anchor (built
+# only on 2026-12-03 at 361aa20); absent, the one-row (b + 1, chunk) form.
+BOUNDS_FORM = 2

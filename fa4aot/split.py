@@ -245,11 +245,14 @@ def tma_part(parts: dict, page_size: int | None) -> str | None:
 
 
 def bounds_part(parts: dict) -> str | None:
-    """The packed K's bounds-mode forward part the runtime loads: `fwd_bounds` in its form of
-    (b + 1, rows, chunk, 1 + causal) bounds (record `rows`), else None (the earlier (b + 1,
-    chunk) form: the runtime then writes one-row bounds with the metadata kernel and runs a
-    step of several rows over a packed K unsplit)."""
-    return "fwd_bounds" if parts.get("fwd_bounds", {}).get("rows") else None
+    """The packed K's bounds-mode forward part the runtime loads: `fwd_bounds` in its current
+    form (record `rows` == constraints.BOUNDS_FORM), else None (an earlier form: the runtime
+    then writes one-row bounds with the metadata kernel and runs a step of several rows over
+    a packed K unsplit)."""
+    from . import constraints as C
+
+    rec = parts.get("fwd_bounds", {})
+    return "fwd_bounds" if rec.get("rows") == C.BOUNDS_FORM else None
 
 
 def wide_part(parts: dict, variant) -> str | None:
@@ -358,23 +361,26 @@ UNROLLED_ROW_COST = 0.4
 
 def packed_meta_s(paged: bool, kernel: bool) -> float:
     """plan_packed's `meta_s`: what a causal step's tail metadata costs a step: nothing for
-    a dense K viewed as pages (constants), else its kernel's launch or the torch kernels."""
+    a dense K viewed as pages (constants) or a packed K (the bounds mode cuts the tail), else
+    its kernel's launch or the torch kernels."""
     if not paged:
         return 0.0
     return PACKED_META_KERNEL_S if kernel else PACKED_META_TORCH_S
 
 
-def packed_refusal(*, ratio: int, rows: int, tile_m: int | None, page_size: int) -> str | None:
+def packed_refusal(*, ratio: int, rows: int, tile_m: int | None,
+                   page_size: int | None) -> str | None:
     """Why a step of several query rows a sequence cannot run them packed as rows of one
-    chunk (plan_packed), or None: the chunk kernel's M tile holds ratio * rows rows, and the
-    causal tail (at most page_size - 1 + rows - 1 keys) lies in two pages."""
+    chunk (plan_packed), or None: the chunk kernel's M tile holds ratio * rows rows, and over
+    pages the causal tail (at most page_size - 1 + rows - 1 keys) lies in two pages (page_size
+    None: a packed K, whose tail the bounds mode anchors at each sequence's end)."""
     if tile_m is None:
         return "the chunk kernel has FA4's own tile"
     if rows < 2:
         return "one query row"
     if ratio * rows > tile_m:
         return f"{ratio} query heads x {rows} rows exceed the chunk kernel's {tile_m}-row tile"
-    if rows > page_size + 1:
+    if page_size is not None and rows > page_size + 1:
         return f"{rows} rows' causal tail spans more than two pages of {page_size}"
     return None
 
@@ -386,7 +392,7 @@ def plan_packed(
     rows: int,
     seqlen_k: int,
     bytes_per_key: int,
-    page_size: int,
+    page_size: int | None,
     sink: bool,
     causal: bool,
     num_sms: int,
@@ -397,19 +403,20 @@ def plan_packed(
     model: CostModel = DEFAULT_MODEL,
 ) -> Split | None:
     """The packed plan of a decode step of `rows` query rows a sequence over a paged K (or a
-    dense one viewed as pages), or None (run it unrolled, `unrolled`, or unsplit where that is
-    None). Packed: the rows of a KV head's query heads (ratio x rows) are the rows of one chunk
-    of the 1:1 chunk kernel, so each chunk's keys stream once for every row, where unrolled
-    rows stream them once a row. Causal rows see different keys only in their last rows - 1
-    keys: the chunks cover the keys every row sees up to a page boundary (T = the page-rounded
-    len - rows + 1), and a tail, the rows unrolled over at most two pages from T, fills one
-    more slot (Split.tail). Auto: the cost model's split of batch * kv_heads CTAs, taken where
+    dense one viewed as pages), or a packed one (page_size None: the chunk kernel's bounds
+    mode), or None (run it unrolled, `unrolled`, or unsplit where that is None). Packed: the
+    rows of a KV head's query heads (ratio x rows) are the rows of one chunk of the 1:1 chunk
+    kernel, so each chunk's keys stream once for every row, where unrolled rows stream them
+    once a row. Causal rows see different keys only in their last rows - 1 keys: the chunks
+    cover the keys every row sees (up to a page boundary over pages: T = the page-rounded
+    len - rows + 1; over a packed K T = len - rows + 1), and a tail, the rows unrolled over
+    the keys from T (at most two pages), fills one more slot (Split.tail). Auto: the cost model's split of batch * kv_heads CTAs, taken where
     its time (plus PACKED_EXTRA_S, and `meta_s` for a causal step's tail metadata,
     packed_meta_s) beats the unrolled rows' (UNROLLED_ROW_COST) or the unsplit kernel's;
     a forced count (setting > 0) always packs. Shared by the runtime and `fa4aot explain`."""
     if setting == 0:
         return None
-    align = math.lcm(128, page_size)
+    align = 128 if page_size is None else math.lcm(128, page_size)
     extra = int(causal) + int(sink)
     kw = dict(seqlen_k=seqlen_k, bytes_per_key=bytes_per_key, num_sms=num_sms, align=align,
               model=model)

@@ -265,7 +265,8 @@ def test_superseded_is_a_split_kernel_merging_with_fa4s_combine_or_copying_q():
         if chunk_lengths and variant.paged:
             rec["parts"]["fwd"]["chunk_lengths"] = True
         if bounds and variant.split_kernel and not variant.paged:
-            rec["parts"]["fwd_bounds"] = {} if bounds == "one-row" else {"rows": True}
+            rec["parts"]["fwd_bounds"] = ({} if bounds == "one-row" else
+                                          {"rows": 1 if bounds == "no-anchor" else 2})
         if wide and variant.split_kernel and variant.tile_m == 64:
             rec["parts"]["fwd_wide"] = {}
         if wide1 and variant.split_kernel and variant.tile_m == 64 and not variant.paged:
@@ -288,6 +289,7 @@ def test_superseded_is_a_split_kernel_merging_with_fa4s_combine_or_copying_q():
     assert B.superseded(art(split, "merge", "chunk_meta", bounds=False))
     # the bounds mode as built before it took several rows a sequence ((b + 1, c) bounds)
     assert B.superseded(art(split, "merge", "chunk_meta", bounds="one-row"))
+    assert B.superseded(art(split, "merge", "chunk_meta", bounds="no-anchor"))
     # a merge an earlier fa4aot compiled (before C.MERGE_VERSION 2, the PDL launch)
     assert B.superseded(art(split, "merge", "chunk_meta", merge_version=1))
     assert B.superseded(art(split, "merge", "chunk_meta", merge_version=None))

@@ -369,16 +369,23 @@ def split_store(monkeypatch):
 
 def test_explain_splits_speculative_rows_over_a_packed_k_on_the_bounds_mode(run, monkeypatch):
     """A packed-K split kernel whose bounds mode takes several rows (record fwd_bounds.rows)
-    splits a speculative step over a packed K, or a dense one no cached page size divides."""
+    splits a speculative step over a packed K, or a dense one no cached page size divides:
+    packed as rows of one chunk with its causal tail, or (20 query heads x 4 rows exceed the
+    64-row tile) unrolled."""
     _hold_split_kernels(monkeypatch, {
         "fwd": {"q_broadcast": True},
-        "fwd_bounds": {"rows": True},
+        "fwd_bounds": {"rows": 2},
         "merge": {"partial_dtype": "bfloat16", "max_splits": 128, "threads": 256},
         "chunk_meta": {"form": "bounds"},
     })
-    base = ["explain", "--head-dim", "128", "--json", "--heads", "32:8", "--seqlen-q", "4"]
+    base = ["explain", "--head-dim", "128", "--json", "--seqlen-q", "4"]
     for extra in (["--seqlen-k", "65520"], ["--seqlen-k", "65536", "--layout", "varlen"]):
-        r = run(*base, *extra)
+        r = run(*base, "--heads", "32:8", *extra)
+        doc = json.loads(r.stdout)["split"]
+        assert r.exit_code == 0 and doc["splits"] > 1, (extra, r.stdout)
+        assert ("4 query rows packed as rows of each chunk, the causal tail unrolled over each "
+                "sequence's last 3 keys (the bounds mode)") in doc["plan"], doc["plan"]
+        r = run(*base, "--heads", "20:1", *extra)
         doc = json.loads(r.stdout)["split"]
         assert r.exit_code == 0 and doc["splits"] > 1, (extra, r.stdout)
         assert "4 query rows unrolled (each row's chunk bounds read from cu_seqlens_k" in (

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from fa4aot import constraints as C
 from fa4aot.cli import main
 from fa4aot.store import build_toolchain, stores_at
 
@@ -107,7 +108,8 @@ def test_default_split_kernels_merge_with_fa4aots_merge_kernel():
         assert parts["fwd"]["q_broadcast"] is True, d.name
         assert parts["fwd"].get("chunk_lengths", False) is rec["variant"]["paged"], d.name
         assert ("fwd_bounds" in parts) is (not rec["variant"]["paged"]), d.name
-        assert parts.get("fwd_bounds", {}).get("rows", False) is (not rec["variant"]["paged"])
+        assert parts.get("fwd_bounds", {}).get("rows") == (
+            None if rec["variant"]["paged"] else C.BOUNDS_FORM), d.name
         assert parts["merge"]["partial_dtype"] == rec["variant"]["dtype"]
         assert b"fa4aot_merge" in (d / parts["merge"]["file"]).read_bytes()
         form = "lengths" if rec["variant"]["paged"] else "bounds"

@@ -130,14 +130,15 @@ def fake_fwd(q, k, v, out, lse, scale, cu_q, cu_k, used_q, used_k, pt, wl, wr, s
             n = min(max(int(used_k[s // u]) - (s % u) * c, 0), c)
             kk = k[pt[s].long()].reshape(-1, H, d)[:n]
             vv = v[pt[s].long()].reshape(-1, H, v.shape[-1])[:n]
-        elif cu_k.dim() == 4:  # compiler.trace_chunk_modes(bounds=True): (b + 1, R, c, K)
-            b1, rows, c, kc = cu_k.shape
+        elif cu_k.dim() == 5:  # compiler.trace_chunk_modes(bounds=True): (b + 1, R, c, K, A)
+            b1, rows, c, shift, anchor = cu_k.shape
             u, last = B // ((b1 - 1) * rows), b1 - 1
             r, j = s // u, s % u
             i, t = r // rows, r % rows
-            start, nxt = int(cu_k[i, 0, 0, 0]), int(cu_k[min(i + 1, last), 0, 0, 0])
-            a = min(start + j * c, nxt)
-            n = min(max(nxt - start - (rows - 1 - t) * (kc - 1) - j * c, 0), c)
+            start, nxt = int(cu_k[i, 0, 0, 0, 0]), int(cu_k[min(i + 1, last), 0, 0, 0, 0])
+            skip = max(nxt - start - anchor + 1, 0) if anchor > 1 else 0
+            a = min(start + skip + j * c, nxt)
+            n = min(max(nxt - start - max(shift - 1 - t, 0) - skip - j * c, 0), c)
             kk, vv = k[a:a + n], v[a:a + n]
         else:
             a, e = int(cu_k[s]), int(cu_k[s + 1])
@@ -362,24 +363,31 @@ def test_dense_speculative_rows_whose_length_no_page_divides_split_on_the_bounds
 @pytest.mark.parametrize("varlen_q", [False, True])
 @pytest.mark.parametrize("sink", [False, True])
 @pytest.mark.parametrize("n", [3, 7])
-def test_varlen_speculative_rows_split_on_the_bounds_mode(sq, causal, varlen_q, sink, n):
-    """Several rows a sequence over a packed K: unrolled rows whose chunks the kernel's bounds
-    mode cuts from cu_seqlens_k (row t of a causal step sees len - sq + 1 + t keys, so a
-    sequence shorter than its rows leaves its first rows empty); a store built before the
-    mode took several rows runs the step unsplit."""
+@pytest.mark.parametrize("hq,hk", [(8, 2), (20, 1)])
+def test_varlen_speculative_rows_split_on_the_bounds_mode(sq, causal, varlen_q, sink, n, hq,
+                                                          hk):
+    """Several rows a sequence over a packed K, on the chunk kernel's bounds mode: packed as
+    rows of one chunk (4 query heads x sq rows fit its 64-row tile) with the causal tail
+    anchored at each sequence's end, or unrolled (20 x 4 rows do not), each row's chunks cut
+    from cu_seqlens_k (row t of a causal step sees len - sq + 1 + t keys, so a sequence
+    shorter than its rows leaves its first rows empty); a store built before the mode took
+    several rows runs the step unsplit."""
     lens = [0, 1, 2, 300, 1000, 129, 5]
-    b, hq, hk, d = len(lens), 8, 2, 16
+    b, d = len(lens), 16
     s = torch.randn(hq) if sink else None
     q, k, v = _inputs(b, sq, hq, hk, d, lens, seed=n + sq)
     cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32)
     kp = torch.cat([k[i, :n_] for i, n_ in enumerate(lens)])
     vp = torch.cat([v[i, :n_] for i, n_ in enumerate(lens)])
-    got = _split(_FakeRuntime(n), q, kp, vp, "varlen", (cu, None, None), max(lens), None,
-                 causal, s, None, None, True, varlen_q)
+    rt = _FakeRuntime(n)
+    got = _split(rt, q, kp, vp, "varlen", (cu, None, None), max(lens), None, causal, s, None,
+                 None, True, varlen_q)
     if not _FakeRuntime.chunk_modes:
         assert got is None
         return
     assert got is not None
+    (run,) = [r for r in rt._split_runs.values() if r]
+    assert run.packed is (hq // hk * sq <= 64)
     o, lse = got
     ro, rl = _ref(q, k, v, lens, causal, s)
     o4 = o.view(b, sq, hq, d)
@@ -807,7 +815,8 @@ def test_speculative_rows_over_a_packed_k_need_the_bounds_mode():
     assert got is None
     # the record of that earlier form: the runtime loads no bounds part from it
     assert S.bounds_part({"fwd": {}, "fwd_bounds": {}}) is None
-    assert S.bounds_part({"fwd": {}, "fwd_bounds": {"rows": True}}) == "fwd_bounds"
+    assert S.bounds_part({"fwd": {}, "fwd_bounds": {"rows": 1}}) is None
+    assert S.bounds_part({"fwd": {}, "fwd_bounds": {"rows": 2}}) == "fwd_bounds"
 
 
 def test_page_table_view_is_free_when_it_fits():

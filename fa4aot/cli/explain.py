@@ -455,7 +455,9 @@ def _split_plan(
             wide_paged=wide_paged, model=model,
         )
         fwd_rec = rec["parts"]["fwd"]
-        if (seqlen_q > 1 and fwd_rec.get("q_broadcast") and fwd_rec.get("chunk_lengths")
+        modes = (fwd_rec.get("chunk_lengths") if page_size
+                 else S.bounds_part(rec["parts"]) is not None)
+        if (seqlen_q > 1 and fwd_rec.get("q_broadcast") and modes
                 and S.packed_refusal(ratio=hq // hk, rows=seqlen_q,
                                      tile_m=C.split_tile_m(arch, d, dv),
                                      page_size=page_size) is None):
@@ -464,7 +466,8 @@ def _split_plan(
                 batch=batch, kv_heads=hk, rows=seqlen_q, seqlen_k=bucket,
                 bytes_per_key=(d + dv) * 2, page_size=page_size, sink=sink, causal=causal,
                 num_sms=num_sms, setting=setting, max_slots=max_slots, unrolled=sp,
-                meta_s=S.packed_meta_s(not dense_pages, "packed_meta" in rec["parts"]),
+                meta_s=S.packed_meta_s(not dense_pages and page_size is not None,
+                                       "packed_meta" in rec["parts"]),
                 model=model,
             ) or sp
         if sp is None:
@@ -501,7 +504,9 @@ def _split_plan(
     ctas = f"{batch * seqlen_q * hk * sp.slots}"
     if sp.packed:
         rows = (f", {seqlen_q} query rows packed as rows of each chunk{dense_pages}"
-                + (", the causal tail unrolled over two pages" if sp.tail else ""))
+                + ("" if not sp.tail else ", the causal tail unrolled over two pages"
+                   if page_size else ", the causal tail unrolled over each sequence's last "
+                   f"{seqlen_q - 1} keys (the bounds mode)"))
         ctas = f"{batch * hk * sp.slots}" + (
             f" (then {batch * seqlen_q * hk} for the tail)" if sp.tail else "")
     merged = ("fa4aot's merge kernel" if merge_name == "merge" else

@@ -126,7 +126,7 @@ def split_step(
                                        page_size, causal, sink is not None, sp, not dense_pages)
         if pk:
             run = PackedRun(rt, dev, q, b, rows, hq, hk, d, dv, pk, page_size, causal,
-                            varlen_q, ffi=q.is_cuda)
+                            varlen_q, seqlen_k, kind, ffi=q.is_cuda)
         elif sp is not None:
             run = SplitRun(rt, dev, q, b, rows, hq, hk, d, dv, kind, sp, page_size, causal,
                            seqlen_k, varlen_q, ffi=q.is_cuda)
@@ -152,8 +152,9 @@ def split_step(
         except RuntimeError:
             return None  # K/V strided across batch and sequence: no packed view
     if run.packed:
-        return _packed_step(run, rt, dev, q, k, v, seqused_k, page_table, dense_pages, b,
-                            seqlen_k, softmax_scale, sink, out, lse, return_lse, varlen_q)
+        return _packed_step(run, rt, dev, q, k, v, cu_seqlens_k, seqused_k, page_table,
+                            dense_pages, b, seqlen_k, softmax_scale, sink, out, lse, return_lse,
+                            varlen_q)
     if run.fold:
         return _fold_step(run, q, k, v, kind, cu_seqlens_k, seqused_k, page_table,
                           softmax_scale, out, lse, return_lse)
@@ -185,11 +186,11 @@ def split_step(
     if run.launch_bounds is not None:
         # chunk j of row t of sequence i starts at min(cu[i] + j*c, cu[i+1]) and holds
         # clamp(cu[i+1] - cu[i] - (causal: rows - 1 - t) - j*c, 0, c) keys: read by the kernel
-        # itself from cu_seqlens_k passed as (b + 1, rows, c, 1 + causal)
+        # itself from cu_seqlens_k passed as (b + 1, rows, c, causal shift, anchor 1)
         # (compiler.trace_chunk_modes(bounds=True)); a dense K's cu: a constant
         launch = run.launch_bounds
-        cu_seqlens_k = (run.cu_k_f if kind == "dense" else torch.as_strided(
-            cu_seqlens_k, run.cu_bounds_size, (cu_seqlens_k.stride(0), 0, 0, 0)))
+        cu_seqlens_k = (run.cu_k_f if kind == "dense" else _bounds(
+            cu_seqlens_k, run.cu_bounds_size))
     elif kind == "dense":
         cu_seqlens_k = run.cu_k_f
     elif kind == "varlen":
@@ -254,10 +255,12 @@ def split_step(
 def _packed_plan(rt, dev, dtype, b, rows, hq, hk, d, dv, seqlen_k, page_size, causal, sink,
                  unrolled, meta):
     """split.plan_packed for a step of several rows, where the chunk kernel reads q and cuts a
-    paged K's lengths through its chunk modes (compiler.trace_chunk_modes) and packs the rows
-    (split.packed_refusal); else None (unrolled, or unsplit)."""
+    paged K's lengths (or a packed K's bounds: page_size None, the bounds mode) through its
+    chunk modes (compiler.trace_chunk_modes) and packs the rows (split.packed_refusal); else
+    None (unrolled, or unsplit)."""
     kern = rt.split_kernel(dev, dtype, d, dv, page_size)
-    if kern is None or not (kern.q_broadcast and kern.chunk_lengths):
+    if kern is None or not kern.q_broadcast or not (
+            kern.chunk_lengths if page_size else kern.launch_bounds is not None):
         return None
     arch, sms = rt.device(dev)
     if S.packed_refusal(ratio=hq // hk, rows=rows, tile_m=C.split_tile_m(arch, d, dv),
@@ -267,7 +270,8 @@ def _packed_plan(rt, dev, dtype, b, rows, hq, hk, d, dv, seqlen_k, page_size, ca
         batch=b, kv_heads=hk, rows=rows, seqlen_k=S.plan_bucket(seqlen_k),
         bytes_per_key=(d + dv) * dtype.itemsize, page_size=page_size, sink=sink, causal=causal,
         num_sms=sms, setting=rt.split, max_slots=kern.max_slots, unrolled=unrolled,
-        meta_s=S.packed_meta_s(meta, kern.packed_meta is not None), model=rt.cost_model(dev),
+        meta_s=S.packed_meta_s(meta and page_size is not None, kern.packed_meta is not None),
+        model=rt.cost_model(dev),
     )
 
 
@@ -441,7 +445,7 @@ class SplitRun:
         # the metadata kernel writes them
         self.launch_bounds = (kern.launch_bounds if (kind == "varlen" or kind == "dense" and
                                                      rows > 1) and not sp.wide else None)
-        self.cu_bounds_size = (b + 1, rows, sp.chunk, 1 + int(causal))
+        self.cu_bounds_size = (b + 1, rows, sp.chunk, rows if causal else 1, 1)
         self.meta, self.meta_args = kern.chunk_meta, (sp.chunk, slots, rows, int(causal))
         # the kernel cuts a paged K's lengths into chunks (compiler.trace_chunk_modes)
         self.chunk_lengths = kind == "paged" and kern.chunk_lengths and self.meta is not None
@@ -515,7 +519,7 @@ class SplitRun:
         if kind == "dense" and self.launch_bounds is not None:  # the sequences' cu, as bounds
             cu = const(("fold_cu", dev, b, seqlen_k), lambda: torch.arange(
                 0, (b + 1) * seqlen_k, seqlen_k, dtype=torch.int32, device=dvc))
-            self.cu_k = torch.as_strided(cu, self.cu_bounds_size, (1, 0, 0, 0))
+            self.cu_k = torch.as_strided(cu, self.cu_bounds_size, _BOUNDS_STRIDES)
             return
         if kind == "dense":
             self.cu_k = const(
@@ -578,11 +582,20 @@ class PackedRun:
     chunk kernel writes as (virtual sequence, its rows, KV head) and the merge reads with the
     head mode h * r + g of stride rows * dv. A caller's paged K's tail metadata (T, the tail's
     page table and lengths) is one launch a step of the artifact's kernel (part packed_meta),
-    or ten element-wise torch kernels in stores without it; a dense K's, constants."""
+    or ten element-wise torch kernels in stores without it; a dense K's, constants.
+
+    Over a packed K (page_size None; a dense K no cached page size divides included, as its
+    constant cu_seqlens_k) both launches run the chunk kernel's bounds mode
+    (compiler.trace_chunk_modes(bounds=True)) on views of cu_seqlens_k: the chunks over
+    (b + 1, 1, chunk, rows, 1), every packed row seeing all but the sequence's last rows - 1
+    keys, and the tail over (b + 1, rows, chunk, rows, rows), anchored rows - 1 keys before
+    each sequence's end: no metadata at all."""
 
     fold = False
     packed = True
     __slots__ = (
+        "bounds", "cu_main_size", "cu_tail_size", "cu_main_f", "cu_tail_f", "k_shape",
+        "v_shape",
         "sp", "launch", "merge", "meta", "scale", "causal", "rows", "r", "page_size",
         "qs_dst", "q_src_shape", "kq", "kq_b_size", "ko", "kl", "op_c", "lp_c", "op_tail",
         "lp_tail", "ot_src", "lt_src", "kot", "klt", "lp_sink", "lse_scratch", "out_c_size",
@@ -592,12 +605,26 @@ class PackedRun:
     )
 
     def __init__(self, rt, dev, q, b, rows, hq, hk, d, dv, sp, page_size, causal, varlen_q,
-                 ffi=False):
+                 seqlen_k, kind, ffi=False):
         kern = rt.split_kernel(dev, q.dtype, d, dv, page_size)
         r, slots, dvc = hq // hk, sp.slots, q.device
         f32 = torch.float32
         self.sp, self.causal, self.rows, self.r, self.page_size = sp, causal, rows, r, page_size
-        self.launch, self.merge, self.meta = kern.launch_split, kern.merge, kern.packed_meta
+        self.bounds = page_size is None
+        self.launch, self.merge = kern.launch_split, kern.merge
+        self.meta = kern.packed_meta
+        self.cu_main_f = self.cu_tail_f = None
+        self.k_shape, self.v_shape = (b * seqlen_k, hk, d), (b * seqlen_k, hk, dv)
+        if self.bounds:  # (a packed K, or a dense one as its constant cu)
+            self.launch, self.meta = kern.launch_bounds, None
+            self.cu_main_size = (b + 1, 1, sp.chunk, rows if causal else 1, 1)
+            self.cu_tail_size = (b + 1, rows, sp.chunk, rows, rows)
+            if kind == "dense":
+                cu = _const(rt, ("fold_cu", dev, b, seqlen_k), dvc, lambda: torch.arange(
+                    0, (b + 1) * seqlen_k, seqlen_k, dtype=torch.int32, device=dvc))
+                conv = _to_ffi if ffi else (lambda t: t)
+                self.cu_main_f = conv(_bounds(cu, self.cu_main_size))
+                self.cu_tail_f = conv(_bounds(cu, self.cu_tail_size))
         self.scale = float(1.0 / math.sqrt(d))
         # q, (b, rows, hk, r, d) as the caller lays it out, into (b, r, rows, hk, d): rows
         # (g, t) of one stride for the kernel, which reads sequence i's for its chunks
@@ -632,6 +659,7 @@ class PackedRun:
             self.kot = ot.view(b * rows, hk, r, dv).transpose(1, 2)
             self.klt = lt.view(b * rows, hk, r)
             self.kq_b_size = (b * rows, r, hk, d)
+        if sp.tail and not self.bounds:
             # the tail's keys lie in two pages (rows - 1 keys past a page boundary, rows <= 16
             # <= the page size); per-step scratch for its metadata (tail_meta)
             i32 = dict(dtype=torch.int32, device=dvc)
@@ -686,8 +714,8 @@ def _packed_meta(run, used, table):
     return used_a, chunked, table_t, len_t
 
 
-def _packed_step(run, rt, dev, q, k, v, seqused_k, page_table, dense_pages, b, seqlen_k,
-                 softmax_scale, sink, out, lse, return_lse, varlen_q):
+def _packed_step(run, rt, dev, q, k, v, cu_seqlens_k, seqused_k, page_table, dense_pages, b,
+                 seqlen_k, softmax_scale, sink, out, lse, return_lse, varlen_q):
     """Serve a speculative step on its PackedRun (see there)."""
     sp, page = run.sp, run.page_size
     scale = run.scale if softmax_scale is None else float(softmax_scale)
@@ -695,7 +723,13 @@ def _packed_step(run, rt, dev, q, k, v, seqused_k, page_table, dense_pages, b, s
         run.qs_dst.copy_(q.view(*run.q_src_shape))
     except RuntimeError:
         run.qs_dst.copy_(q.reshape(*run.q_src_shape))
-    if dense_pages:  # constant lengths and table: the metadata made once per shape
+    if run.bounds:  # the chunks' and the tail's bounds: views of cu_seqlens_k (or constants)
+        cm, ct = run.cu_main_f, run.cu_tail_f
+        if cu_seqlens_k is not None:
+            cm = _bounds(cu_seqlens_k, run.cu_main_size)
+            ct = run.causal and _bounds(cu_seqlens_k, run.cu_tail_size)
+        main_kv, tail_kv = (None, cm, None, None, None), (None, ct, None, None, None)
+    elif dense_pages:  # constant lengths and table: the metadata made once per shape
         used_a, table_a, table_t, len_t = _const(
             rt, ("packed_meta", dev, b, seqlen_k, page, run.rows, run.causal, sp), q.device,
             lambda: _packed_meta(run, seqused_k, page_table),
@@ -705,7 +739,10 @@ def _packed_step(run, rt, dev, q, k, v, seqused_k, page_table, dense_pages, b, s
         if run.causal:
             used_a, table_t, len_t = run.tail_meta(seqused_k, page_table)
         table_a = S.chunk_page_table(torch, page_table, sp, page, 1)
-    run.launch(run.kq, k, v, run.ko_f, run.kl_f, scale, None, None, None, used_a, table_a)
+    if not run.bounds:
+        main_kv = (None, None, None, used_a, table_a)
+        tail_kv = (None, None, None, len_t, table_t)
+    run.launch(run.kq, k, v, run.ko_f, run.kl_f, scale, *main_kv)
     if run.causal:
         # the tail: the caller's q as decode rows (b * rows, r, hk, d), no copy where its rows
         # merge into one stride; in a CUDA graph on a side stream (PackedRun.side), so its
@@ -720,7 +757,7 @@ def _packed_step(run, rt, dev, q, k, v, seqused_k, page_table, dense_pages, b, s
             side.wait_event(run.fork)
             torch.cuda.set_stream(side)
         try:
-            run.launch(kq, k, v, run.kot_f, run.klt_f, scale, None, None, None, len_t, table_t)
+            run.launch(kq, k, v, run.kot_f, run.klt_f, scale, *tail_kv)
             run.op_tail.copy_(run.ot_src)
             run.lp_tail.copy_(run.lt_src)
         finally:
@@ -747,6 +784,16 @@ def _packed_step(run, rt, dev, q, k, v, seqused_k, page_table, dense_pages, b, s
         lse_c = lse.transpose(1, 2)
     run.merge(run.op_c_f, run.lp_c_f, out_c, lse_c)
     return out, lse
+
+
+# the bounds mode's view of a contiguous cu_seqlens_k: (b + 1, rows, chunk, shift, anchor)
+_BOUNDS_STRIDES = (1, 0, 0, 0, 0)
+
+
+def _bounds(cu, size):
+    """cu_seqlens_k (b + 1,) as the bounds mode reads it (compiler.trace_chunk_modes(bounds=
+    True)): a zero-stride view of `size` = (b + 1, rows, chunk, causal shift, anchor)."""
+    return torch.as_strided(cu, size, (cu.stride(0), 0, 0, 0, 0))
 
 
 def _side_stream(device):
