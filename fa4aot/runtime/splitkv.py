@@ -6,10 +6,11 @@ and the fold of the one-row decode steps the plan leaves unsplit onto the same k
 per-call work is what the inputs force: one cache lookup keyed by host-known sizes, the
 kernel-facing views of the caller's tensors (q as it is, read through the chunk kernel's chunk
 mode, compiler.trace_chunk_modes; in stores built before it, a stride-0 mode at one decode
-row, else one broadcast copy; a dense K as packed, or, at several query rows, as pages), the
-chunk metadata from the caller's KV lengths (one metadata kernel into scratch for a paged K
-at several rows; none for a dense K, nor for a packed or paged one at one row, whose kernel
-reads the bounds or cuts the lengths itself; in older stores the metadata kernel for every
+row, else one broadcast copy; a dense K as packed, or, at several query rows, as pages where
+a cached page size divides its length), the chunk metadata from the caller's KV lengths (one
+metadata kernel into scratch for a paged K at several rows; none for a dense K, nor for a
+paged one at one row, nor for a packed one, whose kernel cuts the lengths or reads every
+row's bounds itself through its bounds mode; in older stores the metadata kernel for every
 packed and paged step, or two torch element-wise kernels), the chunk kernel, the sink slot,
 the merge. Everything that depends only
 on the step's sizes (the split, scratch buffers and every view of them, chunk offsets, a dense
