@@ -95,9 +95,9 @@ def split_step(
     dense_pages = False
     if rows > 1 and kind != "paged":
         # several rows a sequence: a dense K whose length a cached paged split kernel's page
-        # size divides is its own page pool (its rows then pack into one chunk: PackedRun);
-        # else the rows run unrolled on the packed K's bounds mode, which gives each row its
-        # own keys (compiler.trace_chunk_modes(bounds=True); a store built before it: unsplit)
+        # size divides is its own page pool; else the rows run (packed into one chunk:
+        # PackedRun, or unrolled) on the packed K's bounds mode, which gives each row its own
+        # keys (compiler.trace_chunk_modes(bounds=True); a store built before it: unsplit)
         page_size = kind == "dense" and _dense_page(rt, dev, q.dtype, d, dv, seqlen_k)
         if page_size:
             dense_pages, kind = True, "paged"
@@ -402,11 +402,7 @@ class FoldRun:
         self.lse_rows = self.lse_scratch.view(b, hq).t() if varlen_q else None
         self.cu_k = None
         if kind == "dense":
-            self.cu_k = _const(
-                rt, ("fold_cu", dev, b, seqlen_k), dvc,
-                lambda: torch.arange(0, (b + 1) * seqlen_k, seqlen_k, dtype=torch.int32,
-                                     device=dvc),
-            )
+            self.cu_k = _dense_cu(rt, dev, b, seqlen_k, dvc)
         conv = _to_ffi if q.is_cuda else (lambda t: t)
         self.lse_scratch_f = conv(self.lse_scratch)
         self.cu_k_f = None if self.cu_k is None else conv(self.cu_k)
@@ -518,9 +514,7 @@ class SplitRun:
             return _const(rt, key, dvc, make)
 
         if kind == "dense" and self.launch_bounds is not None:  # the sequences' cu, as bounds
-            cu = const(("fold_cu", dev, b, seqlen_k), lambda: torch.arange(
-                0, (b + 1) * seqlen_k, seqlen_k, dtype=torch.int32, device=dvc))
-            self.cu_k = torch.as_strided(cu, self.cu_bounds_size, _BOUNDS_STRIDES)
+            self.cu_k = _bounds(_dense_cu(rt, dev, b, seqlen_k, dvc), self.cu_bounds_size)
             return
         if kind == "dense":
             self.cu_k = const(
@@ -621,8 +615,7 @@ class PackedRun:
             self.cu_main_size = (b + 1, 1, sp.chunk, rows if causal else 1, 1)
             self.cu_tail_size = (b + 1, rows, sp.chunk, rows, rows)
             if kind == "dense":
-                cu = _const(rt, ("fold_cu", dev, b, seqlen_k), dvc, lambda: torch.arange(
-                    0, (b + 1) * seqlen_k, seqlen_k, dtype=torch.int32, device=dvc))
+                cu = _dense_cu(rt, dev, b, seqlen_k, dvc)
                 conv = _to_ffi if ffi else (lambda t: t)
                 self.cu_main_f = conv(_bounds(cu, self.cu_main_size))
                 self.cu_tail_f = conv(_bounds(cu, self.cu_tail_size))
@@ -787,8 +780,10 @@ def _packed_step(run, rt, dev, q, k, v, cu_seqlens_k, seqused_k, page_table, den
     return out, lse
 
 
-# the bounds mode's view of a contiguous cu_seqlens_k: (b + 1, rows, chunk, shift, anchor)
-_BOUNDS_STRIDES = (1, 0, 0, 0, 0)
+def _dense_cu(rt, dev, b, seqlen_k, device):
+    """A dense K's cu_seqlens_k as a packed one (b + 1,): a constant per shape."""
+    return _const(rt, ("dense_cu_k", dev, b, seqlen_k), device, lambda: torch.arange(
+        0, (b + 1) * seqlen_k, seqlen_k, dtype=torch.int32, device=device))
 
 
 def _bounds(cu, size):
