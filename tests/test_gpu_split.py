@@ -389,10 +389,11 @@ def _decode_step(b, lk, page, max_len, hq=32, hk=8, d=128):
     return step, q, used, out
 
 
-def _replays_match_eager(step, q, used, out, max_used, captured=lambda: None):
+def _replays_match_eager(step, q, used, out, max_used, captured=lambda: None, lengths=None,
+                         after=lambda: None):
     """Warm `step` up on a side stream, capture it in a CUDA graph (then `captured()`), and
-    three times: new q (and new lengths below max_used), replay, and compare with the eager
-    call on the same inputs, bit for bit."""
+    three times: new q (and new lengths below max_used, or `lengths(round)`'s), replay, and
+    compare with the eager call on the same inputs, bit for bit (then `after()`)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -402,9 +403,11 @@ def _replays_match_eager(step, q, used, out, max_used, captured=lambda: None):
     with torch.cuda.graph(g):
         step()
     captured()
-    for _ in range(3):
+    for i in range(3):
         q.normal_()
-        if used is not None:
+        if lengths is not None:
+            lengths(i)
+        elif used is not None:
             used.copy_(torch.randint(0, max_used, used.shape, device="cuda", dtype=torch.int32))
         g.replay()
         torch.cuda.synchronize()
@@ -413,6 +416,7 @@ def _replays_match_eager(step, q, used, out, max_used, captured=lambda: None):
         step()
         torch.cuda.synchronize()
         assert torch.equal(replayed, out)
+        after()
 
 
 @pytest.mark.parametrize("page", [None, 128])
@@ -481,8 +485,9 @@ def test_cuda_graph_replay_of_packed_speculative_rows(monkeypatch, page, sinks):
 @pytest.mark.parametrize("causal", [True, False])
 def test_cuda_graph_replay_of_speculative_rows_over_a_packed_k(monkeypatch, causal):
     """Four query rows a sequence over a packed K, split on the bounds mode (each row's chunks
-    cut from cu_seqlens_k in the kernel), captured and replayed with new q and new
-    cu_seqlens_k (lengths 0 to 6000 within the same K): the same bits as eager, and exact."""
+    cut from cu_seqlens_k in the kernel; causal: packed, its tail on a side stream in the
+    capture), captured and replayed with new q and new cu_seqlens_k (lengths 0 to 6000 within
+    the same K): the same bits as eager, and exact."""
     import fa4aot
 
     spy = _Spy(monkeypatch)
@@ -493,7 +498,8 @@ def test_cuda_graph_replay_of_speculative_rows_over_a_packed_k(monkeypatch, caus
     q = torch.randn(b * sq, hq, d, device="cuda", dtype=torch.bfloat16)
     cu_q = torch.arange(0, b * sq + 1, sq, device="cuda", dtype=torch.int32)
     out = _poison((b * sq, hq, d))
-    _rt(-1)
+    rt = _rt(-1)
+    rt._split_runs.clear()
 
     def step():
         return fa4aot.flash_attn_varlen_func(
@@ -511,29 +517,19 @@ def test_cuda_graph_replay_of_speculative_rows_over_a_packed_k(monkeypatch, caus
         assert not out.isnan().any()
         _record(tag, rel_err(out, ro.reshape(b * sq, hq, d)), None)
 
+    tag = f"packed K rows graph {'causal' if causal else 'noncausal'}"
     step()
     assert spy.split == 1
-    check(f"packed K rows graph {'causal' if causal else 'noncausal'}")
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        step()
-    for lens in ([0, 1, 6000], [2, 5999, 3], [4000, 0, 4097]):
-        q.normal_()
-        cu.copy_(torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda",
+    runs = [r for r in rt._split_runs.values() if r]
+    assert len(runs) == 1 and (runs[0].packed or not causal)  # a causal one packs its rows
+    check(tag)
+    rounds = ([0, 1, 6000], [2, 5999, 3], [4000, 0, 4097])
+
+    def lengths(i):
+        cu.copy_(torch.tensor([0, *torch.tensor(rounds[i]).cumsum(0).tolist()], device="cuda",
                               dtype=torch.int32))
-        g.replay()
-        torch.cuda.synchronize()
-        replayed = out.clone()
-        out.fill_(float("nan"))
-        step()
-        torch.cuda.synchronize()
-        assert torch.equal(replayed, out)
-        check(f"packed K rows graph {lens}")
+
+    _replays_match_eager(step, q, None, out, 0, lengths=lengths, after=lambda: check(tag))
     assert spy.split >= 6
 
 
