@@ -453,8 +453,8 @@ def superseded(art) -> bool:
     a layout for its head dim (FA4's combine otherwise), and the chunk metadata kernel
     (compiler.trace_merge, trace_chunk_meta), or, on sm90, whose forward does not read q (and
     a paged K's lengths, a packed K's chunk bounds for one or several rows a sequence: part
-    `fwd_bounds`, record `rows` == C.BOUNDS_FORM) through chunk modes (compiler.trace_chunk_modes), or a 64-row
-    one
+    `fwd_bounds`, record `rows` == C.BOUNDS_FORM) through chunk modes
+    (compiler.trace_chunk_modes), or a 64-row one
     without a wide fold kernel its K takes (parts `fwd_wide`, `fwd_wide1`: constraints.WideFold,
     compiler.trace_wide_fold) or, for a packed K, without the wide split kernel (part
     `fwd_wide_split`: constraints.wide_split) or, paged on FA4's cp.async path, without the TMA

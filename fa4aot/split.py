@@ -410,7 +410,8 @@ def plan_packed(
     once a row. Causal rows see different keys only in their last rows - 1 keys: the chunks
     cover the keys every row sees (up to a page boundary over pages: T = the page-rounded
     len - rows + 1; over a packed K T = len - rows + 1), and a tail, the rows unrolled over
-    the keys from T (at most two pages), fills one more slot (Split.tail). Auto: the cost model's split of batch * kv_heads CTAs, taken where
+    the keys from T (at most two pages), fills one more slot (Split.tail). Auto: the cost
+    model's split of batch * kv_heads CTAs, taken where
     its time (plus PACKED_EXTRA_S, and `meta_s` for a causal step's tail metadata,
     packed_meta_s) beats the unrolled rows' (UNROLLED_ROW_COST) or the unsplit kernel's;
     a forced count (setting > 0) always packs. Shared by the runtime and `fa4aot explain`."""

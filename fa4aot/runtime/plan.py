@@ -61,8 +61,8 @@ class SplitKernel:
     # it cuts a paged K's lengths into chunks itself (the same): no metadata launch at one row
     chunk_lengths: bool = False
     # a packed K's: the forward that reads its chunks' bounds from cu_seqlens_k as (b + 1,
-    # rows, chunk, 1 + causal) (part `fwd_bounds`, compiler.trace_chunk_modes(bounds=True);
-    # split.bounds_part), None in older artifacts
+    # rows, chunk, causal shift, anchor) (part `fwd_bounds`, compiler.trace_chunk_modes(
+    # bounds=True); split.bounds_part), None in older artifacts
     fwd_bounds: Any = None
     # the fold's kernels for a chip full of CTAs (parts `fwd_wide`, `fwd_wide1`: constraints.
     # WideFold, compiler.trace_wide_fold; FA4's ABI), None in older artifacts, for head dims
