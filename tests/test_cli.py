@@ -595,6 +595,17 @@ def test_explain_split_kv(run, split_store):
     doc = json.loads(r.stdout)["split"]
     assert r.exit_code == 0 and doc["splits"] > 1, r.stdout
     assert "4 query rows unrolled, the dense K viewed as pages of 128" in doc["plan"]
+    # a KV cache in batch form with seqused_k: its own page pool at any number of rows, where
+    # a cached page size divides its capacity
+    for rows in ("1", "4"):
+        r = run(*base, "--heads", "32:8", "--seqlen-k", "65536", "--layout", "padded",
+                "--seqlen-q", rows)
+        doc = json.loads(r.stdout)["split"]
+        assert r.exit_code == 0 and doc["splits"] > 1, r.stdout
+        assert "the KV cache viewed as pages of 128" in doc["plan"], doc["plan"]
+    r = run(*base, "--heads", "32:8", "--seqlen-k", "65000", "--layout", "padded")
+    assert r.exit_code == 1
+    assert "divides the KV cache's 65000 keys" in json.loads(r.stdout)["split"]["why"]
     with settings.scope(split_kv="0"):
         r = run(*base, "--heads", "32:8", "--seqlen-k", "65536")
     assert r.exit_code == 1 and json.loads(r.stdout)["split"]["why"] == "FA4AOT_SPLIT_KV=0"

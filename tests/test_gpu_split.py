@@ -201,13 +201,15 @@ def _paged(lk, page, hk, d):
 
 
 @pytest.mark.parametrize("hq,hk,d,sinks", LAYERS)
-@pytest.mark.parametrize("layout", ["varlen", 16, 64, 128])
+@pytest.mark.parametrize("layout", ["varlen", 16, 64, 128, "padded4224", "padded4112"])
 @pytest.mark.parametrize("sq", [1, 2, 4])
 @pytest.mark.parametrize("lse", [False, True])
 def test_varlen_and_paged(monkeypatch, hq, hk, d, sinks, layout, sq, lse):
     """Ragged KV with empty and one-token sequences, and one of exactly s_q keys; s_q > 1
     (speculative rows, causal) splits on pages, and on a packed KV through the chunk kernel's
-    bounds mode (each unrolled row's chunks cut from cu_seqlens_k by the kernel)."""
+    bounds mode (each unrolled row's chunks cut from cu_seqlens_k by the kernel). paddedN: a
+    KV cache in batch form of N keys a sequence with seqused_k, split as pages of 128 (4224)
+    or 16 (4112); the default store has no unsplit kernel for that layout."""
     import fa4aot
 
     spy = _Spy(monkeypatch)
@@ -230,6 +232,12 @@ def test_varlen_and_paged(monkeypatch, hq, hk, d, sinks, layout, sq, lse):
         for i, n in enumerate(lk):
             kp[i, :n], vp[i, :n] = k[cu_k[i] : cu_k[i] + n], v[cu_k[i] : cu_k[i] + n]
         kw["cu_seqlens_k"] = cu_k
+    elif str(layout).startswith("padded"):
+        cap = int(layout[6:])
+        k = torch.randn(b, cap, hk, d, device="cuda", dtype=dt)
+        v = torch.randn_like(k)
+        kp, vp = k, v
+        kw["seqused_k"] = torch.tensor(lk, device="cuda", dtype=torch.int32)
     else:
         k, v, table, kp, vp = _paged(lk, layout, hk, d)
         kw.update(page_table=table, seqused_k=torch.tensor(lk, device="cuda", dtype=torch.int32))
@@ -252,6 +260,33 @@ def test_varlen_and_paged(monkeypatch, hq, hk, d, sinks, layout, sq, lse):
         lerr = _lse_err(l1, rl)
     _record(f"{layout} {hq}:{hk} hd{d} sq{sq}", rel_err(o1, ro),
             None if o0 is None else rel_err(o0, ro), lerr)
+
+
+@pytest.mark.parametrize("sq,sk", [(1, 4100), (2, 4096), (2, 4100)])
+def test_packed_q_over_a_batch_form_k(monkeypatch, sq, sk):
+    """flash_attn_varlen_func with q packed (cu_seqlens_q) and K in batch form, no seqused_k:
+    every sequence holds all sk keys, split as a dense K (its own pages where 128 divides sk,
+    else on the bounds mode); no unsplit kernel for the layout in the default store."""
+    import fa4aot
+
+    spy = _Spy(monkeypatch)
+    b, hq, hk, d = 3, 32, 8, 128
+    q = torch.randn(b * sq, hq, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    cu_q = torch.arange(0, b * sq + 1, sq, device="cuda", dtype=torch.int32)
+
+    def call():
+        return fa4aot.flash_attn_varlen_func(
+            q, k, v, cu_seqlens_q=cu_q, max_seqlen_q=sq, causal=True,
+            out=_poison((b * sq, hq, d)), lse=_poison((hq, b * sq), torch.float32))
+
+    (o1, l1), _ = _both(call, 5, spy, True)
+    ro, rl = attention_ref(q.view(b, sq, hq, d), k, v, torch.full((b,), sq, device="cuda"),
+                           torch.full((b,), sk, device="cuda"), causal=True)
+    assert not o1.isnan().any()
+    _record(f"batch-form K, packed q sq{sq} sk{sk}", rel_err(o1, ro.reshape(b * sq, hq, d)),
+            None, _lse_err(l1, rl.permute(1, 0, 2).reshape(hq, b * sq)))
 
 
 @pytest.mark.parametrize("layout", ["dense", "varlen", 16, 64, 128])
@@ -531,6 +566,41 @@ def test_cuda_graph_replay_of_speculative_rows_over_a_packed_k(monkeypatch, caus
 
     _replays_match_eager(step, q, None, out, 0, lengths=lengths, after=lambda: check(tag))
     assert spy.split >= 6
+
+
+@pytest.mark.parametrize("sq", [1, 4])
+def test_cuda_graph_replay_over_a_padded_kv_cache(monkeypatch, sq):
+    """A batch-form KV cache of 8192 keys a sequence with seqused_k (flash_attn_with_kvcache's
+    layout), split as pages of 128, captured and replayed with new q and new lengths: the same
+    bits as eager, and exact against the fp32 reference."""
+    import fa4aot
+
+    spy = _Spy(monkeypatch)
+    b, hq, hk, d, cap = 3, 32, 8, 128, 8192
+    k = torch.randn(b, cap, hk, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    used = torch.tensor([8192, 3001, 0], device="cuda", dtype=torch.int32)
+    q = torch.randn(b * sq, hq, d, device="cuda", dtype=torch.bfloat16)
+    cu_q = torch.arange(0, b * sq + 1, sq, device="cuda", dtype=torch.int32)
+    out = _poison((b * sq, hq, d))
+    _rt(-1)._split_runs.clear()
+
+    def step():
+        return fa4aot.flash_attn_varlen_func(
+            q, k, v, cu_seqlens_q=cu_q, max_seqlen_q=sq, max_seqlen_k=cap, seqused_k=used,
+            causal=True, out=out)
+
+    def check():
+        ro, _ = attention_ref(q.view(b, sq, hq, d), k, v, torch.full((b,), sq, device="cuda"),
+                              used.long(), causal=True)
+        assert not out.isnan().any()
+        _record(f"padded cache graph sq{sq}", rel_err(out, ro.reshape(b * sq, hq, d)), None)
+
+    step()
+    assert spy.split == 1
+    check()
+    _replays_match_eager(step, q, used, out, cap + 1, after=check)
+    assert spy.split >= 4
 
 
 @pytest.mark.parametrize("page,b,sk,part", [(None, 32, 8192, "fwd_wide1"),

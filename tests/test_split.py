@@ -464,6 +464,71 @@ def test_paged_split_with_speculative_rows(monkeypatch, page, sq, causal, varlen
     assert torch.allclose(lse3[fin], rl[fin], atol=1e-3)
 
 
+@pytest.mark.parametrize("sq", [1, 2])
+@pytest.mark.parametrize("sk", [1024, 1040])
+def test_packed_q_over_a_dense_k_splits(sq, sk):
+    """The varlen entry point's q packed (cu_seqlens_q) over a K in batch form without
+    seqused_k: the dense kind, q, out and LSE in packed form."""
+    b, hq, hk, d = 3, 8, 2, 16
+    q, k, v = _inputs(b, sq, hq, hk, d, [sk] * b, seed=sq + sk)
+    out = torch.full((b * sq, hq, d), float("nan")).bfloat16()
+    lse = torch.full((hq, b * sq), float("nan"))
+    got = _split(_FakeRuntime(3), q, k, v, "dense", (None, None, None), sk, None, True, None,
+                 out, lse, True, True)
+    assert got is not None and got[0] is out and got[1] is lse
+    ro, rl = _ref(q, k, v, [sk] * b, True, None)
+    assert rel_err(out.view(b, sq, hq, d), ro) < 1e-2
+    assert torch.allclose(lse.t().reshape(b, sq, hq).transpose(1, 2), rl, atol=1e-3)
+
+
+@pytest.mark.parametrize("cap", [1024, 1040])
+@pytest.mark.parametrize("sq,causal", [(1, True), (2, True), (4, True), (3, False)])
+@pytest.mark.parametrize("varlen_q", [False, True])
+@pytest.mark.parametrize("sink", [False, True])
+def test_padded_kv_cache_splits_as_its_own_page_pool(cap, sq, causal, varlen_q, sink):
+    """A KV cache in batch form, (b, capacity, hk, d), with seqused_k (FA2's
+    flash_attn_with_kvcache layout): split as a page pool of the first cached page size that
+    divides the capacity (128; 1040: 16), the table an arange (its chunked form a constant),
+    the caller's lengths read each step (ragged, 0, one key, the full capacity)."""
+    lens = [5, cap, 0, 257, 640, 1, 129]
+    b, hq, hk, d = len(lens), 8, 2, 16
+    seen = []
+
+    class Rt(_FakeRuntime):
+        def split_kernel(self, dev, dtype, d_, dv, page_size):
+            seen.append(page_size)
+            return super().split_kernel(dev, dtype, d_, dv, page_size)
+
+    rt = Rt(4)
+    for step in range(2):  # the second step: the same run, the table a cached constant
+        q, k, v = _inputs(b, sq, hq, hk, d, lens, seed=cap + sq * 3 + step)
+        k[2:, -3:] = float("nan")  # keys past a sequence's length: never read
+        s = torch.randn(hq) if sink else None
+        used = torch.tensor(lens, dtype=torch.int32)
+        got = _split(rt, q, k, v, "padded", (None, used, None), cap, None, causal, s, None,
+                     None, True, varlen_q)
+        assert got is not None
+        assert seen[0] == (128 if cap % 128 == 0 else 16)
+        o, lse = got
+        ro, rl = _ref(q, k, v, lens, causal, s)
+        o4 = o.view(b, sq, hq, d)
+        lse3 = lse.t().reshape(b, sq, hq).transpose(1, 2) if varlen_q else lse
+        assert rel_err(o4, ro) < 1e-2
+        fin = torch.isfinite(rl)
+        assert torch.equal(fin, torch.isfinite(lse3))
+        assert torch.allclose(lse3[fin], rl[fin], atol=1e-3)
+    assert sq > 1 and rt.chunk_modes or any(key[0] == "padded_table" for key in rt._split_consts)
+
+
+def test_padded_kv_cache_whose_capacity_no_page_divides_is_not_split():
+    """No cached page size divides 1000: the step runs unsplit (FA4's kernel for the layout)."""
+    b, hq, hk, d = 2, 8, 2, 16
+    q, k, v = _inputs(b, 1, hq, hk, d, [1000, 1000], seed=3)
+    used = torch.tensor([1000, 7], dtype=torch.int32)
+    assert _split(_FakeRuntime(4), q, k, v, "padded", (None, used, None), 1000, None, True,
+                  None, None, None, False, False) is None
+
+
 class _NoSplitRuntime(_FakeRuntime):
     """The cost model says no split: a one-row step then runs on the chunk kernel as one chunk
     per sequence (splitkv.FoldRun), which records what it was given."""
@@ -486,7 +551,7 @@ class _NoSplitRuntime(_FakeRuntime):
         return None
 
 
-@pytest.mark.parametrize("kind", ["dense", "varlen", "paged"])
+@pytest.mark.parametrize("kind", ["dense", "varlen", "paged", "padded"])
 @pytest.mark.parametrize("lse_mode", ["none", "new", "given"])
 def test_unsplit_one_row_step_runs_as_one_chunk_per_sequence(kind, lse_mode):
     """q and out reach the kernel as views (no copy); LSE too for q in batch form, through
@@ -503,10 +568,15 @@ def test_unsplit_one_row_step_runs_as_one_chunk_per_sequence(kind, lse_mode):
         kk = torch.cat([k[i, :n_] for i, n_ in enumerate(lens)])
         vv = torch.cat([v[i, :n_] for i, n_ in enumerate(lens)])
         kv, bound, page = (cu, None, None), max(lens), None
-    else:
+    elif kind == "paged":
         page = 64
         kk, vv, table = _page_pool(k, v, lens, page)
         kv, bound = (None, torch.tensor(lens, dtype=torch.int32), table), table.shape[1] * page
+    else:  # a batch-form KV cache of 1024 keys a sequence, seqused_k: as pages of 128
+        k = torch.cat([k, torch.randn(b, 1024 - k.shape[1], hk, d).bfloat16()], 1)
+        v = torch.cat([v, torch.randn(b, 1024 - v.shape[1], hk, d).bfloat16()], 1)
+        kk, vv, kv, bound, page = k, v, (None, torch.tensor(lens, dtype=torch.int32), None), \
+            1024, None
     out = torch.full((*qq.shape[:-1], d), float("nan")).bfloat16()
     lse = None
     if lse_mode == "given":

@@ -43,17 +43,18 @@ def _cached_artifacts(layers, arch: str, num_sms: int, python: str | None):
 @click.option("--head-dim", type=click.IntRange(1, 1024), required=True)
 @click.option("--head-dim-v", type=click.IntRange(1, 1024))
 @click.option(
-    "--layout", type=click.Choice(["dense", "varlen", "paged"]),
-    help="K/V layout (q packed but for dense). Default: dense; varlen with --qv (the MLA "
-    "kernels take q packed).",
+    "--layout", type=click.Choice(["dense", "varlen", "padded", "paged"]),
+    help="K/V layout (q packed but for dense; padded: a KV cache in batch form with "
+    "seqused_k). Default: dense; varlen with --qv (the MLA kernels take q packed).",
 )
 @click.option("--batch", default=1, show_default=True, type=click.IntRange(1))
 @click.option("--seqlen-q", default=1, show_default=True, type=click.IntRange(1))
 @click.option(
     "--seqlen-k",
     type=click.IntRange(1),
-    help="KV length (the bound the runtime sees: max_seqlen_k, the page table's capacity, or "
-    "the dense K's length): shows the split-KV plan of a decode step.",
+    help="KV length (the bound the runtime sees: max_seqlen_k, the page table's capacity, the "
+    "dense K's length, or a padded KV cache's capacity): shows the split-KV plan of a decode "
+    "step.",
 )
 @click.option("--page-size", type=click.IntRange(1), help="KV page size (paged layout).")
 @click.option("--causal/--no-causal", default=True, show_default=True)
@@ -409,7 +410,8 @@ def _split_plan(
     setting = settings.split_kv()
     setting = -1 if setting == "auto" else setting
     dense_pages = ""
-    if layout == "dense" and seqlen_q > 1:  # several rows: a dense K split as its own pages
+    padded = layout == "padded"  # a KV cache in batch form: its own page pool at any rows
+    if padded or (layout == "dense" and seqlen_q > 1):  # several rows: a dense K as pages
 
         def cached(p):
             v = split_kernel_variant(arch, dtype, d, dv, p)
@@ -418,9 +420,10 @@ def _split_plan(
 
         page_size = S.dense_page_size(seqlen_k, cached)
         if page_size:
-            dense_pages = f", the dense K viewed as pages of {page_size}"
+            dense_pages = (f", the {'KV cache' if padded else 'dense K'} viewed as pages of "
+                           f"{page_size}")
     row_bounds = True
-    if seqlen_q > 1 and layout != "paged" and not dense_pages:  # (runtime/splitkv, likewise)
+    if seqlen_q > 1 and layout not in ("paged", "padded") and not dense_pages:  # (likewise)
         rec = _record(arts, split_kernel_variant(arch, dtype, d, dv, None).id)
         row_bounds = bool(rec and S.bounds_part(rec["parts"]))
     why = S.split_refusal(
@@ -428,6 +431,9 @@ def _split_plan(
         paged=layout == "paged" or bool(dense_pages), max_seqlen_q_known=True,
         row_bounds=row_bounds,
     )
+    if why is None and padded and not dense_pages:
+        why = (f"no cached paged split kernel's page size ({', '.join(map(str, S.DENSE_PAGES))})"
+               f" divides the KV cache's {seqlen_k} keys")
     if why is None and seqlen_q > S.MAX_ROWS:
         why = f"{seqlen_q} query rows: split-KV plans take decode steps of at most {S.MAX_ROWS}"
     if why is None and seqlen_k <= S.NEVER_SPLIT_KEYS:
@@ -466,7 +472,7 @@ def _split_plan(
                 batch=batch, kv_heads=hk, rows=seqlen_q, seqlen_k=bucket,
                 bytes_per_key=(d + dv) * 2, page_size=page_size, sink=sink, causal=causal,
                 num_sms=num_sms, setting=setting, max_slots=max_slots, unrolled=sp,
-                meta_s=S.packed_meta_s(not dense_pages and page_size is not None,
+                meta_s=S.packed_meta_s((padded or not dense_pages) and page_size is not None,
                                        "packed_meta" in rec["parts"]),
                 model=model,
             ) or sp
@@ -498,7 +504,7 @@ def _split_plan(
                     f"the {hq // hk} query heads of each KV head as its rows, no combine")}
     if sp is None:
         return {"splits": 0, "why": why}
-    rows = f", {seqlen_q} query rows unrolled{dense_pages}" if seqlen_q > 1 else ""
+    rows = f", {seqlen_q} query rows unrolled{dense_pages}" if seqlen_q > 1 else dense_pages
     if rows and page_size is None:
         rows += " (each row's chunk bounds read from cu_seqlens_k by the bounds mode)"
     ctas = f"{batch * seqlen_q * hk * sp.slots}"

@@ -251,20 +251,26 @@ def flash_attn_varlen_func(
         and seqused_q is None
         and batch
         and dev >= 0
-        and (paged or cu_seqlens_k is not None)
         # a packed K with seqused_k too: the chunks' bounds would ignore seqused_k (found in
         # review once FA4's cu_seqlens_k + seqused_k layout became buildable)
-        and (paged or seqused_k is None)
+        and (paged or cu_seqlens_k is None or seqused_k is None)
     ):
         rows = max_seqlen_q if varlen_q else sq_dense
         if rows is not None and 0 < rows <= _SPLIT_ROWS and total_q == batch * rows:
-            if type(max_seqlen_k) is int and max_seqlen_k >= 0:
+            # K in batch form: all its keys (a dense K), or a KV cache with seqused_k
+            kind = ("paged" if paged else "varlen" if cu_seqlens_k is not None
+                    else "dense" if seqused_k is None else "padded")
+            if kind == "dense":
+                bound = seqlen_k  # (its exact length: the chunk bounds are constants)
+            elif type(max_seqlen_k) is int and max_seqlen_k >= 0:
                 bound = max_seqlen_k  # the caller's contract: it bounds every KV length
+                if kind == "padded":
+                    bound = min(bound, seqlen_k)
             else:
                 bound = page_table.size(1) * page_size if paged else seqlen_k
             if bound > _SPLIT_MIN:
                 got = SK.split_step(
-                    rt, dev, q, k, v, "paged" if paged else "varlen", cu_seqlens_k, seqused_k,
+                    rt, dev, q, k, v, kind, cu_seqlens_k, seqused_k,
                     page_table, batch, rows, hq, hk, d, dv, bound, page_size, causal,
                     learnable_sink, softmax_scale, out, lse, return_lse, varlen_q,
                 )

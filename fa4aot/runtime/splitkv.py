@@ -89,11 +89,20 @@ def split_step(
     as one chunk per sequence on the same kernel (FoldRun), or return None (FA4's kernel).
 
     q: the caller's q, (b, rows, hq, d) or packed (b * rows, hq, d) when varlen_q; kind:
-    "dense" | "varlen" | "paged" K; seqlen_k: a host bound on every KV length (a dense K's
-    exact length); out / lse: the caller's buffers or None (lse laid out as the entry point
-    returns it)."""
-    dense_pages = False
-    if rows > 1 and kind != "paged":
+    "dense" | "varlen" | "paged" | "padded" K (a KV cache in batch form, (b, capacity, hk, d),
+    with seqused_k: FA2's flash_attn_with_kvcache layout, split as a page pool whose table is
+    an arange); seqlen_k: a host bound on every KV length (a dense K's exact length); out /
+    lse: the caller's buffers or None (lse laid out as the entry point returns it)."""
+    dense_pages = padded = False
+    if kind == "padded":
+        # the cache as its own page pool (page size: the first cached one dividing its
+        # capacity), the caller's lengths: a paged K at any number of rows
+        page_size = _dense_page(rt, dev, q.dtype, d, dv, k.size(1))
+        if not page_size:
+            return None
+        dense_pages = padded = True
+        kind = "paged"
+    elif rows > 1 and kind != "paged":
         # several rows a sequence: a dense K whose length a cached paged split kernel's page
         # size divides is its own page pool; else the rows run (packed into one chunk:
         # PackedRun, or unrolled) on the packed K's bounds mode, which gives each row its own
@@ -143,10 +152,12 @@ def split_step(
     if run is False:
         return None
     if dense_pages:
-        k, v, page_table, seqused_k = _dense_as_pages(rt, dev, q, k, v, b, hk, d, dv, seqlen_k,
-                                                      page_size)
+        k, v, page_table, used = _dense_as_pages(rt, dev, q, k, v, b, hk, d, dv, k.size(1),
+                                                 page_size)
         if k is None:
             return None
+        if not padded:
+            seqused_k = used
     if kind == "dense":
         try:
             k, v = k.view(*run.k_shape), v.view(*run.v_shape)
@@ -154,8 +165,8 @@ def split_step(
             return None  # K/V strided across batch and sequence: no packed view
     if run.packed:
         return _packed_step(run, rt, dev, q, k, v, cu_seqlens_k, seqused_k, page_table,
-                            dense_pages, b, seqlen_k, softmax_scale, sink, out, lse, return_lse,
-                            varlen_q)
+                            dense_pages and not padded, b, seqlen_k, softmax_scale, sink, out,
+                            lse, return_lse, varlen_q)
     if run.fold:
         return _fold_step(run, q, k, v, kind, cu_seqlens_k, seqused_k, page_table,
                           softmax_scale, out, lse, return_lse)
@@ -210,7 +221,7 @@ def split_step(
         # kernel that cuts lengths into chunks itself (compiler.trace_chunk_modes) takes the
         # caller's at one decode row, and each unrolled row's (the metadata kernel's
         # meta_args say so: one chunk of 2**30 keys) at several
-        if dense_pages:
+        if dense_pages and not padded:
             # a dense K as pages (_dense_as_pages): its lengths and page table are constants,
             # and so are their chunked forms (no metadata launch, no table copy per call)
             seqused_k, page_table = _const(
@@ -228,7 +239,14 @@ def split_step(
                 torch.sub(seqused_k, run.offs_col, out=run.len_t)
                 run.len_buf.clamp_(0, run.chunk)
                 seqused_k = run.len_flat_f
-            if run.pt_rows and page_table.size(1) == run.pt_cols and page_table.is_contiguous():
+            if padded:  # the arange table's chunked form: a constant too
+                table = page_table
+                page_table = _const(
+                    rt, ("padded_table", dev, tuple(table.shape), page_size, rows, run.sp),
+                    q.device,
+                    lambda: S.chunk_page_table(torch, table, run.sp, page_size, rows).contiguous(),
+                )
+            elif run.pt_rows and page_table.size(1) == run.pt_cols and page_table.is_contiguous():
                 page_table = page_table.view(*run.pt_shape)  # the chunks' pages: a view
             else:
                 page_table = S.chunk_page_table(torch, page_table, run.sp, page_size, rows)

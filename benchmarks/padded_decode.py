@@ -1,0 +1,95 @@
+"""Decode over a KV cache in batch form with seqused_k (FA2's flash_attn_with_kvcache layout,
+`padded` in a spec): fa4aot's split of it against the same keys as a dense K and torch SDPA's
+cuDNN backend, on the same inputs, in one process (H200).
+
+    FA4AOT_CACHE_DIR=<store> python benchmarks/padded_decode.py [--shapes b:keys:hq:hk,...]
+        [--out results.json]
+
+Per shape (hd128 bf16, one query row, causal), columns:
+- `padded`: flash_attn_varlen_func(q packed, K (b, keys, hk, d), seqused_k = keys): the cache
+  split as its own page pool (runtime/splitkv, kind "padded");
+- `padded 2x cap`: the same keys at the start of a cache of twice the capacity, max_seqlen_k =
+  keys (an over-allocated serving cache; the plan follows max_seqlen_k);
+- `dense`: flash_attn_func on the same K (the dense split, as planned);
+- `unsplit`: the dense call with FA4AOT_SPLIT_KV=0 (FA4's kernel; the default store has no
+  unsplit kernel for the padded layout itself);
+- `cudnn`: torch SDPA over the dense K.
+limit: K+V bytes / 4.8 TB/s. Times: CUDA-graph replays and eager (do_bench), medians of three
+interleaved rounds (`_timing.interleaved_medians`). Each column's output is compared with the
+unsplit kernel's (max abs difference).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+SHAPES = [(1, 65536, 32, 8), (1, 131072, 8, 1), (2, 32768, 64, 8), (4, 32768, 32, 8),
+          (32, 4096, 32, 8), (1, 8192, 32, 8), (16, 65536, 32, 8)]
+
+
+def main():
+    import torch
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _timing import decode_columns, decode_inputs, interleaved_medians, print_columns
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import fa4aot
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    ap.add_argument("--shapes", help="b:keys:hq:hk,... (default: SHAPES)")
+    a = ap.parse_args()
+    shapes = SHAPES if not a.shapes else [
+        tuple(int(x) for x in c.split(":")) for c in a.shapes.split(",")]
+    rows = []
+    for b, sk, hq, hk in shapes:
+        d = 128
+        torch.cuda.empty_cache()
+        q, k, v, out = decode_inputs(b, sk, hq, hk, d)
+        fns = decode_columns(q, k, v, out)
+        cu_q = torch.arange(b + 1, device="cuda", dtype=torch.int32)
+        used = torch.full((b,), sk, device="cuda", dtype=torch.int32)
+        qv, ov = q.view(b, hq, d), out.view(b, hq, d)
+        k2 = torch.empty(b, 2 * sk, hk, d, device="cuda", dtype=k.dtype)
+        v2 = torch.empty_like(k2)
+        k2[:, :sk], v2[:, :sk] = k, v
+        k2[:, sk:].normal_()
+        v2[:, sk:].normal_()
+
+        def padded(kc=k, vc=v):
+            fa4aot.flash_attn_varlen_func(
+                qv, kc, vc, cu_seqlens_q=cu_q, max_seqlen_q=1, max_seqlen_k=sk,
+                seqused_k=used, causal=True, out=ov)
+
+        cols = {"padded": padded, "padded 2x cap": lambda: padded(k2, v2),
+                "dense": fns["fa4aot"], "unsplit": fns["unsplit"], "cudnn": fns["cudnn"]}
+        fns["unsplit"]()
+        ref = out.clone()
+        diff = {}
+        for c in ("padded", "padded 2x cap", "dense"):
+            out.fill_(float("nan"))
+            cols[c]()
+            torch.cuda.synchronize()
+            diff[c] = (out.float() - ref.float()).abs().max().item()
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            eager, graph = interleaved_medians(cols, 3)
+        row = {"b": b, "sk": sk, "hq": hq, "hk": hk,
+               "limit_us": 2 * b * sk * hk * d * 2 / 4.8e6, "eager": eager, "graph": graph,
+               "diff": diff}
+        rows.append(row)
+        print(f"b{b} sk{sk} {hq}:{hk}  limit {row['limit_us']:.1f}  cudnn "
+              f"{eager['cudnn']:.1f}/{graph['cudnn']:.1f} (eager/graph)", flush=True)
+        print_columns(row, cols, 14)
+        del q, k, v, out, ref, k2, v2
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
