@@ -122,6 +122,14 @@ def _calls(pkg):
                   (r(1, 32, 128), r(8192, 8, 128), r(8192, 8, 128)),
                   dict(cu_seqlens_q=i32([0, 1]), cu_seqlens_k=i32([0, 8192]), max_seqlen_q=1,
                        max_seqlen_k=8192, causal=True)))
+    # a KV cache in batch form with seqused_k (the padded layout), b1 8192 keys: its own pages
+    cases.append(("split padded b1 sk8192", "flash_attn_varlen_func",
+                  (r(1, 32, 128), r(1, 8192, 8, 128), r(1, 8192, 8, 128)),
+                  dict(cu_seqlens_q=i32([0, 1]), max_seqlen_q=1, max_seqlen_k=8192,
+                       seqused_k=i32([8000]), causal=True)))
+    have.append(feats(**base, num_heads=32, num_heads_kv=8, causal=True, return_lse=False,
+                      batch=1, seqlen_q=None, total_q=1, max_seqlen_q=1, cu_seqlens_q=True,
+                      seqused_k=True))  # (a baseline without the padded split runs it unsplit)
     # speculative decoding over a dense K (4 query rows): split with the K as its own pages
     cases.append(("split dense b1 sk8192 sq4", "flash_attn_func",
                   (r(1, 4, 32, 128), r(1, 8192, 8, 128), r(1, 8192, 8, 128)),

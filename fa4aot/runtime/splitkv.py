@@ -33,6 +33,7 @@ import torch
 
 from .. import constraints as C
 from .. import split as S
+from .launch import guard_page_table
 
 _PLAN_KEYS = S.PLAN_KEYS
 # SplitRuns kept (each holds scratch for one batch size / stream): bound what they hold
@@ -244,7 +245,8 @@ def split_step(
                 page_table = _const(
                     rt, ("padded_table", dev, tuple(table.shape), page_size, rows, run.sp),
                     q.device,
-                    lambda: S.chunk_page_table(torch, table, run.sp, page_size, rows).contiguous(),
+                    lambda: guard_page_table(S.chunk_page_table(torch, table, run.sp, page_size,
+                                                                rows)),
                 )
             elif run.pt_rows and page_table.size(1) == run.pt_cols and page_table.is_contiguous():
                 page_table = page_table.view(*run.pt_shape)  # the chunks' pages: a view
@@ -325,7 +327,8 @@ def _dense_as_pages(rt, dev, q, k, v, b, hk, d, dv, seqlen_k, page):
 
 
 def _dense_meta(run, used, table, b, rows, causal, page_size):
-    """The kernel-facing lengths and chunked page table of a dense K viewed as pages
+    """The kernel-facing lengths and chunked page table (behind a guard, launch.GUARD_ALIGN:
+    no call copies it) of a dense K viewed as pages
     (_dense_as_pages: every sequence holds all its keys), computed in torch once per shape:
     what the metadata kernel (or its torch fallback) and split.chunk_page_table make per call
     for a caller's paged K, for these constant inputs. Lengths: each unrolled row's, (b *
@@ -337,7 +340,7 @@ def _dense_meta(run, used, table, b, rows, causal, page_size):
     else:
         lens = (used[:, None] - run.offs_col.view(1, -1)).clamp_(0, run.chunk)
     return (lens.reshape(-1).contiguous(),
-            S.chunk_page_table(torch, table, run.sp, page_size, rows).contiguous())
+            guard_page_table(S.chunk_page_table(torch, table, run.sp, page_size, rows)))
 
 
 def _fold_step(run, q, k, v, kind, cu_seqlens_k, seqused_k, page_table, softmax_scale, out,
@@ -718,12 +721,13 @@ class PackedRun:
 
 def _packed_meta(run, used, table):
     """A PackedRun's metadata for constant lengths and page table (a dense K viewed as pages):
-    (the chunks' lengths, their page table, the tail's page table and lengths), copies."""
-    chunked = S.chunk_page_table(torch, table, run.sp, run.page_size, 1).contiguous()
+    (the chunks' lengths, their page table, the tail's page table and lengths), copies; the
+    tables behind a guard (launch.GUARD_ALIGN), so that no call copies them."""
+    chunked = guard_page_table(S.chunk_page_table(torch, table, run.sp, run.page_size, 1))
     if not run.causal:
         return used, chunked, None, None
-    used_a, table_t, len_t = (t.clone() for t in run.tail_meta(used, table))
-    return used_a, chunked, table_t, len_t
+    used_a, table_t, len_t = run.tail_meta(used, table)
+    return used_a.clone(), chunked, guard_page_table(table_t), len_t.clone()
 
 
 def _packed_step(run, rt, dev, q, k, v, cu_seqlens_k, seqused_k, page_table, dense_pages, b,
