@@ -289,7 +289,7 @@ def test_packed_q_over_a_batch_form_k(monkeypatch, sq, sk):
             None, _lse_err(l1, rl.permute(1, 0, 2).reshape(hq, b * sq)))
 
 
-@pytest.mark.parametrize("layout", ["dense", "varlen", 16, 64, 128])
+@pytest.mark.parametrize("layout", ["dense", "varlen", 16, 64, 128, "padded"])
 @pytest.mark.parametrize("b,sk", [(16, 1024), (28, 1500), (32, 1024), (40, 1024), (64, 3000),
                                   (32, 8192)])
 @pytest.mark.parametrize("lse", [False, True])
@@ -335,6 +335,11 @@ def test_fold_over_a_full_chip(monkeypatch, layout, b, sk, lse, d):
             for i, n in enumerate(lk):
                 kp[i, :n], vp[i, :n] = k[cu_k[i] : cu_k[i] + n], v[cu_k[i] : cu_k[i] + n]
             kw["cu_seqlens_k"] = cu_k
+        elif layout == "padded":  # a batch-form cache of sk keys rounded up to pages of 128
+            k = torch.randn(b, -(-sk // 128) * 128, hk, d, device="cuda", dtype=dt)
+            v = torch.randn_like(k)
+            kp, vp = k, v
+            kw["seqused_k"] = torch.tensor(lk, device="cuda", dtype=torch.int32)
         else:
             k, v, table, kp, vp = _paged(lk, layout, hk, d)
             kw.update(page_table=table,
