@@ -245,6 +245,18 @@ class _FakeRuntime:
         return S.DEFAULT_MODEL
 
 
+class _PageSeeingRuntime(_FakeRuntime):
+    """The same, recording the page size of every split kernel asked for (None: packed K)."""
+
+    def __init__(self, n):
+        super().__init__(n)
+        self.seen = []
+
+    def split_kernel(self, dev, dtype, d, dv, page_size):
+        self.seen.append(page_size)
+        return super().split_kernel(dev, dtype, d, dv, page_size)
+
+
 def _split(rt, q, k, v, kind, kv, seqlen_k, page, causal, sink, out, lse, want_lse, varlen_q):
     """splitkv.split_step on q (b, rows, hq, d), passed packed when varlen_q, as the entry
     points pass the caller's q."""
@@ -311,14 +323,8 @@ def test_dense_speculative_rows_split_as_pages(sq, causal, sk):
     largest cached page size dividing its length; 1040 keys: pages of 16) with every row's
     causal length; q, out and LSE in the caller's batch form."""
     b, hq, hk, d = 2, 8, 2, 16
-    seen = []
-
-    class Rt(_FakeRuntime):
-        def split_kernel(self, dev, dtype, d_, dv, page_size):
-            seen.append(page_size)
-            return super().split_kernel(dev, dtype, d_, dv, page_size)
-
-    rt = Rt(3)
+    rt = _PageSeeingRuntime(3)
+    seen = rt.seen
     for step in range(2):  # the second step reads the lengths and chunked table as constants
         q, k, v = _inputs(b, sq, hq, hk, d, [sk] * b, seed=sq * 5 + sk + step)
         out = torch.full((b, sq, hq, d), float("nan")).bfloat16()
@@ -453,12 +459,18 @@ def test_paged_split_with_speculative_rows(monkeypatch, page, sq, causal, varlen
     got = _split(_FakeRuntime(6), q, kpool, vpool, "paged", (None, used, table), maxp * page,
                  page, causal, s, None, None, True, varlen_q)
     assert got is not None
+    assert got[0].shape == (*qq.shape[:-1], d)
+    _check_rows(got, q, k, v, lens, causal, s, varlen_q)
+
+
+def _check_rows(got, q, k, v, lens, causal, sink, varlen_q):
+    """A split step's (out, lse) of q (b, rows, hq, d), passed packed when varlen_q, against
+    the reference over `lens` keys a sequence (LSE: the same -inf pattern)."""
+    b, sq, hq, d = q.shape
     o, lse = got
-    assert o.shape == (*qq.shape[:-1], d)
-    ro, rl = _ref(q, k, v, lens, causal, s)
-    o4 = o.view(b, sq, hq, d)
+    ro, rl = _ref(q, k, v, lens, causal, sink)
     lse3 = lse.t().reshape(b, sq, hq).transpose(1, 2) if varlen_q else lse
-    assert rel_err(o4, ro) < 1e-2
+    assert rel_err(o.view(b, sq, hq, d), ro) < 1e-2
     fin = torch.isfinite(rl)
     assert torch.equal(fin, torch.isfinite(lse3))
     assert torch.allclose(lse3[fin], rl[fin], atol=1e-3)
@@ -492,14 +504,8 @@ def test_padded_kv_cache_splits_as_its_own_page_pool(cap, sq, causal, varlen_q, 
     the caller's lengths read each step (ragged, 0, one key, the full capacity)."""
     lens = [5, cap, 0, 257, 640, 1, 129]
     b, hq, hk, d = len(lens), 8, 2, 16
-    seen = []
-
-    class Rt(_FakeRuntime):
-        def split_kernel(self, dev, dtype, d_, dv, page_size):
-            seen.append(page_size)
-            return super().split_kernel(dev, dtype, d_, dv, page_size)
-
-    rt = Rt(4)
+    rt = _PageSeeingRuntime(4)
+    seen = rt.seen
     for step in range(2):  # the second step: the same run, the table a cached constant
         q, k, v = _inputs(b, sq, hq, hk, d, lens, seed=cap + sq * 3 + step)
         k[2:, -3:] = float("nan")  # keys past a sequence's length: never read
@@ -509,14 +515,7 @@ def test_padded_kv_cache_splits_as_its_own_page_pool(cap, sq, causal, varlen_q, 
                      None, True, varlen_q)
         assert got is not None
         assert seen[0] == (128 if cap % 128 == 0 else 16)
-        o, lse = got
-        ro, rl = _ref(q, k, v, lens, causal, s)
-        o4 = o.view(b, sq, hq, d)
-        lse3 = lse.t().reshape(b, sq, hq).transpose(1, 2) if varlen_q else lse
-        assert rel_err(o4, ro) < 1e-2
-        fin = torch.isfinite(rl)
-        assert torch.equal(fin, torch.isfinite(lse3))
-        assert torch.allclose(lse3[fin], rl[fin], atol=1e-3)
+        _check_rows(got, q, k, v, lens, causal, s, varlen_q)
     assert sq > 1 and rt.chunk_modes or any(key[0] == "padded_table" for key in rt._split_consts)
 
 
