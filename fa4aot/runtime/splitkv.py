@@ -101,8 +101,7 @@ def split_step(
         page_size = _dense_page(rt, dev, q.dtype, d, dv, k.size(1))
         if not page_size:
             return None
-        dense_pages = padded = True
-        kind = "paged"
+        padded, kind = True, "paged"
     elif rows > 1 and kind != "paged":
         # several rows a sequence: a dense K whose length a cached paged split kernel's page
         # size divides is its own page pool; else the rows run (packed into one chunk:
@@ -126,6 +125,7 @@ def split_step(
         kind, dev, stream, q.dtype, b, rows, hq, hk, d, dv,
         seqlen_k if kind == "dense" else -(-seqlen_k // _PLAN_KEYS),
         page_size, causal, sink is not None, varlen_q, rt.split,
+        dense_pages,  # (a dense K as pages plans its packed rows with no metadata launch)
     )
     run = None if capturing else rt._split_runs.get(key)
     if run is None:
@@ -152,12 +152,12 @@ def split_step(
             rt._split_scratch += run is not False
     if run is False:
         return None
-    if dense_pages:
+    if dense_pages or padded:
         k, v, page_table, used = _dense_as_pages(rt, dev, q, k, v, b, hk, d, dv, k.size(1),
                                                  page_size)
         if k is None:
             return None
-        if not padded:
+        if dense_pages:
             seqused_k = used
     if kind == "dense":
         try:
@@ -166,8 +166,8 @@ def split_step(
             return None  # K/V strided across batch and sequence: no packed view
     if run.packed:
         return _packed_step(run, rt, dev, q, k, v, cu_seqlens_k, seqused_k, page_table,
-                            dense_pages and not padded, b, seqlen_k, softmax_scale, sink, out,
-                            lse, return_lse, varlen_q)
+                            dense_pages, b, seqlen_k, softmax_scale, sink, out, lse, return_lse,
+                            varlen_q)
     if run.fold:
         return _fold_step(run, q, k, v, kind, cu_seqlens_k, seqused_k, page_table,
                           softmax_scale, out, lse, return_lse)
@@ -222,7 +222,7 @@ def split_step(
         # kernel that cuts lengths into chunks itself (compiler.trace_chunk_modes) takes the
         # caller's at one decode row, and each unrolled row's (the metadata kernel's
         # meta_args say so: one chunk of 2**30 keys) at several
-        if dense_pages and not padded:
+        if dense_pages:
             # a dense K as pages (_dense_as_pages): its lengths and page table are constants,
             # and so are their chunked forms (no metadata launch, no table copy per call)
             seqused_k, page_table = _const(
