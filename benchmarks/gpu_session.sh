@@ -3,7 +3,7 @@
 # On the GPU host, from the project root, with a store built here and carried:
 #   source .device/setup.sh && FA4AOT_CACHE_DIR=$PWD/.gpu-store bash benchmarks/gpu_session.sh $OUT [what...]
 # what: any of tests split padding padding-tests dropin conformance host decode startup wheel
-# multidevice compile hbm hbm-streams triton-decode guard sanitize-guard warp tma smoke sweep sweep-small sweep-large sweep-page16 fold fold-long clock profile parity (default: tests split padding dropin conformance host decode
+# padded-decode host-profile multidevice compile hbm hbm-streams triton-decode guard sanitize-guard warp tma smoke sweep sweep-small sweep-large sweep-page16 fold fold-long clock profile parity (default: tests split padding dropin conformance host decode
 # startup). padding-tests: the padding GPU tests without the padding benchmarks (which need
 # .gpu-store-bench). parity: from an empty store, needs the compiler bundle.
 # host: with .gpu-base/fa4aot_base present (an earlier fa4aot), timed side by side.
@@ -69,6 +69,8 @@ for w in $what; do
         python3 -m fa4aot.cli build --cache $ps --from-misses $log -j 16 2>&1 | tail -2
         stamp "FA4AOT_CACHE_DIR=<that store> pytest -m gpu tests/test_gpu_parity.py  (round 2)"
         FA4AOT_CACHE_DIR=$ps python3 -m pytest -m gpu tests/test_gpu_parity.py -v -p no:cacheprovider -rf --tb=line 2>&1 | grep -v -e Warning -e exe_args; } > "$out/parity.txt"; grep -e passed -e failed -e "misses logged" -e "^built" "$out/parity.txt";;
+    padded-decode) { stamp python3 benchmarks/padded_decode.py; python3 benchmarks/padded_decode.py --out "$out/padded.json" 2>&1 | grep -v -e Warning -e exe_args -e _warn_once; } > "$out/padded.txt"; cat "$out/padded.txt";;
+    host-profile) { for s in 1:131072:8:1 1:8192:32:8; do stamp python3 benchmarks/host_profile.py --shape $s; python3 benchmarks/host_profile.py --shape $s 2>&1 | grep -v -e Warning -e exe_args -e _warn_once; done; } > "$out/host-profile.txt"; grep "host us" "$out/host-profile.txt";;
     startup) { stamp python3 benchmarks/startup.py; python3 benchmarks/startup.py --out "$out/startup.json" 2>&1 | grep -v -e Warning -e exe_args; } > "$out/startup.txt"; tail -25 "$out/startup.txt";;
   esac
 done

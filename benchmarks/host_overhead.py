@@ -128,6 +128,17 @@ def cases(dev):
             ),
         )
     )
+    # a KV cache in batch form with seqused_k (FA2's flash_attn_with_kvcache layout), split as
+    # its own page pool (splitkv kind "padded")
+    out.append(
+        (
+            "split padded decode b1 sk65536 32:8",
+            "flash_attn_varlen_func",
+            (r(1, 32, 128), r(1, 65536, 8, 128), r(1, 65536, 8, 128)),
+            dict(cu_seqlens_q=cu_q[:2], max_seqlen_q=1, max_seqlen_k=65536,
+                 seqused_k=torch.full((1,), 65536, device=dev, dtype=torch.int32), causal=True),
+        )
+    )
     return out
 
 

@@ -505,7 +505,7 @@ def test_padded_kv_cache_splits_as_its_own_page_pool(cap, sq, causal, varlen_q, 
     lens = [5, cap, 0, 257, 640, 1, 129]
     b, hq, hk, d = len(lens), 8, 2, 16
     rt = _PageSeeingRuntime(4)
-    seen = rt.seen
+    seen, tables = rt.seen, []
     for step in range(2):  # the second step: the same run, the table a cached constant
         q, k, v = _inputs(b, sq, hq, hk, d, lens, seed=cap + sq * 3 + step)
         k[2:, -3:] = float("nan")  # keys past a sequence's length: never read
@@ -516,7 +516,10 @@ def test_padded_kv_cache_splits_as_its_own_page_pool(cap, sq, causal, varlen_q, 
         assert got is not None
         assert seen[0] == (128 if cap % 128 == 0 else 16)
         _check_rows(got, q, k, v, lens, causal, s, varlen_q)
-    assert sq > 1 and rt.chunk_modes or any(key[0] == "padded_table" for key in rt._split_consts)
+        tables += [r.padded_pt[1] for r in rt._split_runs.values()
+                   if getattr(r, "padded_pt", None) is not None]
+    # (a split run: the chunked table made by the first step, kept by the run for the second)
+    assert sq > 1 and rt.chunk_modes or len(tables) == 2 and tables[0] is tables[1]
 
 
 def test_padded_kv_cache_whose_capacity_no_page_divides_is_not_split():

@@ -154,7 +154,7 @@ def split_step(
         return None
     if dense_pages or padded:
         k, v, page_table, used = _dense_as_pages(rt, dev, q, k, v, b, hk, d, dv, k.size(1),
-                                                 page_size)
+                                                 page_size, dense_pages)
         if k is None:
             return None
         if dense_pages:
@@ -240,14 +240,12 @@ def split_step(
                 torch.sub(seqused_k, run.offs_col, out=run.len_t)
                 run.len_buf.clamp_(0, run.chunk)
                 seqused_k = run.len_flat_f
-            if padded:  # the arange table's chunked form: a constant too
-                table = page_table
-                page_table = _const(
-                    rt, ("padded_table", dev, tuple(table.shape), page_size, rows, run.sp),
-                    q.device,
-                    lambda: guard_page_table(S.chunk_page_table(torch, table, run.sp, page_size,
-                                                                rows)),
-                )
+            if padded:  # the arange table's chunked form: a constant, kept by the run
+                pt = run.padded_pt
+                if pt is None or pt[0] is not page_table:
+                    pt = run.padded_pt = (page_table, guard_page_table(
+                        S.chunk_page_table(torch, page_table, run.sp, page_size, rows)))
+                page_table = pt[1]
             elif run.pt_rows and page_table.size(1) == run.pt_cols and page_table.is_contiguous():
                 page_table = page_table.view(*run.pt_shape)  # the chunks' pages: a view
             else:
@@ -309,10 +307,10 @@ def _dense_page(rt, dev, dtype, d, dv, seqlen_k) -> int:
     return page
 
 
-def _dense_as_pages(rt, dev, q, k, v, b, hk, d, dv, seqlen_k, page):
+def _dense_as_pages(rt, dev, q, k, v, b, hk, d, dv, seqlen_k, page, used=True):
     """A dense K/V (b, seqlen_k, hk, .) as a paged one: (K and V as pages of `page` keys,
-    views of the caller's; the page table, an arange; seqused_k, all seqlen_k: constants per
-    shape), or (None,) * 4 when K/V do not view as pages."""
+    views of the caller's; the page table, an arange; with `used`, seqused_k, all seqlen_k,
+    else None: constants per shape), or (None,) * 4 when K/V do not view as pages."""
     n = b * seqlen_k // page
     try:
         k, v = k.view(n, page, hk, d), v.view(n, page, hk, dv)
@@ -321,9 +319,9 @@ def _dense_as_pages(rt, dev, q, k, v, b, hk, d, dv, seqlen_k, page):
     dvc = q.device
     table = _const(rt, ("dense_pages", dev, b, seqlen_k, page), dvc, lambda: torch.arange(
         n, dtype=torch.int32, device=dvc).view(b, seqlen_k // page))
-    used = _const(rt, ("dense_used", dev, b, seqlen_k), dvc, lambda: torch.full(
+    lens = used and _const(rt, ("dense_used", dev, b, seqlen_k), dvc, lambda: torch.full(
         (b,), seqlen_k, dtype=torch.int32, device=dvc))
-    return k, v, table, used
+    return k, v, table, lens if used else None
 
 
 def _dense_meta(run, used, table, b, rows, causal, page_size):
@@ -446,6 +444,7 @@ class SplitRun:
         "lse_shape", "lse_c_size", "lse_c_stride", "ko_f", "kl_f", "op_c_f", "lp_c_f",
         "lse_scratch_f", "cu_k_f", "cu_flat_f", "len_flat_f", "meta", "meta_args", "cu_buf",
         "cu_buf_f", "len_buf_f", "chunk_lengths", "launch_bounds", "cu_bounds_size",
+        "padded_pt",
     )
 
     def __init__(self, rt, dev, q, b, rows, hq, hk, d, dv, kind, sp, page_size, causal,
@@ -504,6 +503,8 @@ class SplitRun:
         self.k_shape, self.v_shape = (b * seqlen_k, hk, d), (b * seqlen_k, hk, dv)
         self.pt_rows = self.pt_cols = 0
         self.pt_shape = None
+        # (a padded cache's arange page table, its chunked form): made by its first step
+        self.padded_pt = None
         self.cu_k = self.cu_flat = self.len_flat = self.cu_buf = self.len_buf = None
         self._metadata(rt, dev, q, b, rows, kind, sp, page_size, causal, seqlen_k)
         self._bind(ffi)
