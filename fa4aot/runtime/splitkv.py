@@ -240,11 +240,17 @@ def split_step(
                 torch.sub(seqused_k, run.offs_col, out=run.len_t)
                 run.len_buf.clamp_(0, run.chunk)
                 seqused_k = run.len_flat_f
-            if padded:  # the arange table's chunked form: a constant, kept by the run
+            if padded:
+                # the arange table's chunked form: a constant, which the run keeps for its
+                # later steps (a run made while a CUDA graph is captured finds the eager
+                # warm-up's, so the graph computes nothing for it)
                 pt = run.padded_pt
                 if pt is None or pt[0] is not page_table:
-                    pt = run.padded_pt = (page_table, guard_page_table(
-                        S.chunk_page_table(torch, page_table, run.sp, page_size, rows)))
+                    table = page_table
+                    pt = run.padded_pt = (table, _const(
+                        rt, ("padded_table", dev, tuple(table.shape), page_size, rows, run.sp),
+                        q.device, lambda: guard_page_table(
+                            S.chunk_page_table(torch, table, run.sp, page_size, rows))))
                 page_table = pt[1]
             elif run.pt_rows and page_table.size(1) == run.pt_cols and page_table.is_contiguous():
                 page_table = page_table.view(*run.pt_shape)  # the chunks' pages: a view
