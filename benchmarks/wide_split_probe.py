@@ -94,7 +94,9 @@ def main():
     ap.add_argument("--page", type=int, default=16)
     ap.add_argument("--paged", action="store_true", help="add the step over the K as pages of "
                     "--page: `paged auto` (its plan, wide where split.wide_split says) and "
-                    "`paged n=N` (the chunk kernel's plan, as before the paged wide split)")
+                    "`paged n=N` (the chunk kernel's plan, as before the paged wide split); "
+                    "with --wide-ns, also `paged wide n=N` on the store's paged wide split "
+                    "kernel")
     ap.add_argument("--out")
     a = ap.parse_args()
     import torch
@@ -120,6 +122,12 @@ def main():
         pk = rt.split_kernel(0, torch.bfloat16, 128, 128, a.page)
         pchunk = pk.launch_split
         pwide = L.SM90.fwd(tvm_ffi.load_module(a.paged_kernel)["fa4aot_fwd"], guard=False)
+    elif a.paged and a.wide_ns:
+        # the store's paged wide split kernel (fwd_wide_split of the paged chunk kernel)
+        pk = rt.split_kernel(0, torch.bfloat16, 128, 128, a.page)
+        pchunk, pwide = pk.launch_split, pk.launch_wide_split
+        if pwide is None:
+            sys.exit(f"the store's paged split kernel (pages of {a.page}) has no fwd_wide_split")
 
     def use(launch):  # the split's chunks on `launch` (a SplitRun binds it when made)
         kern.launch_split = launch
