@@ -325,9 +325,11 @@ def _dense_as_pages(rt, dev, q, k, v, b, hk, d, dv, seqlen_k, page, used=True):
     dvc = q.device
     table = _const(rt, ("dense_pages", dev, b, seqlen_k, page), dvc, lambda: torch.arange(
         n, dtype=torch.int32, device=dvc).view(b, seqlen_k // page))
-    lens = used and _const(rt, ("dense_used", dev, b, seqlen_k), dvc, lambda: torch.full(
-        (b,), seqlen_k, dtype=torch.int32, device=dvc))
-    return k, v, table, lens if used else None
+    lens = None
+    if used:
+        lens = _const(rt, ("dense_used", dev, b, seqlen_k), dvc, lambda: torch.full(
+            (b,), seqlen_k, dtype=torch.int32, device=dvc))
+    return k, v, table, lens
 
 
 def _dense_meta(run, used, table, b, rows, causal, page_size):
@@ -509,7 +511,7 @@ class SplitRun:
         self.k_shape, self.v_shape = (b * seqlen_k, hk, d), (b * seqlen_k, hk, dv)
         self.pt_rows = self.pt_cols = 0
         self.pt_shape = None
-        # (a padded cache's arange page table, its chunked form): made by its first step
+        # (a padded cache's arange page table, its chunked form): looked up by its first step
         self.padded_pt = None
         self.cu_k = self.cu_flat = self.len_flat = self.cu_buf = self.len_buf = None
         self._metadata(rt, dev, q, b, rows, kind, sp, page_size, causal, seqlen_k)
