@@ -170,3 +170,41 @@ def decode_columns(q, k, v, out) -> dict:
         return sdpa(qt, kt, vt, enable_gqa=True)
 
     return {"fa4aot": ours, "unsplit": at_split(0, ours), "cudnn": cudnn}
+
+
+def paged_call(q, k, v, out, page):
+    """fa4aot.flash_attn_varlen_func on the dense inputs viewed as pages of `page` keys (a
+    table in sequence order, seqused_k: every sequence full), writing `out`."""
+    import fa4aot
+
+    b, sk, hk, d = k.shape
+    cu_q = torch.arange(b + 1, device=q.device, dtype=torch.int32)
+    used = torch.full((b,), sk, device=q.device, dtype=torch.int32)
+    table = torch.arange(b * sk // page, device=q.device, dtype=torch.int32).view(b, -1)
+    kp, vp = k.view(-1, page, hk, d), v.view(-1, page, hk, d)
+    qv, ov = q.view(b, *q.shape[2:]), out.view(b, *out.shape[2:])
+
+    def call():
+        fa4aot.flash_attn_varlen_func(qv, kp, vp, cu_seqlens_q=cu_q, max_seqlen_q=1,
+                                      max_seqlen_k=sk, page_table=table, seqused_k=used,
+                                      causal=True, out=ov)
+
+    return call
+
+
+def padded_call(q, k, v, out, seqlen=None):
+    """fa4aot.flash_attn_varlen_func on the dense inputs as a KV cache in batch form with
+    seqused_k (the `padded` layout: q packed, K/V (b, capacity, hk, d)), every sequence holding
+    its first `seqlen` keys (default: the capacity, k.size(1)), writing `out`."""
+    import fa4aot
+
+    b, sk = k.shape[0], k.size(1) if seqlen is None else seqlen
+    cu_q = torch.arange(b + 1, device=q.device, dtype=torch.int32)
+    used = torch.full((b,), sk, device=q.device, dtype=torch.int32)
+    qv, ov = q.view(b, *q.shape[2:]), out.view(b, *out.shape[2:])
+
+    def call():
+        fa4aot.flash_attn_varlen_func(qv, k, v, cu_seqlens_q=cu_q, max_seqlen_q=1,
+                                      max_seqlen_k=sk, seqused_k=used, causal=True, out=ov)
+
+    return call

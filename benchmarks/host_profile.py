@@ -23,7 +23,7 @@ def main():
     import torch
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _timing import decode_inputs, host_us_interleaved
+    from _timing import decode_inputs, host_us_interleaved, padded_call, paged_call
 
     import fa4aot
 
@@ -35,19 +35,9 @@ def main():
     b, sk, hq, hk = (int(x) for x in a.shape.split(":"))
     d = 128
     q, k, v, out = decode_inputs(b, sk, hq, hk, d)
-    cu_q = torch.arange(b + 1, device="cuda", dtype=torch.int32)
-    used = torch.full((b,), sk, device="cuda", dtype=torch.int32)
-    qv, ov = q.view(b, hq, d), out.view(b, hq, d)
-    table = torch.arange(b * sk // 128, device="cuda", dtype=torch.int32).view(b, -1)
-    kp, vp = k.view(-1, 128, hk, d), v.view(-1, 128, hk, d)
-
     cols = {
-        "padded": lambda: fa4aot.flash_attn_varlen_func(
-            qv, k, v, cu_seqlens_q=cu_q, max_seqlen_q=1, max_seqlen_k=sk, seqused_k=used,
-            causal=True, out=ov),
-        "paged 128": lambda: fa4aot.flash_attn_varlen_func(
-            qv, kp, vp, cu_seqlens_q=cu_q, max_seqlen_q=1, max_seqlen_k=sk, page_table=table,
-            seqused_k=used, causal=True, out=ov),
+        "padded": padded_call(q, k, v, out),
+        "paged 128": paged_call(q, k, v, out, 128),
         "dense": lambda: fa4aot.flash_attn_func(q, k, v, causal=True, out=out),
     }
     host = host_us_interleaved(cols, n=100, repeats=7)

@@ -38,11 +38,9 @@ def main():
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from _timing import (decode_columns, decode_inputs, host_us_interleaved,
-                         interleaved_medians, print_columns)
+                         interleaved_medians, padded_call, paged_call, print_columns)
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    import fa4aot
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
@@ -57,29 +55,14 @@ def main():
         torch.cuda.empty_cache()
         q, k, v, out = decode_inputs(b, sk, hq, hk, d)
         fns = decode_columns(q, k, v, out)
-        cu_q = torch.arange(b + 1, device="cuda", dtype=torch.int32)
-        used = torch.full((b,), sk, device="cuda", dtype=torch.int32)
-        qv, ov = q.view(b, hq, d), out.view(b, hq, d)
         k2 = torch.empty(b, 2 * sk, hk, d, device="cuda", dtype=k.dtype)
         v2 = torch.empty_like(k2)
         k2[:, :sk], v2[:, :sk] = k, v
         k2[:, sk:].normal_()
         v2[:, sk:].normal_()
-
-        def padded(kc=k, vc=v):
-            fa4aot.flash_attn_varlen_func(
-                qv, kc, vc, cu_seqlens_q=cu_q, max_seqlen_q=1, max_seqlen_k=sk,
-                seqused_k=used, causal=True, out=ov)
-
-        table = torch.arange(b * sk // 128, device="cuda", dtype=torch.int32).view(b, -1)
-
-        def paged(kp=k.view(-1, 128, hk, d), vp=v.view(-1, 128, hk, d)):
-            fa4aot.flash_attn_varlen_func(
-                qv, kp, vp, cu_seqlens_q=cu_q, max_seqlen_q=1, max_seqlen_k=sk,
-                page_table=table, seqused_k=used, causal=True, out=ov)
-
-        cols = {"padded": padded, "padded 2x cap": lambda k2=k2, v2=v2: padded(k2, v2),
-                "paged 128": paged,
+        cols = {"padded": padded_call(q, k, v, out),
+                "padded 2x cap": padded_call(q, k2, v2, out, sk),
+                "paged 128": paged_call(q, k, v, out, 128),
                 "dense": fns["fa4aot"], "unsplit": fns["unsplit"], "cudnn": fns["cudnn"]}
         ours = ("padded", "padded 2x cap", "paged 128", "dense")
         fns["unsplit"]()

@@ -50,28 +50,6 @@ def varlen_call(q, k, v, out):
     return call
 
 
-def paged_call(q, k, v, out, page):
-    """fa4aot.flash_attn_varlen_func on the dense inputs viewed as pages of `page` keys (a
-    table in sequence order, seqused_k: every sequence full), writing `out`."""
-    import torch
-
-    import fa4aot
-
-    b, sk, hk, d = k.shape
-    cu_q = torch.arange(b + 1, device=q.device, dtype=torch.int32)
-    used = torch.full((b,), sk, device=q.device, dtype=torch.int32)
-    table = torch.arange(b * sk // page, device=q.device, dtype=torch.int32).view(b, -1)
-    kp, vp = k.view(-1, page, hk, d), v.view(-1, page, hk, d)
-    qv, ov = q.view(b, *q.shape[2:]), out.view(b, *out.shape[2:])
-
-    def call():
-        fa4aot.flash_attn_varlen_func(qv, kp, vp, cu_seqlens_q=cu_q, max_seqlen_q=1,
-                                      max_seqlen_k=sk, page_table=table, seqused_k=used,
-                                      causal=True, out=ov)
-
-    return call
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cells", default=CELLS)
@@ -106,7 +84,7 @@ def main():
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from _timing import (at_split, decode_columns, decode_inputs, interleaved_medians,
-                         parse_cells, print_columns)
+                         paged_call, parse_cells, print_columns)
 
     rt = R.default_runtime()
     kern = rt.split_kernel(0, torch.bfloat16, 128, 128, None)
