@@ -113,17 +113,45 @@ def _compile_stub(call: Call, variant: Variant, workdir: Path) -> dict[str, Any]
     }
 
 
-def _init_worker(arch: str, num_sms: int, overrides: dict | None = None) -> None:
-    # Ctrl-C at a terminal signals the whole process group. A worker that took it would only
-    # fail its current variant and go on to the next (the pool reports a KeyboardInterrupt as
-    # that task's result): the parent alone decides, and terminates the workers (build()).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if overrides:  # the parent's settings.scope(...) holds in its workers too
-        settings.settings.apply(overrides)
+# The minors a store can target: fa4aot's floor (requires-python) to the newest CPython release.
+SERVING_PYTHONS = tuple(f"3.{m}" for m in range(11, 16))
+
+
+def check_python(python: str | None) -> None:
+    """Refuse a --python no fa4aot runtime can be: the store it would write loads nowhere."""
+    if python is not None and python not in SERVING_PYTHONS:
+        raise BuildError(
+            f"--python {python!r}: the runtime serves Python {', '.join(SERVING_PYTHONS)} "
+            "(MAJOR.MINOR of the serving interpreter, e.g. 3.12)"
+        )
+
+
+def _configure_compiler(arch: str, num_sms: int) -> None:
     if not settings.stub_compiler():
         from . import compiler
 
         compiler.configure(arch, num_sms)
+
+
+def _init_worker(arch: str, num_sms: int, overrides: dict | None = None) -> None:
+    # Ctrl-C at a terminal signals the whole process group. A worker that took it would only
+    # fail its current variant and go on to the next (the pool reports a KeyboardInterrupt as
+    # that task's result): the parent alone decides, and terminates the workers (build()).
+    # Only pool workers ignore it: the parent of a -j 1 build must stay interruptible.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if overrides:  # the parent's settings.scope(...) holds in its workers too
+        settings.settings.apply(overrides)
+    _configure_compiler(arch, num_sms)
+
+
+def _nothing_buildable(plan: Plan, arch: str) -> str:
+    why = "; ".join(f"{u.spec}/{u.layer}: {u.reason}" for u in plan.unsupported[:4])
+    more = f" (+{len(plan.unsupported) - 4} more)" if len(plan.unsupported) > 4 else ""
+    return (
+        f"nothing to build for {arch}: the specs need no variant it can run"
+        + (f" ({why}{more})" if why else "")
+        + "; see: fa4aot specs --arch " + arch
+    )
 
 
 def publish(store: Store, vid: str, workdir: Path, record: dict[str, Any]) -> bool:
@@ -302,7 +330,11 @@ def build(
     is published by one rename, and a killed worker's scratch is swept by the next build.
     """
     C.arch_number(arch)
+    check_python(python)
     num_sms = num_sms or C.default_num_sms(arch)
+    plan = plan or plan_for(specs, arch, num_sms)
+    if not plan.needs:
+        raise BuildError(_nothing_buildable(plan, arch))
     toolchain = build_toolchain(arch, num_sms, python)
     roots = [Path(root)] if root is not None else [Path(r) for r in (layers or default_roots())]
     target = build_root(roots)
@@ -316,7 +348,6 @@ def build(
         for s in specs:
             _check_spec_index(store, s)
     others = [Store(r, toolchain) for r in roots if r != target]
-    plan = plan or plan_for(specs, arch, num_sms)
     todo = plan.variants()
     if shard is not None:
         keep = set(shard_ids(list(todo), *shard))
@@ -366,7 +397,7 @@ def build(
         )
     if pending:
         if jobs <= 1:
-            _init_worker(arch, num_sms)
+            _configure_compiler(arch, num_sms)
             for a in args:
                 r = BuildResult(**build_one(*a))
                 results.append(r)

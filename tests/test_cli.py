@@ -270,11 +270,22 @@ def test_bad_spec_is_one_line_exit_1(run, tmp_path):
     assert not (tmp_path / "s").exists()
 
 
-@pytest.mark.parametrize("python", ["3", "three", "3.x", "3.12.1", ""])
+@pytest.mark.parametrize("python", ["3", "three", "3.x", "3.12.1", "", "2.7", "3.99", "3.10"])
 def test_bad_python_is_a_usage_error(run, tmp_path, spec_file, python):
     r = run("build", "--cache", str(tmp_path / "s"), "--spec", str(spec_file), "--python", python)
     assert r.exit_code == 2
     assert "--python" in r.stderr and "MAJOR.MINOR" in r.stderr
+    assert not (tmp_path / "s").exists()
+
+
+def test_spec_with_nothing_buildable_fails_and_writes_no_store(run, tmp_path):
+    # one hd512 layer: upstream FA4 runs no head_dim above 256 on sm90
+    spec = tmp_path / "big.toml"
+    spec.write_text(TINY.replace("head_dim = 64", "head_dim = 512"))
+    r = run("build", "--cache", str(tmp_path / "s"), "--spec", str(spec), "-j", "1")
+    assert r.exit_code == 1, r.output
+    assert r.stderr.startswith("error: nothing to build for sm90") and "head_dim 512" in r.stderr
+    assert "FA4AOT_CACHE_DIR" not in r.output  # no invitation to serve an empty store
     assert not (tmp_path / "s").exists()
 
 

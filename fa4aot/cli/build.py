@@ -11,16 +11,12 @@ from pathlib import Path
 import click
 
 from .. import constraints as C
+from ..errors import BuildError
 from . import main
 from .common import (
     apply_gpu, cache_option, gpu_option, layers_for, loadable_artifacts, matching_stores,
 )
 from .output import Output, with_output
-
-
-def _valid_minor(s: str) -> bool:
-    parts = s.split(".")
-    return len(parts) == 2 and all(p.isdigit() for p in parts)
 
 
 class Progress:
@@ -135,10 +131,12 @@ def build(
     from ..merge import parse_shard
     from ..specs import resolve_specs
 
-    if python is not None and not _valid_minor(python):
-        raise click.BadParameter(
-            f"expected MAJOR.MINOR such as 3.12, got {python!r}", param_hint="--python"
-        )
+    from ..build import check_python
+
+    try:
+        check_python(python)
+    except BuildError as e:
+        raise click.BadParameter(str(e), param_hint="--python") from None
     if shard is not None:
         try:
             shard = parse_shard(shard)
