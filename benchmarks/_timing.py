@@ -122,11 +122,6 @@ def print_columns(row: dict, names, width: int, notes: dict | None = None) -> No
               + (f"  {notes[c]}" if notes and c in notes else ""), flush=True)
 
 
-def parse_cells(spec: str) -> list[tuple[int, int]]:
-    """A benchmark's --cells: "b:keys[,b:keys...]" -> [(batch, keys), ...]."""
-    return [tuple(int(x) for x in c.split(":")) for c in spec.split(",")]
-
-
 def decode_inputs(b: int, sk: int, hq: int = 32, hk: int = 8, d: int = 128, rows: int = 1):
     """Fresh random bf16 inputs of a decode step over a dense KV, in FA4's (b, s, h, d) layout:
     (q of `rows` query rows, k, v of sk keys, an empty out like q)."""
