@@ -323,3 +323,53 @@ def test_commands_quoted_in_the_docs_exist_with_the_options_shown():
                             assert name in opts, f"{where}: fa4aot {cmd} has no option {name}"
                 seen += 1
     assert seen > 20
+
+
+# -- the README's set-up, the benchmarks and the GPU outputs the docs cite ----------------------
+
+
+def _fenced_blocks(text: str) -> list[str]:
+    return re.findall(r"^```[a-z]*\n(.*?)^```", text, re.MULTILINE | re.DOTALL)
+
+
+def test_readme_setup_commands_are_what_ci_runs():
+    """.ci/run runs the README's two set-up commands, byte for byte, and nothing else."""
+    readme = (ROOT / "README.md").read_text()
+    setup = readme.split("\n## Set-up", 1)[1].split("\n## ", 1)[0]
+    blocks = [b.strip() for b in _fenced_blocks(setup)]
+    assert len(blocks) == 2 and all("\n" not in b for b in blocks), blocks
+    assert blocks[0].endswith("fa4aot build --cache cache") and "pytest" in blocks[1]
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    commands = [line for line in ci if line.strip() and not line.startswith(("#", "set ", "cd "))]
+    assert commands == blocks
+
+
+def test_benchmarks_the_docs_name_exist():
+    named = set()
+    for doc in _doc_files():
+        named.update(re.findall(r"benchmarks/([\w-]+\.(?:py|sh|c))", doc.read_text()))
+    assert {"decode_split.py", "startup.py", "host_overhead.py"} <= named
+    missing = sorted(n for n in named if not (ROOT / "benchmarks" / n).exists())
+    assert not missing, f"the docs name benchmarks that do not exist: {missing}"
+
+
+_GPU_LOG = re.compile(r"(?<![\w.-])(20\d\d-\d\d-\d\d-[\w.-]*?\.(?:txt|json))(?![\w-])")
+
+
+def test_every_gpu_output_kept_is_cited_and_every_cited_one_is_kept():
+    """docs/gpu holds exactly the outputs the docs cite: each file is named in README.md or
+    docs/*.md and indexed in docs/gpu-tests.md, and each output a doc names exists there."""
+    gpu = DOCS / "gpu"
+    kept = {p.name for p in gpu.iterdir() if p.is_file()}
+    assert kept, "docs/gpu is empty"
+    texts = {doc: doc.read_text() for doc in _doc_files()}
+    everything = "\n".join(texts.values())
+    uncited = sorted(n for n in kept if n not in everything)
+    assert not uncited, f"docs/gpu files no doc cites (cite them or delete them): {uncited}"
+    cited = {(doc.name, m) for doc, text in texts.items() for m in _GPU_LOG.findall(text)}
+    assert len(cited) > 20
+    missing = sorted((d, n) for d, n in cited if n not in kept)
+    assert not missing, f"docs cite GPU outputs docs/gpu does not hold: {missing}"
+    index = (DOCS / "gpu-tests.md").read_text()
+    unindexed = sorted(n for n in kept if n not in index)
+    assert not unindexed, f"docs/gpu-tests.md does not index {unindexed}"
