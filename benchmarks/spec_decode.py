@@ -47,7 +47,7 @@ def main():
 
     import fa4aot
     import fa4aot.runtime as R
-    from fa4aot import split as S
+    from fa4aot.policy import split as S
     from fa4aot.runtime import splitkv as SK
 
     ap = argparse.ArgumentParser()

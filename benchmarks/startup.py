@@ -29,8 +29,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def calls_for(spec_name: str):
-    from fa4aot.specs import resolve_specs
-    from fa4aot.variants import enumerate_variants
+    from fa4aot.model.specs import resolve_specs
+    from fa4aot.build.enumerate import enumerate_variants
 
     plan = enumerate_variants(resolve_specs([spec_name])[0], "sm90")
     return [n.call for n in plan.variants().values()]

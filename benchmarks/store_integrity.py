@@ -23,16 +23,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fa4aot import locking  # noqa: E402
-from fa4aot.store import (  # noqa: E402
-    RECORD,
-    RECORD_FORMAT,
-    Artifact,
-    Store,
-    build_toolchain,
-    seal_record,
-    sha256_file,
-)
+from fa4aot.store import locking  # noqa: E402
+from fa4aot.store.files import sha256_file  # noqa: E402
+from fa4aot.store.layers import Store  # noqa: E402
+from fa4aot.store.records import RECORD, RECORD_FORMAT, Artifact, seal_record  # noqa: E402
+from fa4aot.store.toolchain import build_toolchain  # noqa: E402
 
 
 def median_us(fn, n: int) -> dict:

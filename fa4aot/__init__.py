@@ -7,7 +7,9 @@ Importing fa4aot costs milliseconds: the runtime (torch, tvm-ffi) loads on first
 `cutlass` / `flash_attn` are never imported on the serving path.
 """
 
-from .errors import (
+import importlib
+
+from fa4aot.errors import (
     ArtifactMissing,
     BuildError,
     ContractViolation,
@@ -30,10 +32,10 @@ _LAZY = {
     "flash_attn_varlen_func": "runtime",
     "Runtime": "runtime",
     "reset": "runtime",
-    "supported_block_sizes": "blocks",
-    "preferred_block_size": "blocks",
-    "install": "dropin",
-    "uninstall": "dropin",
+    "supported_block_sizes": "policy.blocks",
+    "preferred_block_size": "policy.blocks",
+    "install": "fa4.dropin",
+    "uninstall": "fa4.dropin",
 }
 
 
@@ -41,7 +43,6 @@ def __getattr__(name):
     mod = _LAZY.get(name)
     if mod is None:
         raise AttributeError(f"module 'fa4aot' has no attribute {name!r}")
-    import importlib
 
     value = getattr(importlib.import_module(f".{mod}", __name__), name)
     globals()[name] = value

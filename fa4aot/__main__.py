@@ -1,5 +1,5 @@
 """`python -m fa4aot`: the `fa4aot` command."""
 
-from .cli import main
+from fa4aot.cli import main
 
 main(prog_name="fa4aot")

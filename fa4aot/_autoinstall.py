@@ -39,7 +39,7 @@ class _Finder(importlib.abc.MetaPathFinder):
 
         def exec_module(module):
             run(module)
-            from fa4aot.dropin import install
+            from fa4aot.fa4.dropin import install
 
             install(on_miss=mode)
 
@@ -61,7 +61,7 @@ def activate() -> None:
     if mode is None:
         return
     if TARGET in sys.modules:
-        from fa4aot.dropin import install
+        from fa4aot.fa4.dropin import install
 
         install(on_miss=mode)
     elif not any(isinstance(f, _Finder) for f in sys.meta_path):

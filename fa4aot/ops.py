@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from . import runtime as R
-from .runtime.splitkv import fresh_scratch
+from fa4aot import runtime as R
+from fa4aot.runtime.splitruns import fresh_scratch
 
 _F32 = torch.float32
 

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .errors import SettingError
+from fa4aot.errors import SettingError
 
 PREFIX = "FA4AOT_"
 
@@ -102,11 +103,15 @@ FAULT_POINTS = (
 )
 
 
+# What a call no artifact serves does (FA4AOT_ON_MISS, Runtime(on_miss=), fa4aot.install(on_miss=))
+ON_MISS = ("error", "warn", "jit")
+
+
 class Settings:
     """The settings, as typed attributes (`settings.padding` -> "allow")."""
 
     on_miss = _Setting(
-        "error", _choice("error", "warn", "jit"), "error, warn or jit",
+        "error", _choice(*ON_MISS), "error, warn or jit",
         "runtime policy for a call no artifact serves",
     )
     padding = _Setting(
@@ -350,7 +355,6 @@ _warned: set[str] = set()
 def warn_once(message: str) -> None:
     """Print `message` to stderr once per process (settings that must not raise where they are
     read: the site-packages hook at interpreter start, the miss log on a serving path)."""
-    import sys
 
     with settings._lock:
         if message in _warned:

@@ -95,8 +95,8 @@ def popen_py(code: str, *args: str, env: dict | None = None, **kw) -> subprocess
 
 def build_stub(root: Path, spec: Path, monkeypatch, **kw):
     """Build `spec` into `root` in this process with the stub compiler."""
-    from fa4aot.build import build
-    from fa4aot.specs import load_spec
+    from fa4aot.build.builder import build
+    from fa4aot.model.specs import load_spec
 
     from fa4aot import settings
 
@@ -113,7 +113,7 @@ def build_stub(root: Path, spec: Path, monkeypatch, **kw):
 
 def reseal(art_dir: Path, **changes) -> dict:
     """Rewrite an artifact's record with `changes`, sealed again (a valid, edited record)."""
-    from fa4aot.store import RECORD, seal_record
+    from fa4aot.store.records import RECORD, seal_record
 
     rec = json.loads((art_dir / RECORD).read_text())
     rec.pop("record_sha256")

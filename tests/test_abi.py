@@ -1,4 +1,4 @@
-"""fa4aot/abi.py's argument lists equal what FA4's interface passes its compiled functions.
+"""fa4aot/runtime/abi.py's argument lists equal what FA4's interface passes its compiled functions.
 
 FA4's real `_flash_attn_fwd` runs on the CPU under FakeTensorMode, in one subprocess per
 target (configured as compiler.py does: FA4 fixes its arch at import), with `cute.compile`
@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fa4aot import abi
+from fa4aot.runtime import abi
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -230,7 +230,7 @@ def _norm_seq(calls, inputs):
 
 
 def _case_inputs(c: dict):
-    """Fake tensors and FA4 keyword arguments for a case (same forms as compiler.fake_call)."""
+    """Fake tensors and FA4 keyword arguments for a case (same forms as driver.fake_call)."""
     dt = getattr(torch, c["dtype"])
     dev = "cuda"
     b, sq, sk = c["batch"], c["seqlen_q"], c["seqlen_k"]
@@ -293,7 +293,7 @@ _FWD_TENSORS = ("cu_seqlens_q", "cu_seqlens_k", "seqused_q", "seqused_k", "page_
 
 
 def _abi_calls(arch: str, c: dict, inp: dict, kw: dict, key) -> tuple[list, object]:
-    """The calls the runtime makes for this case with fa4aot.abi, the compile-time facts
+    """The calls the runtime makes for this case with fa4aot.runtime.abi, the compile-time facts
     (tile_m, pack_gqa, split, which scheduler slots are present) read from FA4's compile key,
     as a build would record them."""
     fam = abi.family(arch)
@@ -415,9 +415,9 @@ def _extra_cases(arch: str) -> list[dict]:
 
 
 def _cases(arch: str) -> list[tuple[str, dict]]:
-    from fa4aot import mla
-    from fa4aot.build import plan_for
-    from fa4aot.specs import default_spec_names, load_default
+    from fa4aot.build import mla
+    from fa4aot.build.builder import plan_for
+    from fa4aot.model.specs import default_spec_names, load_default
 
     specs = [load_default(n) for n in default_spec_names()]
     out = [("default", _call_dict(n.call)) for n in plan_for(specs, arch).variants().values()]
@@ -435,12 +435,12 @@ def _cases(arch: str) -> list[tuple[str, dict]]:
 def _worker(arch: str) -> dict:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from fa4aot import compiler
+    from fa4aot.fa4 import driver
     from fa4aot.runtime import launch as L
 
     t0 = time.perf_counter()
-    compiler.configure(arch, _TARGETS[arch])
-    _, I = compiler._fa4()
+    driver.configure(arch, _TARGETS[arch])
+    _, I = driver._fa4()
     import cutlass.cute as cute
 
     cute.compile = lambda kernel, *a, **k: _Rec(kernel)
@@ -584,8 +584,8 @@ def _show(rep) -> str:
 def test_every_default_sm100_sm103_variant_and_mla_kernel_matches_fa4(parity):
     rep = parity["sm100"]
     assert rep["mismatches"] == [], _show(rep)
-    from fa4aot.build import plan_for
-    from fa4aot.specs import default_spec_names, load_default
+    from fa4aot.build.builder import plan_for
+    from fa4aot.model.specs import default_spec_names, load_default
 
     specs = [load_default(n) for n in default_spec_names()]
     planned = plan_for(specs, "sm100").variants()

@@ -25,9 +25,10 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 sys.path.insert(0, sys.argv[1])
 import test_abi as T
-from fa4aot import abi, compiler
-compiler.configure("sm100", 148)
-_, I = compiler._fa4()
+from fa4aot.fa4 import driver
+from fa4aot.runtime import abi
+driver.configure("sm100", 148)
+_, I = driver._fa4()
 base = dict(batch=2, seqlen_q=3, seqlen_k=256, num_heads=4, num_heads_kv=1, head_dim=128,
             head_dim_v=128, dtype="bfloat16", causal=True, window_left=None, window_right=None,
             return_lse=True, sink_dtype=None)
@@ -64,7 +65,7 @@ print(json.dumps(out))
 
 @pytest.mark.slow
 def test_compiled_sm100_kernels_take_abis_lists():
-    from fa4aot import abi
+    from fa4aot.runtime import abi
     from test_abi import _ALIASES
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

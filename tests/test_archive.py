@@ -17,9 +17,10 @@ from hypothesis import strategies as st
 
 from stub_store import artifact_dirs, build_stub, cli, stub_env, write_spec
 
-from fa4aot import archive as A
+from fa4aot.store import archive as A
 from fa4aot.errors import BuildError, UnsafeArchive
-from fa4aot.store import RECORD, stores_at, verify_root
+from fa4aot.store.layers import stores_at, verify_root
+from fa4aot.store.records import RECORD
 
 N_TINY = 8
 
@@ -170,7 +171,7 @@ def _tamper(members, name_end: str, fn):
 
 
 def _resealed(data: bytes, **changes) -> bytes:
-    from fa4aot.store import seal_record
+    from fa4aot.store.records import seal_record
 
     rec = json.loads(data)
     rec.pop("record_sha256")

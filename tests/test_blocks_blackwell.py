@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 
-import fa4aot.build as B
-from fa4aot import blocks
+import fa4aot.build.builder as B
+from fa4aot.policy import blocks
 from fa4aot.errors import NumSmsRequired, UnsupportedVariant
-from fa4aot.specs import parse_spec
+from fa4aot.model.specs import parse_spec
 
 SPEC = """
 name = "bw-paged"

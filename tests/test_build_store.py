@@ -14,13 +14,17 @@ from pathlib import Path
 import pytest
 
 from fa4aot import settings
-import fa4aot.build as B
-from fa4aot import constraints as C
+import fa4aot.build.builder as B
+from fa4aot.model import constraints as C
 from fa4aot.errors import CorruptArtifact, FingerprintMismatch
 from fa4aot.runtime import Runtime
-from fa4aot.specs import parse_spec
-from fa4aot.store import CACHEDIR_TAG, Store, build_toolchain, fingerprint_dir
-from fa4aot.variants import Call, Variant, enumerate_variants
+from fa4aot.model.specs import parse_spec
+from fa4aot.store.layers import Store
+from fa4aot.store.records import CACHEDIR_TAG
+from fa4aot.store.toolchain import build_toolchain, fingerprint_dir
+from fa4aot.model.variants import Variant
+from fa4aot.build.enumerate import enumerate_variants
+from fa4aot.model.compile_keys import Call
 
 ARCH, SMS = "sm90", 132
 TINY = (Path(__file__).parent / "specs" / "tiny.toml").read_text()
@@ -253,7 +257,7 @@ def test_superseded_is_a_split_kernel_merging_with_fa4s_combine_or_copying_q():
     sm90, before its forward read q through a chunk mode; nothing else."""
     from types import SimpleNamespace
 
-    from fa4aot.variants import split_kernel_variant
+    from fa4aot.model.compile_keys import split_kernel_variant
 
     def art(variant, *parts, q_broadcast=True, chunk_lengths=True, bounds=True, wide=True,
             wide1=True, tma=True, wide_split=True, merge_version=C.MERGE_VERSION, pdl=True,
@@ -296,11 +300,11 @@ def test_superseded_is_a_split_kernel_merging_with_fa4s_combine_or_copying_q():
     # a merge an earlier fa4aot compiled (before C.MERGE_VERSION 2, the PDL launch)
     assert B.superseded(art(split, "merge", "chunk_meta", merge_version=1))
     assert B.superseded(art(split, "merge", "chunk_meta", merge_version=None))
-    # an sm90 chunk kernel launched plainly (before compiler._pdl_secondary)
+    # an sm90 chunk kernel launched plainly (before forwards._pdl_secondary)
     assert B.superseded(art(split, "merge", "chunk_meta", pdl=False))
     assert B.superseded(art(paged := split_kernel_variant("sm90", "bfloat16", 128, 128, 128),
                             "merge", "chunk_meta", pdl=False))
-    # the packed 64-row chunk kernel carries the wide fold (compiler.trace_wide_fold); the
+    # the packed 64-row chunk kernel carries the wide fold (forwards.trace_wide_fold); the
     # decode fold's 1:1 kernel (FA4's M tile) and head dims over 128 (FA4's tile) do not
     assert B.superseded(art(split, "merge", "chunk_meta", wide=False))
     assert B.superseded(art(split, "merge", "chunk_meta", wide1=False))  # before fwd_wide1
@@ -318,7 +322,7 @@ def test_superseded_is_a_split_kernel_merging_with_fa4s_combine_or_copying_q():
     assert not B.superseded(art(paged, "merge", "chunk_meta", wide1=False))  # packed K only
     assert B.superseded(art(paged, "merge", "chunk_meta", wide_split=False))  # paged too
     assert B.superseded(art(paged, "merge", "chunk_meta", chunk_lengths=False))
-    # a paged one carries the packed-rows metadata kernel (compiler.trace_packed_meta)
+    # a paged one carries the packed-rows metadata kernel (kernels.trace_packed_meta)
     assert B.superseded(art(paged, "merge", "chunk_meta", packed_meta=False))
     assert not B.superseded(art(split, "merge", "chunk_meta", packed_meta=False))
     # FA4's TMA paged kernel (pages of 128) has no fwd_tma; its cp.async one (every other page

@@ -1,4 +1,4 @@
-"""compiler.trace_chunk_modes, on the CPU: FA4's sm90 chunk kernel compiled behind the chunk
+"""forwards.trace_chunk_modes, on the CPU: FA4's sm90 chunk kernel compiled behind the chunk
 modes, and its guards against an FA4 whose internals it no longer matches.
 
 In a fresh interpreter (it imports flash_attn and configures the cross-compile target). The
@@ -20,22 +20,22 @@ if importlib.util.find_spec("flash_attn") is None:
 
 _DRIVER = r"""
 import json
-from fa4aot import compiler
-compiler.configure("sm90", 132)
-from fa4aot import variants as V
+from fa4aot.fa4 import driver, export, forwards, kernels
+driver.configure("sm90", 132)
+from fa4aot.model import compile_keys as V
 from flash_attn.cute.seqlen_info import SeqlenInfoQK
 
 out = {}
 v = V.split_kernel_variant("sm90", "bfloat16", 64, 64, 128)
 compiles = []
-compiler.trace(V.representative_call(v), compiles)
-out["compiled"] = compiler.trace_chunk_modes(compiles) is not None
+driver.trace(V.representative_call(v), compiles)
+out["compiled"] = forwards.trace_chunk_modes(compiles) is not None
 
 # an FA4 whose SeqlenInfoQK.create no longer takes seqused_k by that name
 real = SeqlenInfoQK.create
 SeqlenInfoQK.create = staticmethod(lambda batch_idx, seqlen_q_static, seqlen_k_static, **kw: None)
 try:
-    compiler.trace_chunk_modes(compiles)
+    forwards.trace_chunk_modes(compiles)
     out["renamed"] = "compiled"
 except RuntimeError as e:
     out["renamed"] = str(e)
@@ -50,7 +50,7 @@ class Proxy:
     create = staticmethod(create)
 F90.SeqlenInfoQK = Proxy
 try:
-    compiler.trace_chunk_modes(compiles)
+    forwards.trace_chunk_modes(compiles)
     out["bypassed"] = "compiled"
 except RuntimeError as e:
     out["bypassed"] = str(e)
@@ -71,13 +71,14 @@ def test_chunk_modes_compile_and_refuse_an_fa4_they_do_not_match():
 _WIDE = r"""
 import json, sys, tempfile
 from pathlib import Path
-from fa4aot import compiler, cubin
-compiler.configure("sm90", 132)
-from fa4aot import variants as V
+from fa4aot.fa4 import cubin, driver, export, forwards, kernels
+driver.configure("sm90", 132)
+from fa4aot.model import compile_keys as V
+from fa4aot.model import constraints as C
 
 out = {}
 v = V.split_kernel_variant("sm90", "bfloat16", 64, 64, None)
-rec = compiler.compile_variant(V.representative_call(v), v, Path(tempfile.mkdtemp()))
+rec = export.compile_variant(V.representative_call(v), v, Path(tempfile.mkdtemp()))
 parts = rec["parts"]
 out["wide"] = {n: {k: x for k, x in parts[n].items() if k not in ("object", "key")}
                for n in ("fwd_wide", "fwd_wide1")}
@@ -87,21 +88,21 @@ out["hd64_parts"] = sorted(parts)
 out["pdl"] = sorted(n for n, p in parts.items() if p.get("pdl"))
 # the wide split part (constraints.wide_split: head dim 128 only) through the chunk modes
 v128 = V.split_kernel_variant("sm90", "bfloat16", 128, 128, None)
-p128 = compiler.compile_variant(V.representative_call(v128), v128, Path(tempfile.mkdtemp()))["parts"]
+p128 = export.compile_variant(V.representative_call(v128), v128, Path(tempfile.mkdtemp()))["parts"]
 out["wide_split"] = {k: x for k, x in p128["fwd_wide_split"].items() if k not in ("object", "key")}
 out["wide_split_regs"] = cubin.register_counts(p128["fwd_wide_split"]["object"])
 vp = V.split_kernel_variant("sm90", "bfloat16", 64, 64, 64)
-pp = compiler.compile_variant(V.representative_call(vp), vp, Path(tempfile.mkdtemp()))["parts"]
+pp = export.compile_variant(V.representative_call(vp), vp, Path(tempfile.mkdtemp()))["parts"]
 out["paged_parts"] = sorted(pp)
 out["tma"] = {k: x for k, x in pp["fwd_tma"].items() if k not in ("object", "key")}
 out["tma_regs"] = cubin.register_counts(pp["fwd_tma"]["object"])
 v128 = V.split_kernel_variant("sm90", "bfloat16", 64, 64, 128)  # FA4's TMA path already
 out["page128_parts"] = sorted(
-    compiler.compile_variant(V.representative_call(v128), v128, Path(tempfile.mkdtemp()))["parts"])
+    export.compile_variant(V.representative_call(v128), v128, Path(tempfile.mkdtemp()))["parts"])
 compiles = []
-compiler.trace(V.representative_call(v128), compiles)
+driver.trace(V.representative_call(v128), compiles)
 try:
-    compiler.trace_tma_page(compiles, 64)
+    forwards.trace_tma_page(compiles, 64)
     out["tma_on_tma"] = "compiled"
 except RuntimeError as e:
     out["tma_on_tma"] = str(e)
@@ -109,9 +110,9 @@ except RuntimeError as e:
 call = V.representative_call(V.split_kernel_variant("sm90", "bfloat16", 64, 64, None))
 import dataclasses
 compiles = []
-compiler.trace(dataclasses.replace(call, tile_m=None), compiles)
+driver.trace(dataclasses.replace(call, tile_m=None), compiles)
 try:
-    compiler.trace_wide_fold(compiles, compiler.C.WIDE_FOLD, False)
+    forwards.trace_wide_fold(compiles, C.WIDE_FOLD, False)
     out["tile128"] = "compiled"
 except RuntimeError as e:
     out["tile128"] = str(e)
@@ -127,7 +128,7 @@ import cutlass.cute as cute
 import pdl_guard_kernel
 
 try:
-    with compiler._pdl_secondary(True):
+    with forwards._pdl_secondary(True):
         cute.compile(pdl_guard_kernel.h, cute.runtime.make_fake_stream())
     out["pdl_guard"] = "compiled"
 except RuntimeError as e:
@@ -143,7 +144,7 @@ def test_wide_fold_compiles_two_ctas_per_sm_and_refuses_other_tiles():
     fwd_wide through the chunk modes (q read per chunk, constraints.wide_split). A paged one has
     fwd_wide (and at hd128 fwd_wide_split), and on FA4's cp.async paged path fwd_tma (64-key
     tiles on the TMA path, for pages of 64). Each is a programmatic dependent launch
-    (compiler._pdl_secondary), which refuses a kernel it cannot make wait before its first
+    (forwards._pdl_secondary), which refuses a kernel it cannot make wait before its first
     statement."""
     r = subprocess.run([sys.executable, "-c", _WIDE], capture_output=True, text=True,
                        timeout=600)
@@ -152,7 +153,7 @@ def test_wide_fold_compiles_two_ctas_per_sm_and_refuses_other_tiles():
     assert doc["wide"] == {
         "fwd_wide": {"tile_n": 64, "ctas_per_sm": 2, "registers": 128, "pdl": True},
         "fwd_wide1": {"tile_n": 64, "ctas_per_sm": 1, "registers": 240, "pdl": True}}
-    # every forward of the split kernel a programmatic dependent launch (compiler._pdl_secondary)
+    # every forward of the split kernel a programmatic dependent launch (forwards._pdl_secondary)
     assert doc["pdl"] == ["fwd", "fwd_bounds", "fwd_wide", "fwd_wide1"]
     assert "no PDL launch" in doc["pdl_guard"]
     assert doc["regs"] == {"fwd": [255], "fwd_wide": [128], "fwd_wide1": [240]}
@@ -162,7 +163,7 @@ def test_wide_fold_compiles_two_ctas_per_sm_and_refuses_other_tiles():
     assert "fwd_wide_split" not in doc["hd64_parts"]  # hd128 only
     assert "fwd_wide" in doc["paged_parts"] and "fwd_wide1" not in doc["paged_parts"]
     assert "fwd_wide_split" not in doc["paged_parts"]  # (hd128 only: test_default_build)
-    # its packed-rows metadata kernel (compiler.trace_packed_meta): paged K only
+    # its packed-rows metadata kernel (kernels.trace_packed_meta): paged K only
     assert "packed_meta" in doc["paged_parts"] and "packed_meta" not in doc["hd64_parts"]
     # the paged cp.async kernel's TMA part for pages of 64 (constraints.tma_page); none beside
     # FA4's TMA paged kernel (pages of 128), and none built on it

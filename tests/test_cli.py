@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import fa4aot.build as B
+import fa4aot.build.builder as B
 from fa4aot import settings
 from fa4aot.cli import main
 
@@ -408,7 +408,7 @@ def _hold_split_kernels(monkeypatch, parts, pages=(None, 128)):
 
     import fa4aot.cli as cli
     from fa4aot.cli.common import Match
-    from fa4aot.variants import split_kernel_variant
+    from fa4aot.model.compile_keys import split_kernel_variant
 
     held = [split_kernel_variant("sm90", "bfloat16", 128, 128, p) for p in pages]
     monkeypatch.setattr(

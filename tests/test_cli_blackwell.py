@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from fa4aot import constraints as C
+from fa4aot.model import constraints as C
 from fa4aot import settings
 from fa4aot.cli import main
 

@@ -139,7 +139,7 @@ def test_coverage_names_the_stores_that_exist_for_another_python(run, real_store
 
 
 def test_unsupported_layers_fail_coverage_unless_accepted(run, tmp_path, monkeypatch):
-    from fa4aot.specs import resolve_specs
+    from fa4aot.model.specs import resolve_specs
 
     root = tmp_path / "gemma"
     gemma = tmp_path / "gemma-4.toml"
@@ -206,7 +206,7 @@ def test_coverage_trace_falls_back_without_the_compiler(run, real_store, spec_fi
 
 
 def test_ls_and_inspect_see_installed_cache_wheels(run, real_store, monkeypatch, tmp_path):
-    import fa4aot.store as S
+    import fa4aot.store.layers as S
 
     root, store, dirs = real_store
     monkeypatch.setattr(S, "entry_point_stores", lambda: [("sm90", root)])

@@ -206,7 +206,8 @@ import os, sys, torch, fa4aot
 from fa4aot.runtime import Runtime
 # fa4aot as the image installed it, not this checkout
 assert fa4aot.__file__.startswith(os.environ['FA4AOT_CACHE_DIR'].removesuffix('/cache')), fa4aot.__file__
-from fa4aot.store import find_serving_store, runtime_expectation
+from fa4aot.store.layers import find_serving_store
+from fa4aot.store.toolchain import runtime_expectation
 stores = find_serving_store(Runtime().roots, runtime_expectation('sm90', 132))
 assert len(stores) == 1 and len(list(stores[0].iter_artifacts())) == 8, stores
 q = torch.zeros(1, 1, 8, 128, dtype=torch.bfloat16)

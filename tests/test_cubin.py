@@ -1,7 +1,7 @@
 """Every sm100/sm103 artifact carries a cubin for its own SM target, checked on the CPU.
 
 A real cross-compile of the tiny spec (1 kernel) per Blackwell arch into a store, then the ELF
-header of the cubin embedded in each published shared object (fa4aot/cubin.py), and cuobjdump's
+header of the cubin embedded in each published shared object (fa4aot/fa4/cubin.py), and cuobjdump's
 reading of it when one is installed. About 30 s on 2 cores: the compiler import dominates."""
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-import fa4aot.build as B
-from fa4aot import constraints as C
-from fa4aot import cubin, settings
-from fa4aot.specs import parse_spec
+import fa4aot.build.builder as B
+from fa4aot.model import constraints as C
+from fa4aot import settings
+from fa4aot.fa4 import cubin
+from fa4aot.model.specs import parse_spec
 
 # one kernel per arch (no LSE twin): one worker's compiler import, the bulk of the cost
 TINY = (Path(__file__).parent / "specs" / "tiny.toml").read_text().replace(
@@ -115,7 +116,7 @@ def test_sm103_is_its_own_target_and_needs_an_sm_count():
     with pytest.raises(ValueError, match="--num-sms"):
         C.default_num_sms("sm103")
     assert C.default_num_sms("sm100") == 148
-    from fa4aot.store import build_toolchain, fingerprint_dir
+    from fa4aot.store.toolchain import build_toolchain, fingerprint_dir
 
     a, b = build_toolchain("sm100", 148), build_toolchain("sm103", 148)
     assert fingerprint_dir(a) != fingerprint_dir(b)

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from fa4aot import constraints as C
+from fa4aot.model import constraints as C
 from fa4aot.cli import main
-from fa4aot.store import build_toolchain, stores_at
+from fa4aot.store.layers import stores_at
+from fa4aot.store.toolchain import build_toolchain
 
 CACHE = Path(__file__).resolve().parent.parent / "cache"
 
@@ -92,9 +93,9 @@ def test_default_build_block_sizes():
 
 def test_default_split_kernels_merge_with_fa4aots_merge_kernel():
     """Every split chunk kernel of the default build carries fa4aot's merge kernel (part
-    `merge`, compiler.trace_merge), exported under its entry point, and not FA4's combine; and
-    the chunk metadata kernel of its K form (compiler.trace_chunk_meta)."""
-    from fa4aot.variants import Variant
+    `merge`, kernels.trace_merge), exported under its entry point, and not FA4's combine; and
+    the chunk metadata kernel of its K form (kernels.trace_chunk_meta)."""
+    from fa4aot.model.variants import Variant
 
     s = _store()
     n = 0
@@ -120,7 +121,7 @@ def test_default_split_kernels_merge_with_fa4aots_merge_kernel():
         if (v.head_dim, v.head_dim_v, v.tile_m) == (128, 128, 64):
             assert parts["fwd_wide_split"]["ctas_per_sm"] == 2, d.name
             assert parts["fwd_wide_split"]["q_broadcast"] is True, d.name
-        # a paged K's packed-rows metadata kernel (compiler.trace_packed_meta)
+        # a paged K's packed-rows metadata kernel (kernels.trace_packed_meta)
         assert ("packed_meta" in parts) is rec["variant"]["paged"], d.name
         if rec["variant"]["paged"]:
             assert parts["packed_meta"]["version"] == 1

@@ -23,8 +23,8 @@ TINY = (Path(__file__).parent / "specs" / "tiny.toml").read_text()
 
 @pytest.fixture(scope="module")
 def tiny_store(tmp_path_factory):
-    from fa4aot.build import build
-    from fa4aot.specs import parse_spec
+    from fa4aot.build.builder import build
+    from fa4aot.model.specs import parse_spec
 
     d = tmp_path_factory.mktemp("dropin")
     spec_file = d / "tiny.toml"
@@ -49,34 +49,34 @@ def _fake_dense(sq, lse=False):
 def test_variant_from_fa4_key_matches_every_default_variant():
     """The FA4-key -> Variant mapping (used to log install() misses) agrees with the enumerator
     for every default sm90 variant, by tracing FA4 itself (compile stubbed)."""
-    from fa4aot import compiler
-    from fa4aot.build import plan_for
-    from fa4aot.specs import resolve_specs
+    from fa4aot.fa4 import driver, keys
+    from fa4aot.build.builder import plan_for
+    from fa4aot.model.specs import resolve_specs
 
-    compiler.configure("sm90", 132)
+    driver.configure("sm90", 132)
     import cutlass.cute as cute
 
     real = cute.compile
     cute.compile = lambda *a, **k: lambda *x, **y: None
     try:
         for n in plan_for(resolve_specs(None), "sm90").variants().values():
-            got = compiler.trace(n.call)
+            got = driver.trace(n.call)
             assert len(got["fwd"]) == 1
-            assert compiler.variant_from_fa4_key(got["fwd"][0][0], "sm90") == n.variant, (
+            assert keys.variant_from_fa4_key(got["fwd"][0][0], "sm90") == n.variant, (
                 n.variant.describe()
             )
     finally:
         cute.compile = real
-        for c in compiler._caches().values():
+        for c in driver._caches().values():
             c.clear()
 
 
 def test_install_serves_from_store_and_refuses_misses(tiny_store, monkeypatch, tmp_path, knobs):
     import fa4aot
-    from fa4aot import compiler
+    from fa4aot.fa4 import driver
 
     root, _ = tiny_store
-    compiler.configure("sm90", 132)
+    driver.configure("sm90", 132)
     from flash_attn.cute import interface as I
 
     original = I._flash_attn_fwd.compile_cache
@@ -96,7 +96,7 @@ def test_install_serves_from_store_and_refuses_misses(tiny_store, monkeypatch, t
 
     assert type(cute.compile).__name__ != "_CompileMonitor"
     # the miss was logged as a variant the next build can consume
-    from fa4aot.missing import read_misses
+    from fa4aot.store.misses import read_misses
 
     logged = read_misses(tmp_path / "misses.jsonl")
     assert len(logged) == 1 and logged[0].phase == "prefill" and logged[0].head_dim == 64
@@ -105,17 +105,17 @@ def test_install_serves_from_store_and_refuses_misses(tiny_store, monkeypatch, t
 
 def test_compile_monitor_blocks_any_compile_when_error(tiny_store):
     import fa4aot
-    from fa4aot import compiler
+    from fa4aot.fa4 import driver, dropin
 
-    compiler.configure("sm90", 132)
+    driver.configure("sm90", 132)
     import cutlass.cute as cute
 
     root, _ = tiny_store
     counters = fa4aot.install(cache=root, on_miss="error", arch="sm90", num_sms=132)
     try:
-        with pytest.raises(compiler.CompileAttempt):
+        with pytest.raises(dropin.CompileAttempt):
             cute.compile(object())
-        with pytest.raises(compiler.CompileAttempt):
+        with pytest.raises(dropin.CompileAttempt):
             cute.compile[()](object())
         assert counters.compiles == 2
     finally:
@@ -168,9 +168,9 @@ def test_autoinstall_hook_installs_when_fa4_is_imported(tiny_store):
     root, _ = tiny_store
     code = textwrap.dedent("""
         import os, sys
-        from fa4aot import compiler
-        compiler._device_arch = lambda: ("sm90", 132)
-        compiler.configure("sm90", 132)
+        from fa4aot.fa4 import driver, dropin, keys
+        dropin._device_arch = lambda: ("sm90", 132)
+        driver.configure("sm90", 132)
         exec(open(sys.argv[1]).read())   # the exact .pth line
         assert "flash_attn.cute.interface" not in sys.modules
         import flash_attn.cute.interface as I
@@ -233,15 +233,15 @@ def test_install_logs_the_forward_when_a_batch_helper_misses_and_from_misses_bui
     import shutil
 
     import fa4aot
-    from fa4aot import compiler
+    from fa4aot.fa4 import driver
     from fa4aot.cli import main
-    from fa4aot.missing import read_misses
+    from fa4aot.store.misses import read_misses
 
     root, _ = tiny_store
     store = tmp_path / "store"
     shutil.copytree(root, store)
     log = tmp_path / "misses.jsonl"
-    compiler.configure("sm90", 132)
+    driver.configure("sm90", 132)
     knobs(miss_log=str(log))
     counters = fa4aot.install(cache=store, on_miss="error", arch="sm90", num_sms=132)
     try:

@@ -13,11 +13,11 @@ from types import SimpleNamespace
 import pytest
 from click.testing import CliRunner
 
-from fa4aot import constraints as C
-from fa4aot.build import plan_for
+from fa4aot.model import constraints as C
+from fa4aot.build.builder import plan_for
 from fa4aot.cli import explain as E
 from fa4aot.cli import main
-from fa4aot.specs import load_default
+from fa4aot.model.specs import load_default
 
 SMS = 148
 FP8 = ["--arch", "sm100", "--dtype", "float8_e4m3fn", "--heads", "32:8", "--head-dim", "128"]

@@ -1,11 +1,11 @@
-"""The FP8 call contract (fa4aot/fp8.py) on CPU tensors: dtype pairs per arch, descales."""
+"""The FP8 call contract (fa4aot/model/fp8.py) on CPU tensors: dtype pairs per arch, descales."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from fa4aot import fp8
+from fa4aot.model import fp8
 from fa4aot.errors import ContractViolation, UnsupportedVariant
 
 E4 = torch.float8_e4m3fn

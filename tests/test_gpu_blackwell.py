@@ -62,9 +62,10 @@ if ARCH is None:
 
 @pytest.fixture(scope="module")
 def cubins(tmp_path_factory):
-    import fa4aot.build as B
-    from fa4aot import cubin, settings
-    from fa4aot.specs import parse_spec
+    import fa4aot.build.builder as B
+    from fa4aot import settings
+    from fa4aot.fa4 import cubin
+    from fa4aot.model.specs import parse_spec
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     out = {}
@@ -101,7 +102,7 @@ def test_only_the_devices_own_arch_specific_cubin_loads(cubins):
 def test_mla_ratio_padding_against_fa4():
     from flash_attn.cute import flash_attn_varlen_func
 
-    from fa4aot.select import crop_heads, mla_padded_ratio, pad_heads
+    from fa4aot.policy.select import crop_heads, mla_padded_ratio, pad_heads
 
     torch.manual_seed(0)
     b, sk, ratio = 3, 1000, 20
@@ -163,9 +164,9 @@ return_lse = "both"
 def _built_on_this_gpu(tmp_path_factory, name: str, spec: str):
     """Build `spec` for this GPU (real compiles, its SM count) into a fresh root: -> (root,
     the build plan); every variant must build."""
-    import fa4aot.build as B
+    import fa4aot.build.builder as B
     from fa4aot import settings
-    from fa4aot.specs import parse_spec
+    from fa4aot.model.specs import parse_spec
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     root = tmp_path_factory.mktemp(name)
@@ -543,7 +544,7 @@ def test_bf16_native_split_with_its_combine(bf16_runtime, layout, setting):
 def test_install_serves_fa4s_num_splits_from_the_stored_combine(bf16_runtime):
     """FA4's own entry point through fa4aot.install() with explicit num_splits (3, 16, 40):
     FA4 keys its combine by the split count and head count, and the store holds the 128-split
-    combine, which serves every count (compiler._Installed.combine_for; checked on the CPU in
+    combine, which serves every count (dropin._Installed.combine_for; checked on the CPU in
     tests/test_sm100_build.py): nothing compiles, nothing misses, and each output is the fp32
     reference's and FA4's unsplit output's to split precision. Needs flash_attn.cute."""
     import fa4aot

@@ -315,8 +315,8 @@ def test_gpu_every_artifact_exercised():
     above (the store's per-spec index lists them)."""
     import json
 
-    from fa4aot.specs import default_spec_names
-    from fa4aot.store import default_roots, stores_at
+    from fa4aot.model.specs import default_spec_names
+    from fa4aot.store.layers import default_roots, stores_at
 
     ids = set()
     for root in default_roots():

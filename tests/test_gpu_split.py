@@ -298,7 +298,7 @@ def test_fold_over_a_full_chip(monkeypatch, layout, b, sk, lse, d):
     """A one-row step the plan leaves unsplit: the fold, on the kernel whose waves its
     (sequence, KV head) CTAs fill (constraints.fold_kernel; 32:8 on 132 SMs): the chunk kernel
     at 128 CTAs (b16) and 320 (b40), the wide fold kernel fwd_wide (64-key tiles, two CTAs per
-    SM: compiler.trace_wide_fold) at 224-512 over short contexts, fwd_wide1 (the same tiles,
+    SM: forwards.trace_wide_fold) at 224-512 over short contexts, fwd_wide1 (the same tiles,
     one CTA per SM) for a dense or packed K at 256 over 8192 keys; for a dense, packed or paged
     K; against the fp32 reference
     and FA4's kernel (FA4AOT_SPLIT_KV=0). Ragged packed and paged lengths, with an empty and a
@@ -482,11 +482,11 @@ def test_cuda_graph_replay_of_packed_speculative_rows(monkeypatch, page, sinks):
     reference, and captured and replayed on new q and new lengths: the same bits as eager."""
     import fa4aot
 
-    import fa4aot.runtime.splitkv as SK
+    import fa4aot.runtime.splitruns as SR
 
     spy = _Spy(monkeypatch)
-    side_stream, sides = SK._side_stream, []
-    monkeypatch.setattr(SK, "_side_stream", lambda dv: sides.append(dv) or side_stream(dv))
+    side_stream, sides = SR._side_stream, []
+    monkeypatch.setattr(SR, "_side_stream", lambda dv: sides.append(dv) or side_stream(dv))
     b, sq, hq, hk, d = 3, 4, 32, 8, 128
     lk = [6000, 3001, 4500]
     k, v, table, kp, vp = _paged(lk, page, hk, d)
@@ -705,7 +705,7 @@ def test_wide_split_of_a_long_packed_step(monkeypatch, b, sk, n, lse, layout):
 def test_split_step_runs_on_the_current_stream(monkeypatch, kind):
     """A split step on a side stream whose q is written there behind a 0.1 s sleep: both
     kernels must run on that stream (the step passes its scratch as pre-converted tvm-ffi
-    tensors, splitkv.SplitRun._bind; tvm-ffi takes the stream from the torch tensors beside
+    tensors, splitruns.SplitRun._bind; tvm-ffi takes the stream from the torch tensors beside
     them). On any other stream they would read the poisoned q. Twice: the first call makes
     the step's SplitRun, the second reuses it."""
     import fa4aot

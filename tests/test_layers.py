@@ -12,13 +12,15 @@ import pytest
 from stub_store import artifact_dirs, build_stub, cli, reseal, stub_env, write_spec
 
 import fa4aot
-from fa4aot import blocks
-from fa4aot import build as B
+from fa4aot.policy import blocks
+from fa4aot.build import builder as B
 from fa4aot.errors import CorruptArtifact
 from fa4aot.runtime import Runtime
-from fa4aot.specs import load_spec, parse_spec
-from fa4aot.store import RECORD, Store, runtime_expectation, seal_record
-from fa4aot.variants import Variant
+from fa4aot.model.specs import load_spec, parse_spec
+from fa4aot.store.layers import Store
+from fa4aot.store.records import RECORD, seal_record
+from fa4aot.store.toolchain import runtime_expectation
+from fa4aot.model.variants import Variant
 
 N_TINY = 8
 

@@ -2,7 +2,7 @@
 
 For each call, FA4's real entry point is traced under FakeTensorMode (cute.compile stubbed:
 ~10 ms a call, nothing compiled); its compile key is mapped back to a Variant
-(`compiler.variant_from_fa4_key`, what install() logs) and must equal `features()` of the call
+(`keys.variant_from_fa4_key`, what install() logs) and must equal `features()` of the call
 (what the runtime logs); then that variant's `representative_call` (what `fa4aot build
 --from-misses` compiles) must trace to the same forward key and the same helper kernels. A
 miss logged for any of these calls is therefore built in one round.
@@ -19,9 +19,10 @@ import itertools
 
 import pytest
 
-from fa4aot import constraints as C
-from fa4aot.specs import KV_FORMS, LAYOUTS, Q_FORMS, layout_forms, parse_spec
-from fa4aot.variants import Call, call_layout, enumerate_variants, representative_call
+from fa4aot.model import constraints as C
+from fa4aot.model.specs import KV_FORMS, LAYOUTS, Q_FORMS, layout_forms, parse_spec
+from fa4aot.build.enumerate import enumerate_variants
+from fa4aot.model.compile_keys import Call, call_layout, representative_call
 
 ARCH = "sm90"
 
@@ -122,45 +123,45 @@ def test_representative_call_for_every_grid_variant():
 
 @pytest.fixture(scope="module")
 def traced():
-    from fa4aot import compiler
+    from fa4aot.fa4 import driver
 
-    compiler.configure(ARCH, 132)
+    driver.configure(ARCH, 132)
     calls = _calls()
     reps = {}
     for c in calls:
         v = c.variant(ARCH)
         reps.setdefault(v.id, representative_call(v))
-    got = compiler.trace_raw_keys(calls + list(reps.values()))
+    got = driver.trace_raw_keys(calls + list(reps.values()))
     return calls, got[: len(calls)], dict(zip(reps, got[len(calls) :]))
 
 
 def test_fa4_key_maps_to_the_calls_features_and_back(traced):
     """FA4 key -> Variant == features(call); the variant's representative call traces to the
     same forward key and the same helper kernels (tile_cumsum / blocks_to_batch at batch > 256)."""
-    from fa4aot import compiler
+    from fa4aot.fa4 import keys as K
 
-    calls, keys, rep_keys = traced
-    for c, k in zip(calls, keys):
+    calls, fa4_keys, rep_keys = traced
+    for c, k in zip(calls, fa4_keys):
         want = c.variant(ARCH)
         assert len(k["fwd"]) == 1, want.describe()
-        assert compiler.variant_from_fa4_key(k["fwd"][0], ARCH) == want, (c, want.describe())
+        assert K.variant_from_fa4_key(k["fwd"][0], ARCH) == want, (c, want.describe())
         assert bool(k["tile_cumsum"]) == bool(k["blocks_to_batch"]) == want.cu_hint
         r = rep_keys[want.id]
         assert len(r["fwd"]) == 1
-        assert compiler.key_repr(r["fwd"][0]) == compiler.key_repr(k["fwd"][0]), want.describe()
+        assert K.key_repr(r["fwd"][0]) == K.key_repr(k["fwd"][0]), want.describe()
         for helper in ("tile_cumsum", "blocks_to_batch"):
-            assert [compiler.key_repr(x) for x in r[helper]] == [
-                compiler.key_repr(x) for x in k[helper]
+            assert [K.key_repr(x) for x in r[helper]] == [
+                K.key_repr(x) for x in k[helper]
             ], (helper, want.describe())
 
 
 def test_softcap_hash_is_the_one_in_fa4s_key(traced):
-    from fa4aot import compiler
+    from fa4aot.fa4 import driver
 
-    calls, keys, _ = traced
-    for c, k in zip(calls, keys):
+    calls, fa4_keys, _ = traced
+    for c, k in zip(calls, fa4_keys):
         if c.softcap is not None:
-            assert k["fwd"][0][9] == compiler.softcap_hash(c.softcap)
+            assert k["fwd"][0][9] == driver.softcap_hash(c.softcap)
             return
     raise AssertionError("no softcap call in the grid")
 
@@ -231,7 +232,7 @@ split_kv = false
 def test_padded_layout_bf16_fp16_sinks_and_softcap_cross_compile(tmp_path):
     """Real cross-compiles (CPU): a padded KV cache (cu_seqlens_q + batch-form K/V + seqused_k)
     with bf16 sinks and a softcap, and with fp16 sinks; each record holds FA4's own key."""
-    from fa4aot.build import build
+    from fa4aot.build.builder import build
 
     spec = parse_spec(SMALL)
     store, plan, results = build([spec], arch=ARCH, root=tmp_path / "store", jobs=1)

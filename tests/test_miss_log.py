@@ -9,12 +9,12 @@ from dataclasses import replace
 import pytest
 from click.testing import CliRunner
 
-import fa4aot.missing as M
-from fa4aot.build import plan_for
+import fa4aot.store.misses as M
+from fa4aot.build.builder import plan_for
 from fa4aot.cli import main
 from fa4aot import settings
-from fa4aot.specs import resolve_specs
-from fa4aot.variants import Variant
+from fa4aot.model.specs import resolve_specs
+from fa4aot.model.variants import Variant
 
 
 @pytest.fixture(autouse=True)

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from fa4aot.errors import SpecError
-from fa4aot.specs import default_spec_names, load_default, parse_spec
-from fa4aot.variants import enumerate_variants
+from fa4aot.model.specs import default_spec_names, load_default, parse_spec
+from fa4aot.build.enumerate import enumerate_variants
 
 MLA = """
 name = "m"
@@ -88,14 +88,15 @@ def test_build_stores_mla_on_blackwell(arch):
 
 _TRACE = r"""
 import json, sys
-from fa4aot import compiler, mla
-from fa4aot.cubin import cubin_targets
-from fa4aot.specs import load_default
-compiler.configure("sm100", 148)
+from fa4aot.fa4 import driver
+from fa4aot.build import mla
+from fa4aot.fa4.cubin import cubin_targets
+from fa4aot.model.specs import load_default
+driver.configure("sm100", 148)
 out = {}
 for name in ("glm-4.7-flash", "deepseek-v3"):
     calls = mla.probe_calls(load_default(name), "sm100")
-    needs, refused = mla.mla_plan(compiler.trace_mla(calls))
+    needs, refused = mla.mla_plan(driver.trace_mla(calls))
     out[name] = {
         "calls": len(calls), "kernels": len(needs),
         "refused_ratios": sorted({r.call.num_heads for r in refused}),
@@ -106,7 +107,7 @@ for name in ("glm-4.7-flash", "deepseek-v3"):
     }
     if name == "deepseek-v3":  # one decode kernel for real
         c = next(n.call for n in needs if n.call.batch == 1 and n.call.seqlen_q == 1)
-        compiler.trace_mla([c], compile=True, outdir=sys.argv[1])
+        driver.trace_mla([c], compile=True, outdir=sys.argv[1])
         out["cubin"] = [x.target for x in cubin_targets(sys.argv[1] + "/0/fwd.o")]
 print(json.dumps(out))
 """

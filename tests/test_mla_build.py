@@ -20,10 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from fa4aot import constraints as C
-from fa4aot.build import plan_for
-from fa4aot.specs import load_default, resolve_specs
-from fa4aot.variants import MLA_1CTA_BATCH, Variant, enumerate_variants, representative_call
+from fa4aot.model import constraints as C
+from fa4aot.build.builder import plan_for
+from fa4aot.model.specs import load_default, resolve_specs
+from fa4aot.model.variants import Variant
+from fa4aot.build.enumerate import enumerate_variants
+from fa4aot.model.compile_keys import MLA_1CTA_BATCH, representative_call
 
 MLA_SPECS = ("glm-4.7-flash", "deepseek-v3")
 
@@ -125,7 +127,7 @@ def test_mla_store_entries_from_a_stub_build(tmp_path, knobs):
     r = CliRunner().invoke(main, ["build", "--spec", "deepseek-v3", "--arch", "sm100",
                                   "--cache", str(tmp_path), "--json"])
     assert r.exit_code == 0, r.output
-    from fa4aot.store import stores_at
+    from fa4aot.store.layers import stores_at
 
     (store,) = stores_at(tmp_path)
     recs = [a.record for _, a in store.iter_artifacts()]
@@ -139,11 +141,12 @@ def test_mla_store_entries_from_a_stub_build(tmp_path, knobs):
 
 _PARITY = r"""
 import json, sys, dataclasses
-from fa4aot import compiler, mla
-from fa4aot.build import plan_for
-from fa4aot.specs import load_default
+from fa4aot.fa4 import driver, keys
+from fa4aot.build import mla
+from fa4aot.build.builder import plan_for
+from fa4aot.model.specs import load_default
 arch = sys.argv[1]
-compiler.configure(arch, 148)
+driver.configure(arch, 148)
 specs = [load_default(n) for n in ("glm-4.7-flash", "deepseek-v3")]
 probes = [c for s in specs for c in mla.probe_calls(s, arch)]
 # the padded ratios and a few more (one latent head: 1..128), at FA4's probe shapes
@@ -155,10 +158,10 @@ import cutlass.cute as cute
 real = cute.compile
 cute.compile = lambda *a, **k: (lambda *x, **y: None)
 def trace(call):
-    caches = compiler._caches()
+    caches = driver._caches()
     for c in caches.values():
         c.clear()
-    compiler.fake_call(call)
+    driver.fake_call(call)
     return {n: list(c.cache) for n, c in caches.items()}
 rep_keys, bad = {}, []
 for vid, call in reps.items():
@@ -166,8 +169,8 @@ for vid, call in reps.items():
     if len(got["fwd"]) != 1 or any(got[n] for n in got if n != "fwd"):
         bad.append(f"rep {vid}: {[(n, len(k)) for n, k in got.items()]}")
         continue
-    rep_keys[vid] = compiler.key_repr(got["fwd"][0])
-    if compiler.variant_from_fa4_key(got["fwd"][0], arch) != plan.variants()[vid].variant:
+    rep_keys[vid] = keys.key_repr(got["fwd"][0])
+    if keys.variant_from_fa4_key(got["fwd"][0], arch) != plan.variants()[vid].variant:
         bad.append(f"rep key -> variant differs: {plan.variants()[vid].variant.describe()}")
 taken = refused = 0
 covered = set()
@@ -194,11 +197,11 @@ for p in probes:
         continue
     taken += 1
     key = got["fwd"][0]
-    if compiler.variant_from_fa4_key(key, arch) != want:
-        bad.append(f"{p}: key -> {compiler.variant_from_fa4_key(key, arch)}, model {want}")
+    if keys.variant_from_fa4_key(key, arch) != want:
+        bad.append(f"{p}: key -> {keys.variant_from_fa4_key(key, arch)}, model {want}")
     if want.id in rep_keys:
         covered.add(want.id)
-        if rep_keys[want.id] != compiler.key_repr(key):
+        if rep_keys[want.id] != keys.key_repr(key):
             bad.append(f"{p}: FA4 key differs from its variant's representative call's")
     elif p.num_heads in (5, 8, 10, 16, 20, 32):  # the default specs' ratios and padded ones
         bad.append(f"{p}: variant {want.describe()} not in the plan")
@@ -221,10 +224,10 @@ _NO_HINT = r"""
 import json, sys
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
-from fa4aot import compiler
-from fa4aot.variants import features
-compiler.configure("sm100", 148)
-_, I = compiler._fa4()
+from fa4aot.fa4 import driver, keys
+from fa4aot.model.compile_keys import features
+driver.configure("sm100", 148)
+_, I = driver._fa4()
 import cutlass.cute as cute
 cute.compile = lambda *a, **k: (lambda *x, **y: None)
 out = []
@@ -240,7 +243,7 @@ for b, tq, msq in ((100, 2, None), (100, 2, 1), (100, 3, None), (1, 1, None), (2
             max_seqlen_q=msq, max_seqlen_k=50, causal=True, _arch=100,
         )
     (key,) = I._flash_attn_fwd.compile_cache.cache
-    fa4 = compiler.variant_from_fa4_key(key, "sm100")
+    fa4 = keys.variant_from_fa4_key(key, "sm100")
     mine = features(arch="sm100", dtype="bfloat16", head_dim=64, head_dim_v=512, qv=512,
                     num_heads=16, num_heads_kv=1, causal=True, window_left=None,
                     window_right=None, return_lse=False, sink_dtype=None, batch=b,
@@ -265,10 +268,12 @@ def test_mla_route_without_a_max_seqlen_q_hint_follows_fa4():
 _INSTALL = r"""
 import json, sys
 from pathlib import Path
-from fa4aot import compiler, cubin, settings
-from fa4aot.build import build, plan_for
-from fa4aot.specs import load_default
-from fa4aot.variants import Plan
+from fa4aot import settings
+from fa4aot.fa4 import driver, keys
+from fa4aot.fa4 import cubin
+from fa4aot.build.builder import build, plan_for
+from fa4aot.model.specs import load_default
+from fa4aot.model.needs import Plan
 root, log = Path(sys.argv[1]), sys.argv[2]
 spec = load_default("deepseek-v3")
 full = plan_for([spec], "sm100")
@@ -308,7 +313,7 @@ with settings.scope(miss_log=log):
             refused = str(e)
     finally:
         fa4aot.uninstall()
-from fa4aot.missing import read_misses
+from fa4aot.store.misses import read_misses
 (missed,) = read_misses(log)
 print(json.dumps({"id": need.variant.id, "record_id": art.id, "targets": targets,
                   "hits": hits, "compiles": compiles, "misses": misses, "refused": refused,

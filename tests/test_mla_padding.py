@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from fa4aot.select import crop_heads, mla_padded_ratio, mla_ratio_ok, pad_heads
+from fa4aot.policy.select import crop_heads, mla_padded_ratio, mla_ratio_ok, pad_heads
 
 
 def test_ratios_fa4_runs_and_the_padding_chosen():
@@ -109,9 +109,9 @@ def test_explain_shows_the_runtimes_mla_plan_from_the_store(tmp_path, monkeypatc
 
     from click.testing import CliRunner
 
-    from fa4aot.build import plan_for
+    from fa4aot.build.builder import plan_for
     from fa4aot.cli import main
-    from fa4aot.specs import load_default
+    from fa4aot.model.specs import load_default
 
     stored = [n.variant for n in plan_for([load_default("glm-4.7-flash")], "sm100")
               .variants().values()]  # fmt: skip

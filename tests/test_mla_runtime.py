@@ -21,10 +21,10 @@ from reference import mla_ref, rel_err
 from stub_store import serve_variants
 
 import fa4aot.runtime as R
-from fa4aot.build import plan_for
+from fa4aot.build.builder import plan_for
 from fa4aot.errors import ArtifactMissing, ContractViolation, UnsupportedVariant
 from fa4aot.runtime import validate as V
-from fa4aot.specs import load_default
+from fa4aot.model.specs import load_default
 
 BF16 = torch.bfloat16
 SMS = 148

@@ -15,7 +15,7 @@ from fa4aot.runtime.launch import SM90
 from fa4aot.runtime.pad import folded as _folded
 from fa4aot.runtime.pad import pad_last2 as _pad_last2
 from fa4aot.runtime.pad import padded as _padded
-from fa4aot.select import Choice
+from fa4aot.policy.select import Choice
 
 
 def _ref_dense(

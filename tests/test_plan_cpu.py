@@ -18,8 +18,9 @@ from fa4aot.errors import UnsupportedVariant
 from fa4aot.runtime import launch as L
 from fa4aot.runtime import plan as P
 from fa4aot.runtime import splitkv as SK
+from fa4aot.runtime import splitruns as SR
 from fa4aot.runtime import validate as V
-from fa4aot.variants import features, split_kernel_variant
+from fa4aot.model.compile_keys import features, split_kernel_variant
 
 BF16 = torch.bfloat16
 
@@ -202,13 +203,13 @@ def test_split_scratch_is_bounded(store, monkeypatch):
 
 
 def test_fresh_scratch_keeps_nothing(store):
-    """Inside splitkv.fresh_scratch (what fa4aot.ops enters: torch.compile's cudagraph trees
+    """Inside splitruns.fresh_scratch (what fa4aot.ops enters: torch.compile's cudagraph trees
     warm up in the graph's pool and refuse tensors there that outlive the call) a split step
     caches no SplitRun and no constant, and still computes the same answer."""
     rt = store([split_kernel_variant("sm90", "bfloat16", 64, 64, None)])
     rt.split = 3
     q, k, v = _qkv(2, 1, 1500, 8, 2, 64, seed=5)
-    with SK.fresh_scratch():
+    with SR.fresh_scratch():
         o, lse = R.flash_attn_func(q, k, v, causal=True, return_lse=True)
         o2, _ = R.flash_attn_func(q, k, v, causal=True, return_lse=True)
     assert rt._split_runs == {} and rt._split_consts == {}
@@ -244,7 +245,7 @@ def test_the_guard_is_bound_only_where_the_kernel_may_take_fa4s_tma_paged_path()
     and checks each row, so its launcher passes even a table at a 64 KiB boundary as it is (a
     serving engine's persistent block table, no copy per call); a kernel on the TMA paged path
     (page == tile_n, the part fwd_tma) and one whose variant is unknown keep the guard."""
-    from fa4aot import variants
+    from fa4aot.model import compile_keys as variants
 
     buf = torch.empty(2 * L.GUARD_ALIGN // 4 + 64, dtype=torch.int32)
     at = (-buf.data_ptr() % L.GUARD_ALIGN) // 4

@@ -16,12 +16,12 @@ from reference import attention_ref, rel_err
 from stub_store import serve_variants
 
 import fa4aot.runtime as R
-from fa4aot import constraints as C
+from fa4aot.model import constraints as C
 from fa4aot.errors import ArtifactMissing, ContractViolation, UnsupportedVariant
 from fa4aot.runtime import plan as P
 from fa4aot.runtime import validate as V
-from fa4aot.select import _fold_features
-from fa4aot.variants import features
+from fa4aot.policy.select import _fold_features
+from fa4aot.model.compile_keys import features
 
 BF16 = torch.bfloat16
 SMS = 148

@@ -11,8 +11,8 @@ import pytest
 
 from stub_store import artifact_dirs, build_stub, cli, stub_env, write_spec
 
-from fa4aot import prune as P
-from fa4aot.store import stores_at, verify_root
+from fa4aot.store import prune as P
+from fa4aot.store.layers import stores_at, verify_root
 
 N_TINY = 8
 
@@ -22,7 +22,7 @@ def root(tmp_path, monkeypatch):
     spec = write_spec(tmp_path)
     store, _ = build_stub(tmp_path / "root", spec, monkeypatch)
     # a store of another toolchain (an older FA4) next to it
-    import fa4aot.build as B
+    import fa4aot.build.builder as B
 
     real = B.build_toolchain
     monkeypatch.setattr(B, "build_toolchain", lambda *a: dict(real(*a), fa4="4.0.0b1"))
@@ -128,7 +128,7 @@ def test_max_size_evicts_unnamed_then_least_recently_used(root):
 
 
 def test_own_reads_leave_access_times_alone(tmp_path):
-    from fa4aot.store import read_quietly, sha256_file
+    from fa4aot.store.files import read_quietly, sha256_file
 
     f = tmp_path / "part"
     f.write_bytes(b"x" * 4096)
@@ -181,9 +181,9 @@ def test_doctor_reports_layers_and_compatibility(root, tmp_path):
 def test_doctor_counts_superseded_split_kernels(root, monkeypatch, capsys):
     """Split kernels an earlier fa4aot built (build.superseded) are counted per store and named
     in the text report, with what replaces them; they are not problems (they serve)."""
-    import fa4aot.build as B
-    from fa4aot import doctor
-    from fa4aot.store import Layer
+    import fa4aot.build.builder as B
+    from fa4aot.store import doctor
+    from fa4aot.store.layers import Layer
 
     r, store, old = root
     some = {a.id for _, a in list(store.iter_artifacts())[:2]}

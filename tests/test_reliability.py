@@ -32,19 +32,11 @@ from stub_store import (
     write_spec,
 )
 
-from fa4aot import locking
+from fa4aot.store import locking
 from fa4aot.errors import BuildError, CorruptArtifact, Fa4aotError, FingerprintMismatch
-from fa4aot.store import (
-    FINGERPRINT_FIELDS,
-    RECORD,
-    Store,
-    build_root,
-    find_serving_store,
-    not_writable_reason,
-    parse_record,
-    stores_at,
-    verify_root,
-)
+from fa4aot.store.layers import Store, build_root, find_serving_store, not_writable_reason, stores_at, verify_root
+from fa4aot.store.records import RECORD, parse_record
+from fa4aot.store.toolchain import FINGERPRINT_FIELDS
 
 N_TINY = 8  # variants of stub_store.TINY_SPEC on sm90
 
@@ -107,8 +99,8 @@ def test_8_concurrent_builders_publish_each_artifact_exactly_once(tmp_path, spec
 
 NO_LOCK_BUILD = r"""
 import contextlib, sys
-import fa4aot.locking
-fa4aot.locking.hold = lambda *a, **k: contextlib.nullcontext()  # flock "succeeding" for everyone
+import fa4aot.store.locking
+fa4aot.store.locking.hold = lambda *a, **k: contextlib.nullcontext()  # flock "succeeding" for everyone
 from fa4aot.cli import main
 sys.argv = ["fa4aot", *sys.argv[1:]]
 main()
@@ -145,7 +137,8 @@ READER = r"""
 import json, sys, time
 from pathlib import Path
 from fa4aot.errors import Fa4aotError
-from fa4aot.store import find_serving_store, runtime_expectation
+from fa4aot.store.layers import find_serving_store
+from fa4aot.store.toolchain import runtime_expectation
 root, stop, out = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 loads = errors = partial = scans = 0
 msgs, seen = [], set()
@@ -209,7 +202,7 @@ def test_16_readers_never_see_a_partial_entry_while_a_build_adds_artifacts(tmp_p
 HOLDER = r"""
 import sys, time
 from pathlib import Path
-from fa4aot import locking
+from fa4aot.store import locking
 with locking.hold(Path(sys.argv[1]), timeout=5, mode=sys.argv[2]):
     print("held", flush=True)
     time.sleep(120)
@@ -402,7 +395,8 @@ def test_sigkill_at_any_moment_never_leaves_an_entry_the_loader_accepts(tmp_path
 
 
 def test_a_killed_builders_scratch_is_swept_but_a_live_ones_is_not(built):
-    from fa4aot.store import owner_tag, sweep_temp
+    from fa4aot.store.layers import sweep_temp
+    from fa4aot.store.files import owner_tag
 
     tmp = built.dir / "tmp"
     dead = subprocess.Popen([PY, "-c", "pass"])
@@ -439,7 +433,7 @@ def no_dlopen(monkeypatch):
         calls.append(a)
         raise Dlopen("dlopen reached")
 
-    from fa4aot import runtime_lib
+    from fa4aot.store import runtime_lib
 
     monkeypatch.setattr(runtime_lib, "load_runtime_lib", refuse)
     fake = type(sys)("tvm_ffi")
@@ -449,7 +443,7 @@ def no_dlopen(monkeypatch):
 
 
 def _variant(art_dir: Path):
-    from fa4aot.variants import Variant
+    from fa4aot.model.variants import Variant
 
     return Variant.from_dict(json.loads((art_dir / RECORD).read_text())["variant"])
 
@@ -641,7 +635,7 @@ def test_a_store_of_another_toolchain_or_gpu_is_never_served(tmp_path, field):
 
 
 def test_runtime_expectation_names_every_installed_version(monkeypatch):
-    from fa4aot import store as S
+    from fa4aot.store import toolchain as S
 
     vers = {
         "flash-attn-4": "4.0.0b36",
@@ -734,10 +728,10 @@ def hook(event, args):
 
 sys.addaudithook(hook)
 from click.testing import CliRunner
-from fa4aot import runtime_lib
+from fa4aot.store import runtime_lib
 from fa4aot.cli import main
 from fa4aot.runtime import Runtime
-from fa4aot.variants import Variant
+from fa4aot.model.variants import Variant
 
 class Dlopen(Exception):
     pass
@@ -1035,7 +1029,7 @@ def test_fuzz_record_parser_json_values(v):
 def test_fuzz_record_parser_mutated_records(good_record, data):
     """Valid records with one field replaced by anything (sealed again, so only the type checks
     stand between the value and the loader), or deeply nested input."""
-    from fa4aot.store import seal_record
+    from fa4aot.store.records import seal_record
 
     rec = dict(good_record)
     rec.pop("record_sha256")

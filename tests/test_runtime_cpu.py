@@ -13,11 +13,11 @@ import torch
 
 import fa4aot
 import fa4aot.runtime as R
-from fa4aot import blocks
+from fa4aot.policy import blocks
 from fa4aot.runtime import launch as L
-from fa4aot.build import build
+from fa4aot.build.builder import build
 from fa4aot.errors import ContractViolation
-from fa4aot.specs import parse_spec
+from fa4aot.model.specs import parse_spec
 
 BF16 = torch.bfloat16
 
@@ -429,7 +429,7 @@ import fa4aot
 fa4aot.flash_attn_func
 fa4aot.flash_attn_varlen_func
 fa4aot.supported_block_sizes
-import fa4aot.runtime, fa4aot.store, fa4aot.blocks, fa4aot.missing, fa4aot.errors
+import fa4aot.runtime, fa4aot.store.layers, fa4aot.policy.blocks, fa4aot.store.misses, fa4aot.errors
 def heavy(name):
     return any(name == p or name.startswith(p + ".") for p in ("cutlass", "flash_attn"))
 print(json.dumps(sorted(m for m in sys.modules if heavy(m))))
@@ -712,7 +712,7 @@ def test_block_cumsum_shortcut_needs_its_conditions(kw):
 def test_decode_fold_plan_passes_views_of_the_callers_tensors():
     """A folded plan (20:1 served as 20 rows of the 1:1 kernel): the one kernel launch gets
     q and O as views of the caller's tensors, no cu_seqlens_q, and the K layout as given."""
-    from fa4aot.select import Choice
+    from fa4aot.policy.select import Choice
 
     calls = _planted()
     plan = R.default_runtime()._plans.plan

@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from fa4aot import runtime_lib
+from fa4aot.store import runtime_lib
 from fa4aot.errors import RuntimeLibraryMismatch, RuntimeLibraryMissing
-from fa4aot.store import Artifact, Store, build_toolchain
+from fa4aot.store.layers import Store
+from fa4aot.store.records import Artifact
+from fa4aot.store.toolchain import build_toolchain
 
 
 def _lib(tmp_path: Path, content: bytes) -> str:

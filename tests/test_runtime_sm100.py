@@ -9,7 +9,7 @@ calls every forward, combine, tile-cumsum and blocks-to-batch kernel it "compile
 is recorded with its positional arguments). Then fa4aot's runtime serves the same call through its
 public entry point (flash_attn_func for dense, flash_attn_varlen_func otherwise) from a stand-in
 store: its artifacts' records are what the builder records from FA4's compile keys
-(`compiler.part_record`: tile_m, pack_gqa, split, scheduler slots; the helpers' flags; the
+(`export.part_record`: tile_m, pack_gqa, split, scheduler slots; the helpers' flags; the
 combine), and their parts are recording callables. The two call sequences are compared slot by
 slot (test_abi's normalisation: None vs tensor; a tensor by the input it aliases or, for buffers
 allocated on the way, by first appearance, plus shape, strides, offset, dtype; scalars by type and
@@ -17,7 +17,7 @@ value; tuples member by member), including the returned (out, lse).
 
 The runtime resolves the variant itself (from the call's features, the plan step's
 `variants.features`), and the store serves only the variant FA4's key maps to
-(`compiler.variant_from_fa4_key`): a runtime choosing another kernel misses and fails the case.
+(`keys.variant_from_fa4_key`): a runtime choosing another kernel misses and fails the case.
 Split-KV variants are called with FA4's own heuristic (num_splits=0) against the runtime's
 (`constraints.native_num_splits`): the store holds the call's unsplit kernel too, recorded under
 its own label, so calling it instead of the split kernel is a mismatch. A few extra calls cover
@@ -93,17 +93,18 @@ def _worker(arch: str) -> dict:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from fa4aot import compiler
-    from fa4aot import variants as VS
-    from fa4aot.build import plan_for
+    from fa4aot.fa4 import driver, export, keys
+    from fa4aot.model import compile_keys as VS
+    from fa4aot.build.builder import plan_for
     from fa4aot.runtime import blackwell as B
     from fa4aot.runtime import plan as P
     from fa4aot.runtime import splitkv as SK
-    from fa4aot.specs import default_spec_names, load_default
+    from fa4aot.runtime import splitruns as SR
+    from fa4aot.model.specs import default_spec_names, load_default
 
     t0 = time.perf_counter()
-    compiler.configure("sm100", NUM_SMS)
-    _, I = compiler._fa4()
+    driver.configure("sm100", NUM_SMS)
+    _, I = driver._fa4()
     import cutlass.cute as cute
 
     import fa4aot.runtime as R
@@ -113,8 +114,8 @@ def _worker(arch: str) -> dict:
     caches = [I._flash_attn_fwd, I._flash_attn_fwd_combine, I._compute_tile_cumsum,
               I._compute_blocks_to_batch, I._get_scheduler_metadata]  # fmt: skip
     # fake CUDA tensors on a CPU-only torch: no stream to ask about capture
-    SK._is_capturing = B._is_capturing = lambda: False
-    SK._raw_stream = B._raw_stream = lambda dev: 0
+    SK._is_capturing = SR._is_capturing = B._is_capturing = lambda: False
+    SK._raw_stream = SR._raw_stream = B._raw_stream = lambda dev: 0
 
     served: dict = {}  # variant id -> (label, record parts)
 
@@ -169,7 +170,7 @@ def _worker(arch: str) -> dict:
             args = {n: inp[n] for n in TA._FWD_TENSORS if n in inp}
             ret = I._flash_attn_fwd(inp["q"], inp["k"], inp["v"], **args, **kw, _arch=num)
             (key,) = I._flash_attn_fwd.compile_cache.cache
-            v = compiler.variant_from_fa4_key(key, arch)
+            v = keys.variant_from_fa4_key(key, arch)
             assert v is not None, c
             if built is not None:
                 # the store holds the enumerated variant (the builder stores under its id);
@@ -178,12 +179,12 @@ def _worker(arch: str) -> dict:
                 if built != v:
                     report["label_gap"].append([built.describe(), v.describe()])
                 v = built
-            parts = {"fwd": compiler.part_record("fwd", key, arch)}
+            parts = {"fwd": export.part_record("fwd", key, arch)}
             for name, cache in (("tile_cumsum", I._compute_tile_cumsum),
                                 ("blocks_to_batch", I._compute_blocks_to_batch),
                                 ("combine", I._flash_attn_fwd_combine)):  # fmt: skip
                 for hk in cache.compile_cache.cache:
-                    parts[name] = compiler.part_record(name, hk, arch)
+                    parts[name] = export.part_record(name, hk, arch)
             # FA4's key, as the builder records it, agrees with the runtime's model of the
             # variant (plan.fwd_facts raises on any difference)
             try:
@@ -266,8 +267,8 @@ def parity():
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_runtime_calls_every_default_blackwell_variant_as_fa4_does(parity, arch):
-    from fa4aot.build import plan_for
-    from fa4aot.specs import default_spec_names, load_default
+    from fa4aot.build.builder import plan_for
+    from fa4aot.model.specs import default_spec_names, load_default
 
     rep = parity[arch]
     assert rep["mismatches"] == [], json.dumps(rep["mismatches"][:2])[:6000]

@@ -1,4 +1,4 @@
-"""Selection with padding (`fa4aot.select`): pure functions, checked on the CPU."""
+"""Selection with padding (`fa4aot.policy.select`): pure functions, checked on the CPU."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from fa4aot.select import choose, foldable, nearest, padded_target_for_unsupported
-from fa4aot.variants import Call
+from fa4aot.policy.select import choose, foldable, nearest, padded_target_for_unsupported
+from fa4aot.model.compile_keys import Call
 
 ARCH = "sm90"
 

@@ -14,8 +14,8 @@ from stub_store import artifact_dirs, build_stub, cli, reseal, write_spec
 
 from fa4aot.cli import main
 from fa4aot.errors import MergeConflict
-from fa4aot.merge import merge, parse_shard, shard
-from fa4aot.store import stores_at, verify_root
+from fa4aot.store.merge import merge, parse_shard, shard
+from fa4aot.store.layers import stores_at, verify_root
 
 N_TINY = 8
 

@@ -3,7 +3,7 @@
 Nothing here runs a kernel. FA4's real entry is traced under FakeTensorMode in a subprocess
 configured for sm100 (this process may already target sm90), with cute.compile stubbed (about
 10 ms a call): for every FP8 and split probe call the enumerator makes, FA4's compile key maps
-back to the call's Variant (`compiler.variant_from_fa4_key` == `features()`), and the variant's
+back to the call's Variant (`keys.variant_from_fa4_key` == `features()`), and the variant's
 representative call (what the builder compiles) traces to the same forward key, with FA4's
 combine kernel beside exactly the split ones. Then one FP8 split artifact and its non-split twin
 are cross-compiled for real into a store and each part's cubin target is read (sm_100a).
@@ -19,11 +19,15 @@ from pathlib import Path
 
 import pytest
 
-import fa4aot.build as B
-from fa4aot import constraints as C
-from fa4aot import cubin, settings
-from fa4aot.specs import SpecError, load_default, parse_spec
-from fa4aot.variants import Call, Plan, Variant, enumerate_variants, representative_call
+import fa4aot.build.builder as B
+from fa4aot.model import constraints as C
+from fa4aot import settings
+from fa4aot.fa4 import cubin
+from fa4aot.model.specs import SpecError, load_default, parse_spec
+from fa4aot.model.variants import Variant
+from fa4aot.build.enumerate import enumerate_variants
+from fa4aot.model.needs import Plan
+from fa4aot.model.compile_keys import Call, representative_call
 
 FP8_SPEC = """
 name = "fp8-grid"
@@ -93,7 +97,7 @@ def test_features_refuse_what_fa4aot_does_not_model():
         num_heads_kv=1, causal=True, window_left=None, window_right=None, return_lse=False,
         sink_dtype=None, batch=1, seqlen_q=1, total_q=1, max_seqlen_q=None,
     )
-    from fa4aot.variants import features
+    from fa4aot.model.compile_keys import features
 
     with pytest.raises(ValueError, match="FP8"):
         features(**base, descales="qkv")  # descales with bf16: FA4 asserts the same
@@ -120,10 +124,11 @@ def test_every_new_variant_has_a_representative_call():
 
 _PARITY = r"""
 import json, sys
-from fa4aot import compiler
-from fa4aot.specs import load_default, parse_spec
-from fa4aot.variants import _probe_calls, representative_call
-compiler.configure("sm100", 148)
+from fa4aot.fa4 import driver, dropin, keys
+from fa4aot.model.specs import load_default, parse_spec
+from fa4aot.build.enumerate import _probe_calls
+from fa4aot.model.compile_keys import representative_call
+driver.configure("sm100", 148)
 specs = [parse_spec(sys.argv[1], "fp8-grid.toml")]
 specs += [load_default(n) for n in ("llama-3.1-8b", "gpt-oss-20b", "gemma-4", "mistral-7b")]
 calls = []
@@ -135,7 +140,7 @@ reps = {}
 for c in calls:
     v = c.variant("sm100")
     reps.setdefault(v.id, representative_call(v))
-got = compiler.trace_raw_keys(calls + list(reps.values()))
+got = driver.trace_raw_keys(calls + list(reps.values()))
 bad, kinds = [], set()
 for c, k in zip(calls, got):
     want = c.variant("sm100")
@@ -143,20 +148,20 @@ for c, k in zip(calls, got):
     if len(k["fwd"]) != 1:
         bad.append(f"{want.describe()}: {len(k['fwd'])} forward keys")
         continue
-    if compiler.variant_from_fa4_key(k["fwd"][0], "sm100") != want:
+    if keys.variant_from_fa4_key(k["fwd"][0], "sm100") != want:
         bad.append(f"key->variant differs: {want.describe()} vs "
-                   f"{compiler.variant_from_fa4_key(k['fwd'][0], 'sm100')}")
+                   f"{keys.variant_from_fa4_key(k['fwd'][0], 'sm100')}")
     if bool(k["combine"]) != want.split_kv:
         bad.append(f"combine presence: {want.describe()}")
     r = got[len(calls) + list(reps).index(want.id)]
-    if [compiler.key_repr(x) for x in r["fwd"]] != [compiler.key_repr(k["fwd"][0])]:
+    if [keys.key_repr(x) for x in r["fwd"]] != [keys.key_repr(k["fwd"][0])]:
         bad.append(f"representative call traces elsewhere: {want.describe()}")
     if want.split_kv and [x[7] for x in r["combine"]] != [7]:
         bad.append(f"combine not built for 128 splits: {want.describe()}")
 # FA4's split heuristic (num_splits=0) against constraints.native_num_splits
 from types import SimpleNamespace
 from flash_attn.cute import interface as I
-from fa4aot import constraints as C
+from fa4aot.model import constraints as C
 for b_, hk, r, sq, sk, d in [(1, 8, 4, 1, 131072, 128), (1, 1, 16, 1, 4096, 64),
                              (4, 8, 1, 4, 65536, 128), (64, 8, 4, 1, 8192, 128),
                              (1, 2, 2, 1, 512, 256), (2, 4, 8, 40, 30000, 64)]:
@@ -261,27 +266,28 @@ def _runtime_and_install_serve_the_sm100_store(root, v):
     code = f"""
 import json
 from pathlib import Path
-from fa4aot import compiler
+from fa4aot.fa4 import driver, dropin, keys
 from fa4aot.runtime import plan as P
-from fa4aot.variants import Variant, representative_call
+from fa4aot.model.variants import Variant
+from fa4aot.model.compile_keys import representative_call
 import fa4aot
 v = Variant.from_dict(json.loads({json.dumps(json.dumps(v.to_dict()))}))
 rt = P.Runtime([Path({str(root)!r})], "error")
 plan = rt.plan(v, 148)
 assert plan is not None and plan.abi.blackwell and plan.special and plan.combine is not None
 assert plan.facts["split_kv"] and plan.tile is None and plan.b2b is None
-compiler.configure("sm100", 148)
+driver.configure("sm100", 148)
 counters = fa4aot.install(cache=Path({str(root)!r}), on_miss="error", arch="sm100", num_sms=148)
 from dataclasses import replace
 call = representative_call(v)
 try:
-    compiler.fake_call(call)
+    driver.fake_call(call)
     first = [counters.hits, counters.compiles, list(counters.misses)]
     # FA4's combine key holds the call's head count and log_max_splits: other counts and
-    # head counts are served by the stored 128-split combine (compiler._Installed.combine_for);
+    # head counts are served by the stored 128-split combine (dropin._Installed.combine_for);
     # at the spec's max_context the forward stays the stored one (no ping-pong: few key blocks)
     for n, heads in ((3, 1), (16, 1), (40, 1), (16, 2)):
-        compiler.fake_call(replace(call, num_splits=n, seqlen_k=2048,
+        driver.fake_call(replace(call, num_splits=n, seqlen_k=2048,
                                    num_heads=call.num_heads * heads,
                                    num_heads_kv=call.num_heads_kv * heads))
 finally:
@@ -311,10 +317,10 @@ def test_spec_fp8_dtype_parsing():
 _HD256 = r"""
 import json, sys
 from dataclasses import replace
-from fa4aot import compiler
-from fa4aot.variants import Call, representative_call
+from fa4aot.fa4 import driver, dropin, keys
+from fa4aot.model.compile_keys import Call, representative_call
 sms = int(sys.argv[1])
-compiler.configure("sm100", sms)
+driver.configure("sm100", sms)
 calls = []
 base = dict(seqlen_k=512, head_dim=256, head_dim_v=256, dtype="bfloat16", return_lse=False,
             sink_dtype=None)
@@ -333,16 +339,16 @@ want = [c.variant("sm100", sms) for c in calls]
 reps = {}
 for v in want:
     reps.setdefault(v.id, representative_call(v, sms))
-got = compiler.trace_raw_keys(calls + list(reps.values()))
+got = driver.trace_raw_keys(calls + list(reps.values()))
 bad, kinds = [], set()
 for c, v, k in zip(calls, want, got):
-    mapped = compiler.variant_from_fa4_key(k["fwd"][0], "sm100")
+    mapped = keys.variant_from_fa4_key(k["fwd"][0], "sm100")
     kinds.add((v.two_cta, v.pack_gqa, v.static_persistent))
     if mapped != v:
         bad.append(f"{c}: ours {v.describe()}, FA4's {mapped and mapped.describe()}")
-keys = {v.id: compiler.key_repr(k["fwd"][0]) for v, k in zip(want, got)}
+fwd_keys = {v.id: keys.key_repr(k["fwd"][0]) for v, k in zip(want, got)}
 for (vid, rc), k in zip(reps.items(), got[len(calls):]):
-    if compiler.key_repr(k["fwd"][0]) != keys[vid]:
+    if keys.key_repr(k["fwd"][0]) != fwd_keys[vid]:
         bad.append(f"representative call of {vid} traces to another key: {rc}")
 print(json.dumps({"calls": len(calls), "variants": len(reps), "bad": bad[:10],
                   "kinds": sorted(map(str, kinds))}))

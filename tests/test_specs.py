@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fa4aot.errors import SpecError
-from fa4aot.specs import (
+from fa4aot.model.specs import (
     DEFAULT_LAYOUTS,
     LAYOUTS,
     PHASES,

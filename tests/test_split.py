@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from fa4aot import runtime as R
-from fa4aot import split as S
+from fa4aot.runtime import splitkv as SK
+from fa4aot.policy import split as S
 from reference import attention_ref, rel_err
 
 
@@ -57,7 +58,7 @@ def test_splits_only_where_the_model_says_it_wins():
 def test_short_contexts_split_into_single_block_chunks():
     """H200 (split_sweep --small, 2026-12-01, graph/eager): b1/1K 32:8 ran 11.5/13.7 us as
     the fold and 7.3/12.1 in 8 chunks of 128 keys; with q read in place (no copy over the
-    chunks: compiler.trace_chunk_modes) several decode rows split alike, b2/1K in 8 chunks
+    chunks: forwards.trace_chunk_modes) several decode rows split alike, b2/1K in 8 chunks
     7.8/13.2 against 11.0/14.7, b4/1K in 4 8.6/16.2 against 11.7/15.3, b2/2K in 8 8.9/16.3
     against 10.0/16.4 in 4 (the earlier 512-key floor's choice)."""
     assert _n(1, 8, 1024) == 8
@@ -116,7 +117,7 @@ def fake_fwd(q, k, v, out, lse, scale, cu_q, cu_k, used_q, used_k, pt, wl, wr, s
              cu_total, cu_splits, chunk_lengths=False):
     """FA4's 1:1 non-causal kernel, q in batch form (B, M, H, d), K packed (cu_seqlens_k) or
     paged (page_table + seqused_k); empty sequences give out 0 and lse -inf. In the chunk
-    modes of compiler.trace_chunk_modes: sequence s reads q[s // (B / q's batch)] and, with
+    modes of forwards.trace_chunk_modes: sequence s reads q[s // (B / q's batch)] and, with
     chunk_lengths, sees clamp(used_k[s // u] - (s % u) * c, 0, c) keys, u = B / used_k's
     count, c = the page table's columns * page size (else used_k holds one length a row)."""
     assert cu_q is None and used_q is None and sink is None and wl is None and wr is None
@@ -130,7 +131,7 @@ def fake_fwd(q, k, v, out, lse, scale, cu_q, cu_k, used_q, used_k, pt, wl, wr, s
             n = min(max(int(used_k[s // u]) - (s % u) * c, 0), c)
             kk = k[pt[s].long()].reshape(-1, H, d)[:n]
             vv = v[pt[s].long()].reshape(-1, H, v.shape[-1])[:n]
-        elif cu_k.dim() == 5:  # compiler.trace_chunk_modes(bounds=True): (b + 1, R, c, K, A)
+        elif cu_k.dim() == 5:  # forwards.trace_chunk_modes(bounds=True): (b + 1, R, c, K, A)
             b1, rows, c, shift, anchor = cu_k.shape
             u, last = B // ((b1 - 1) * rows), b1 - 1
             r, j = s // u, s % u
@@ -167,7 +168,7 @@ def fake_combine(op, lp, out, lse, *rest):
 
 
 def fake_chunk_meta(lengths: bool):
-    """compiler.trace_chunk_meta's kernel of one form, in torch (its docstring's arithmetic):
+    """kernels.trace_chunk_meta's kernel of one form, in torch (its docstring's arithmetic):
     lengths (paged K) or bounds (packed K)."""
 
     def meta(src, dst, chunk, slots, rows, causal):
@@ -185,7 +186,7 @@ def fake_chunk_meta(lengths: bool):
 
 
 def fake_packed_meta(used, table, used_a, tail_table, tail_len, rows, page):
-    """compiler.trace_packed_meta's kernel in torch (its docstring's arithmetic)."""
+    """kernels.trace_packed_meta's kernel in torch (its docstring's arithmetic)."""
     x = used.long() - (rows - 1)
     t_used = x.clamp(min=0) // page * page
     used_a.copy_(t_used)
@@ -202,7 +203,7 @@ def split_kernels(request, monkeypatch):
     chunk metadata from torch's element-wise kernels and q copied over the chunks (a store
     built before the metadata kernel), then from the artifact's kernel (part `chunk_meta`, its
     stand-in above), then with a forward that reads q, and a paged K's lengths, through chunk
-    modes as well (compiler.trace_chunk_modes)."""
+    modes as well (forwards.trace_chunk_modes)."""
     monkeypatch.setattr(_FakeRuntime, "meta", request.param[0])
     monkeypatch.setattr(_FakeRuntime, "chunk_modes", request.param[1])
 
@@ -263,10 +264,9 @@ def _split(rt, q, k, v, kind, kv, seqlen_k, page, causal, sink, out, lse, want_l
     b, rows, hq, d = q.shape
     cu_k, used_k, pt = kv
     qq = q.reshape(b * rows, hq, d) if varlen_q else q
-    return R.splitkv.split_step(
-        rt, 0, qq, k, v, kind, cu_k, used_k, pt, b, rows, hq, k.shape[-2], d, v.shape[-1],
-        seqlen_k, page, causal, sink, None, out, lse, want_lse, varlen_q,
-    )
+    step = SK.Step(kind, b, rows, hq, k.shape[-2], d, v.shape[-1], seqlen_k, page, causal,
+                   varlen_q)
+    return SK.split_step(rt, 0, qq, k, v, step, cu_k, used_k, pt, sink, None, out, lse, want_lse)
 
 
 def _inputs(b, sq, hq, hk, d, lens, seed):
@@ -527,7 +527,7 @@ def test_padded_kv_cache_splits_as_its_own_page_pool(cap, sq, causal, varlen_q, 
         real = R.splitkv.S.chunk_page_table
         R.splitkv.S.chunk_page_table = lambda *a: made.append(1) or real(*a)
         try:
-            with R.splitkv.fresh_scratch():
+            with R.splitruns.fresh_scratch():
                 got = _split(rt, q, k, v, "padded", (None, used, None), cap, None, causal, s,
                              None, None, True, varlen_q)
         finally:
@@ -547,7 +547,7 @@ def test_padded_kv_cache_whose_capacity_no_page_divides_is_not_split():
 
 class _NoSplitRuntime(_FakeRuntime):
     """The cost model says no split: a one-row step then runs on the chunk kernel as one chunk
-    per sequence (splitkv.FoldRun), which records what it was given."""
+    per sequence (splitruns.FoldRun), which records what it was given."""
 
     def __init__(self, arch="sm90"):
         super().__init__(1)
@@ -598,8 +598,9 @@ def test_unsplit_one_row_step_runs_as_one_chunk_per_sequence(kind, lse_mode):
     if lse_mode == "given":
         lse = torch.full((hq, b) if varlen_q else (b, hq, 1), float("nan"))
     rt = _NoSplitRuntime()
-    got = R.splitkv.split_step(rt, 0, qq, kk, vv, kind, *kv, b, 1, hq, hk, d, d, bound, page,
-                               True, None, None, out, lse, lse_mode == "new", varlen_q)
+    got = SK.split_step(rt, 0, qq, kk, vv, SK.Step(kind, b, 1, hq, hk, d, d, bound, page, True,
+                                                   varlen_q),
+                        *kv, None, None, out, lse, lse_mode == "new")
     assert got is not None and got[0] is out
     assert len(rt.seen) == 1 and rt.seen[0].data_ptr() == qq.data_ptr()
     assert rt.seen[0].shape == (b, hq // hk, hk, d)  # r query heads as rows of a 1:1 kernel
@@ -681,9 +682,10 @@ def test_a_fold_over_a_full_chip_runs_on_the_kernel_its_waves_fill(kind, b, hk, 
         qq = q.reshape(b, hq, d)
     rt = _WideRuntime(wide1, sms)
     out = torch.full((*qq.shape[:-1], d), float("nan")).bfloat16()
-    got = R.splitkv.split_step(rt, 0, qq, kk, vv, kind, *kv, b, 1, hq, hk, d, d,
-                               sk if kind != "paged" else kv[2].shape[1] * page, page, True,
-                               None, None, out, None, False, kind != "dense")
+    bound = sk if kind != "paged" else kv[2].shape[1] * page
+    got = SK.split_step(rt, 0, qq, kk, vv,
+                        SK.Step(kind, b, 1, hq, hk, d, d, bound, page, True, kind != "dense"),
+                        *kv, None, None, out, None, False)
     assert got is not None and got[0] is out
     want, _, without = want.partition("/")
     if without and (kind == "paged" or not wide1):
@@ -698,7 +700,7 @@ def test_wide_part_is_bound_where_the_rule_builds_it():
     that holds it; not for other head dims (a store built before the head-dim rule may hold
     one: unused), Blackwell, or an artifact without it. split.wide_path: which rule a paged
     step takes (none on the part fwd_tma, pages of 64)."""
-    from fa4aot.variants import split_kernel_variant as kv
+    from fa4aot.model.compile_keys import split_kernel_variant as kv
 
     parts = {"fwd": {}, "fwd_wide_split": {}}
     assert S.wide_part(parts, kv("sm90", "bfloat16", 128, 128, None)) == "fwd_wide_split"
@@ -844,8 +846,9 @@ def test_unsplit_steps_the_chunk_kernel_does_not_take():
     q, k, v = _inputs(2, 1, 8, 2, 16, [700, 700], seed=3)
 
     def step(rt, q=q, hq=8, hk=2, sink=None):
-        return R.splitkv.split_step(rt, 0, q, k, v, "dense", None, None, None, 2, 1, hq, hk, 16,
-                                    16, 700, None, True, sink, None, None, None, False, False)
+        return SK.split_step(rt, 0, q, k, v, SK.Step("dense", 2, 1, hq, hk, 16, 16, 700, None,
+                                                     True, False),
+                             None, None, None, sink, None, None, None, False)
 
     assert step(_NoSplitRuntime()) is not None
     assert step(_NoSplitRuntime(), sink=torch.zeros(8)) is None  # no sink in the chunk kernel
@@ -958,7 +961,7 @@ def test_merge_kernel_thread_layouts():
     """constraints.merge_threads: (dv / 8) lanes of 16-byte loads times chunk groups, whole
     warps, at most 256 threads and one per chunk's LSE; None (FA4's combine) where no such
     count exists."""
-    from fa4aot.constraints import MERGE_MAX_THREADS, merge_threads
+    from fa4aot.model.constraints import MERGE_MAX_THREADS, merge_threads
 
     for dv in range(8, 1025, 8):
         t = merge_threads(dv, S.MAX_SLOTS)
@@ -976,7 +979,7 @@ def test_merge_kernel_thread_layouts():
                                        ("rows-unmerged", True)])
 def test_chunk_mode_kernel_reads_the_callers_q_and_lengths_in_place(monkeypatch, form, pack):
     """With a forward that reads q and a paged K's lengths through chunk modes
-    (compiler.trace_chunk_modes), the kernel gets the caller's q itself, (decode rows, r, hk,
+    (forwards.trace_chunk_modes), the kernel gets the caller's q itself, (decode rows, r, hk,
     d): no copy over the chunks, for q in batch form, packed, and with speculative rows
     unrolled (whose rows merge into one stride); a q whose rows do not merge (here
     batch-strided through a wider buffer) goes as one copy. At one decode row it gets the
@@ -1010,9 +1013,11 @@ def test_chunk_mode_kernel_reads_the_callers_q_and_lengths_in_place(monkeypatch,
 
     kpool, vpool, table = _page_pool(k, v, lens, page)
     used = torch.tensor(lens, dtype=torch.int32)
-    got = R.splitkv.split_step(
-        Rt(4), 0, q_in, kpool, vpool, "paged", None, used, table, b, sq, hq, hk, d, d,
-        table.shape[1] * page, page, True, None, None, None, None, False, form == "packed",
+    got = SK.split_step(
+        Rt(4), 0, q_in, kpool, vpool,
+        SK.Step("paged", b, sq, hq, hk, d, d, table.shape[1] * page, page, True,
+                form == "packed"),
+        None, used, table, None, None, None, None, False,
     )
     assert got is not None and len(seen) == 1 + pack
     if pack:

@@ -15,18 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from fa4aot import constraints as C
-from fa4aot.build import plan_for
-from fa4aot.specs import parse_spec, resolve_specs
-from fa4aot.variants import (
-    NEW_FIELD_DEFAULTS,
-    SCHEMA,
-    Call,
-    Variant,
-    enumerate_variants,
-    features,
-    representative_call,
-)
+from fa4aot.model import constraints as C
+from fa4aot.build.builder import plan_for
+from fa4aot.model.specs import parse_spec, resolve_specs
+from fa4aot.model.variants import NEW_FIELD_DEFAULTS, SCHEMA, Variant
+from fa4aot.build.enumerate import enumerate_variants
+from fa4aot.model.compile_keys import Call, features, representative_call
 
 ARCH = "sm90"
 
@@ -243,7 +237,7 @@ def test_variant_id_is_sha256_of_canonical_json():
 def test_variant_id_is_stable_across_processes():
     v = _some_variant()
     code = (
-        "from fa4aot.variants import Variant; import json, sys; "
+        "from fa4aot.model.variants import Variant; import json, sys; "
         "print(Variant.from_dict(json.loads(sys.argv[1])).id)"
     )
     out = subprocess.run(
@@ -280,7 +274,7 @@ def test_changing_any_one_field_changes_the_id(name):
 
 
 def test_schema_is_part_of_the_id(monkeypatch):
-    import fa4aot.variants as V
+    import fa4aot.model.variants as V
 
     v = _some_variant()
     before = v.id
@@ -442,9 +436,10 @@ def test_head_counts_are_dynamic_only_the_ratio_is_static():
 # FA4 computes its compile key for each call and compiles nothing.
 _DRIVER = r"""
 import json, sys
-from fa4aot import compiler
-compiler.configure("sm90", 132)
-fa, I = compiler._fa4()
+from fa4aot.fa4 import driver, keys
+from fa4aot.model.compile_keys import Call
+driver.configure("sm90", 132)
+fa, I = driver._fa4()
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -494,12 +489,12 @@ def run(c):
                 k, v = e(b * n, p, hk, d), e(b * n, p, hk, dv)
                 kw.update(page_table=e(b, n, dtype=torch.int32), seqused_k=e(b, dtype=torch.int32))
             fa.flash_attn_varlen_func(q, k, v, **kw)
-    return {n: [compiler.key_repr(k) for k in x.cache] for n, x in caches.items()}
+    return {n: [keys.key_repr(k) for k in x.cache] for n, x in caches.items()}
 
 
 def builder(call):  # the builder's own driver, for the representative calls
-    got = compiler.trace(compiler.Call(**call))
-    return {n: [compiler.key_repr(k) for k, _ in v] for n, v in got.items()}
+    got = driver.trace(Call(**call))
+    return {n: [keys.key_repr(k) for k, _ in v] for n, v in got.items()}
 
 
 doc = json.load(sys.stdin)
@@ -718,7 +713,7 @@ def test_call_variant_agrees_with_runtime_features(fa4_keys):
 
 
 def test_builder_calls_land_in_the_same_partition(fa4_keys, plan):
-    """The representative calls the builder compiles (through compiler.trace) produce the FA4
+    """The representative calls the builder compiles (through driver.trace) produce the FA4
     key the runtime's calls of that variant produce: the artifact is the kernel it serves."""
     grid, keys, _, built = fa4_keys
     variant_of_key = {k["fwd"][0]: _expected(c).id for c, k in zip(grid, keys)}

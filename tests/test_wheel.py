@@ -23,9 +23,10 @@ from pathlib import Path
 import pytest
 from stub_store import ROOT, TINY_SPEC, artifact_dirs, build_stub, write_spec
 
-from fa4aot import store as S
+from fa4aot.store import layers as S
 from fa4aot.errors import BuildError
-from fa4aot.wheel import build_wheels
+from fa4aot.store.wheel import build_wheels
+from fa4aot.store.records import RECORD
 
 N_TINY = 8
 # head dim 64, dense only: variants disjoint from tiny's
@@ -234,8 +235,8 @@ def test_entry_point_discovery_skips_broken_ones(tmp_path, monkeypatch, caplog, 
 _CHECK = """
 import json, sys
 from fa4aot.runtime import Runtime
-from fa4aot.store import default_roots
-from fa4aot.variants import Variant
+from fa4aot.store.layers import default_roots
+from fa4aot.model.variants import Variant
 wanted = json.loads(sys.argv[1])
 rt = Runtime()
 found = {}
@@ -298,7 +299,7 @@ def test_pip_installed_wheels_are_found_and_stack(tmp_path, src):
     py = _venv(tmp_path)
     _pip_install(py, a.path, b.path)
     variants = {
-        d.name: json.loads((d / S.RECORD).read_text())["variant"] for d in artifact_dirs(src)
+        d.name: json.loads((d / RECORD).read_text())["variant"] for d in artifact_dirs(src)
     }
     user = tmp_path / "user"
     user.mkdir()
@@ -336,7 +337,7 @@ def test_a_rebuilt_cache_wheel_replaces_the_installed_one(tmp_path, src):
     assert a.version != b.version and set(a.artifacts).isdisjoint(b.artifacts)
     py = _venv(tmp_path)
     variants = {
-        d.name: json.loads((d / S.RECORD).read_text())["variant"] for d in artifact_dirs(src)
+        d.name: json.loads((d / RECORD).read_text())["variant"] for d in artifact_dirs(src)
     }
     user = tmp_path / "user"
     user.mkdir()
@@ -366,7 +367,7 @@ def _objdump_glibc(path: Path):
 def test_glibc_needed_matches_objdump(tmp_path):
     """The .gnu.version_r parser agrees with objdump on this Python and on a shared object
     that calls a versioned glibc function (and on one that calls none, like fa4aot's parts)."""
-    from fa4aot.wheel import glibc_needed
+    from fa4aot.store.wheel import glibc_needed
 
     src = tmp_path / "x.c"
     src.write_text(
@@ -394,7 +395,7 @@ def _elf(machine: int) -> bytes:
 
 
 def test_platform_tag_from_elf_parts():
-    from fa4aot.wheel import _platform
+    from fa4aot.store.wheel import _platform
 
     assert _platform({"a/fwd.so": _elf(62), "a/record.json": b"{}"}) == "manylinux_2_17_x86_64"
     assert _platform({"a/fwd.so": _elf(183)}) == "manylinux_2_17_aarch64"

@@ -1,3 +1,3 @@
-from . import main
+from fa4aot.cli import main
 
 main(prog_name="fa4aot")

@@ -10,13 +10,27 @@ from pathlib import Path
 
 import click
 
-from .. import constraints as C
-from ..errors import BuildError
-from . import main
+from fa4aot import settings
+from fa4aot.build.builder import build as run_build
+from fa4aot.build.builder import check_python, plan_for
+from .app import main
 from .common import (
-    apply_gpu, cache_option, gpu_option, layers_for, loadable_artifacts, matching_stores,
+    apply_gpu,
+    cache_option,
+    gpu_option,
+    layers_for,
+    loadable_artifacts,
+    matching_stores,
 )
 from .output import Output, with_output
+from fa4aot.errors import BuildError
+from fa4aot.model import constraints as C
+from fa4aot.model.needs import Need, Unsupported
+from fa4aot.model.specs import resolve_specs
+from fa4aot.store.layers import resolve_layers
+from fa4aot.store.merge import parse_shard
+from fa4aot.store.merge import shard as shard_ids
+from fa4aot.store.misses import plan_misses, read_misses
 
 
 class Progress:
@@ -33,8 +47,6 @@ class Progress:
 
     @classmethod
     def for_command(cls, as_json: bool, jobs: int, label: str) -> Progress:
-        from .. import settings
-
         mode = settings.progress()
         tty = sys.stderr.isatty()
         # auto: on for humans and for logs alike (a CI log got 6 minutes of silence), off
@@ -128,10 +140,7 @@ def build(
 ):
     """Cross-compile every variant the specs need into the store (no GPU needed). Ctrl-C stops
     the workers and exits 130, leaving only complete artifacts."""
-    from ..merge import parse_shard
-    from ..specs import resolve_specs
 
-    from ..build import check_python
 
     try:
         check_python(python)
@@ -197,8 +206,6 @@ def build(
 
 def _serve_hint(stores: list[str]) -> str:
     """The last line of a build: how to point the runtime at what it built."""
-    from .. import settings
-    from ..store import resolve_layers
 
     roots = list(dict.fromkeys(str(Path(s).parent.parent) for s in stores))
     read = {str(layer.root): layer.source for layer in resolve_layers(None)}
@@ -209,30 +216,14 @@ def _serve_hint(stores: list[str]) -> str:
 
 
 def _build_arch(
-    out: Output,
-    arch,
-    spec_list,
-    roots,
-    jobs,
-    num_sms,
-    python,
-    misses,
-    shard,
-    dry_run,
-    replace_spec,
-    label,
-):
+    out: Output, arch, spec_list, roots, jobs, num_sms, python, misses, shard, dry_run,
+    replace_spec, label,
+):  # fmt: skip
     """One arch of `fa4aot build`. -> (rows, unsupported, store dir, counts), the last two None
     on a dry run; prints the text report itself."""
-    from ..build import build as run_build
-    from ..build import plan_for
-    from ..merge import shard as shard_ids
 
     plan = plan_for(spec_list, arch, num_sms)
     if misses:
-        from ..missing import plan_misses, read_misses
-        from ..variants import Need, Unsupported
-
         todo, refused = plan_misses(read_misses(misses), arch, num_sms)
         plan.needs += [Need(v, call, "miss-log", Path(misses).name) for v, call in todo]
         plan.unsupported += [Unsupported("miss-log", Path(misses).name, r) for r in refused]
@@ -247,20 +238,7 @@ def _build_arch(
         for u in plan.unsupported
     ]
     if dry_run:
-        todo = plan.variants()
-        keep = set(shard_ids(list(todo), *shard)) if shard else set(todo)
-        rows = [
-            {
-                "arch": arch,
-                "num_sms": num_sms or C.default_num_sms(arch),
-                "id": vid,
-                "variant": n.variant.describe(),
-                "spec": f"{n.spec}/{n.layer}",
-            }
-            for vid, n in todo.items()
-            if vid in keep
-        ]
-        return rows, unsup, None, None
+        return _dry_run_rows(plan, arch, num_sms, shard), unsup, None, None
     progress = Progress.for_command(out.as_json, jobs, label)
     t0 = time.perf_counter()
     try:
@@ -301,6 +279,29 @@ def _build_arch(
         }
         for r in results
     ]
+    _report(out, arch, results, unsup, counts, store, shard, label, wall)
+    return rows, unsup, str(store.dir), counts
+
+
+def _dry_run_rows(plan, arch, num_sms, shard) -> list[dict]:
+    """`build --dry-run`'s rows: what this arch (and shard) would build."""
+    todo = plan.variants()
+    keep = set(shard_ids(list(todo), *shard)) if shard else set(todo)
+    return [
+        {
+            "arch": arch,
+            "num_sms": num_sms or C.default_num_sms(arch),
+            "id": vid,
+            "variant": n.variant.describe(),
+            "spec": f"{n.spec}/{n.layer}",
+        }
+        for vid, n in todo.items()
+        if vid in keep
+    ]
+
+
+def _report(out, arch, results, unsup, counts, store, shard, label, wall) -> None:
+    """The text report of one arch's build."""
     for r in results:
         if r.status == "failed":
             out.text(f"FAILED {r.id} {r.description}: {r.error}")
@@ -325,7 +326,6 @@ def _build_arch(
             f"{label}built {counts['built'] + counts['rebuilt']}, cached "
             f"{counts['cached']}, failed {counts['failed']} in {wall:.1f}s -> {store.dir}"
         )
-    return rows, unsup, str(store.dir), counts
 
 
 @main.command("specs")
@@ -340,8 +340,6 @@ def _build_arch(
 def specs_cmd(arch, specs, num_sms, gpu, cache, out):
     """Show what each spec needs on an arch: variants (STATUS: built when a store of the layers
     holds a loadable copy, else missing), and unsupported layers with the reason."""
-    from ..build import plan_for
-    from ..specs import resolve_specs
 
     arch, num_sms = apply_gpu(gpu, arch, num_sms)
     layers = layers_for(cache, out, strict=False)

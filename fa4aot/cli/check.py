@@ -10,12 +10,23 @@ import sys
 
 import click
 
-from .. import constraints as C
-from . import main
+from fa4aot import settings
+from fa4aot.build.builder import plan_for
+from .app import main
 from .common import (
-    apply_gpu, cache_option, gpu_option, layers_for, loadable_artifacts, matching_stores,
+    apply_gpu,
+    cache_option,
+    gpu_option,
+    layers_for,
+    loadable_artifacts,
+    matching_stores,
 )
 from .output import with_output
+from fa4aot.model import constraints as C
+from fa4aot.model.specs import resolve_specs
+from fa4aot.model.variants import Variant
+from fa4aot.policy.select import choose
+from fa4aot.store.doctor import format_text, report
 
 
 def compiler_missing() -> str | None:
@@ -67,11 +78,6 @@ def coverage(specs, arch, num_sms, gpu, python, cache, trace, allow_unsupported,
     (checksums, ownership). Exit 1 if anything is missing or corrupt, no store matches the
     target, a setting is invalid, or a layer is unsupported (without --allow-unsupported): run
     it before shipping an image."""
-    from .. import settings
-    from ..build import plan_for
-    from ..select import choose
-    from ..specs import resolve_specs
-    from ..variants import Variant
 
     settings.check()
     arch, num_sms = apply_gpu(gpu, arch, num_sms)
@@ -99,41 +105,13 @@ def coverage(specs, arch, num_sms, gpu, python, cache, trace, allow_unsupported,
         needs = list(plan.variants().values())
         traced = None
         if trace and needs:
-            from .. import compiler
+            from fa4aot.fa4 import driver
 
-            compiler.configure(arch, num_sms)
-            traced = compiler.trace_keys([n.call for n in needs])
+            driver.configure(arch, num_sms)
+            traced = driver.trace_keys([n.call for n in needs])
         for i, n in enumerate(needs):
-            feat = n.call.feature_kwargs()
-            ch = choose(arch, feat, avail)
-            row = {
-                "spec": spec.name,
-                "layer": n.layer,
-                "id": n.variant.id,
-                "variant": n.variant.describe(),
-            }
-            if ch and ch[0].exact:
-                row["status"] = "hit"
-                if traced is not None:
-                    absent = [
-                        f"{name}"
-                        for name, ks in traced[i].items()
-                        for k in ks
-                        if (name, k) not in keys
-                    ]
-                    if absent:
-                        row["status"] = "missing"
-                        row["detail"] = (
-                            f"FA4 compile key(s) of {', '.join(absent)} not in the store"
-                        )
-            elif ch:
-                row["status"] = "padding"
-                row["detail"] = ch[0].describe(n.variant)
-                row["cost"] = round(ch[0].cost, 3)
-            else:
-                row["status"] = "missing"
-            if n.variant.id in found.corrupt and row["status"] != "hit":
-                row["detail"] = f"corrupt: {found.corrupt[n.variant.id]}"
+            row = _coverage_row(spec, n, arch, avail, keys, None if traced is None else traced[i],
+                                found.corrupt)
             missing += row["status"] == "missing"
             rows.append(row)
         for u in plan.unsupported:
@@ -180,6 +158,30 @@ def coverage(specs, arch, num_sms, gpu, python, cache, trace, allow_unsupported,
         sys.exit(1)
 
 
+def _coverage_row(spec, n, arch, avail, keys, traced, corrupt) -> dict:
+    """One needed variant's coverage row: hit (and, with `traced`, FA4's keys all stored),
+    servable by padding, or missing."""
+    ch = choose(arch, n.call.feature_kwargs(), avail)
+    row = {"spec": spec.name, "layer": n.layer, "id": n.variant.id,
+           "variant": n.variant.describe()}
+    if ch and ch[0].exact:
+        row["status"] = "hit"
+        if traced is not None:
+            absent = [name for name, ks in traced.items() for k in ks if (name, k) not in keys]
+            if absent:
+                row["status"] = "missing"
+                row["detail"] = f"FA4 compile key(s) of {', '.join(absent)} not in the store"
+    elif ch:
+        row["status"] = "padding"
+        row["detail"] = ch[0].describe(n.variant)
+        row["cost"] = round(ch[0].cost, 3)
+    else:
+        row["status"] = "missing"
+    if n.variant.id in corrupt and row["status"] != "hit":
+        row["detail"] = f"corrupt: {corrupt[n.variant.id]}"
+    return row
+
+
 @main.command()
 @cache_option("read")
 @with_output
@@ -187,7 +189,6 @@ def doctor(cache, out):
     """Versions, settings (value and source), GPU (arch, SM count), runtime library, visible
     store layers and whether each is compatible and intact, and what the runtime would serve
     from. Exit 1 if something stops serving here."""
-    from ..doctor import format_text, report
 
     layers = layers_for(cache, out, strict=False)
     r = report(layers)

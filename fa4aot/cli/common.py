@@ -8,9 +8,11 @@ from pathlib import Path
 
 import click
 
-from .. import constraints as C
-from ..errors import Fa4aotError, FingerprintMismatch
-from ..store import Layer, Store, build_toolchain, resolve_layers, scan_root
+from fa4aot import settings
+from fa4aot.errors import Fa4aotError, FingerprintMismatch
+from fa4aot.model import constraints as C
+from fa4aot.store.layers import Layer, Store, resolve_layers, scan_root
+from fa4aot.store.toolchain import build_toolchain
 
 CACHE_HELP = {
     "read": "Store layers to read, ':'-separated (default: the $FA4AOT_CACHE_DIR layers, else "
@@ -141,8 +143,6 @@ class Loadable:
 
 
 def loadable_artifacts(stores: list[Store]) -> Loadable:
-    from .. import settings
-
     res = Loadable()
     unsafe_ok = settings.allow_unsafe_dirs()
     for s in stores:

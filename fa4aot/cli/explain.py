@@ -7,12 +7,22 @@ import sys
 
 import click
 
-from .. import constraints as C
-from . import main
+from fa4aot import settings
+from .app import main
 from .common import (
-    apply_gpu, cache_option, gpu_option, layers_for, loadable_artifacts, matching_stores,
+    apply_gpu,
+    cache_option,
+    gpu_option,
+    layers_for,
+    loadable_artifacts,
+    matching_stores,
 )
 from .output import with_output
+from fa4aot.model import constraints as C
+from fa4aot.model.compile_keys import Call, features, native_split_variant, split_kernel_variant
+from fa4aot.model.variants import MlaRefused, Variant
+from fa4aot.policy import split as S
+from fa4aot.policy.select import _call_features, choose, fold_from_env, mla_padded_ratio, nearest
 
 
 def _cached_artifacts(layers, arch: str, num_sms: int, python: str | None):
@@ -76,45 +86,15 @@ def _cached_artifacts(layers, arch: str, num_sms: int, python: str | None):
 @cache_option("read")
 @with_output
 def explain(
-    arch,
-    num_sms,
-    gpu,
-    dtype,
-    descales,
-    heads,
-    head_dim,
-    head_dim_v,
-    layout,
-    batch,
-    seqlen_q,
-    seqlen_k,
-    page_size,
-    causal,
-    window,
-    lse,
-    sink,
-    no_padding,
-    hbm_tbps,
-    qv,
-    cache,
-    out,
-):
+    arch, num_sms, gpu, dtype, descales, heads, head_dim, head_dim_v, layout, batch, seqlen_q,
+    seqlen_k, page_size, causal, window, lse, sink, no_padding, hbm_tbps, qv, cache, out,
+):  # fmt: skip
     """How the runtime would serve a call: its variant, then an exact hit, a decode fold, a
     padding plan (with its cost) or the refusal; with --seqlen-k, whether a decode step splits
     its KV (split-KV on sm90; FA4's native split on sm100/sm103) and how. FP8 calls (Blackwell)
     are served by kernels of their descale set. Exit 1 when nothing can serve it."""
-    from .. import settings
-    from .. import split as S
-    from ..select import choose, fold_from_env, nearest
-    from ..variants import Call, Variant, features
 
-    try:
-        hq, hk = (int(x) for x in heads.split(":"))
-        assert hq > 0 and hk > 0 and hq % hk == 0
-    except (ValueError, AssertionError):
-        raise click.BadParameter(
-            f"expected Q:KV with KV dividing Q, e.g. 32:8; got {heads!r}", param_hint="--heads"
-        )
+    hq, hk = _heads(heads)
     if (layout == "paged") != (page_size is not None):
         raise click.BadParameter(
             "--page-size goes with --layout paged (and only with it)", param_hint="--page-size"
@@ -135,22 +115,11 @@ def explain(
         )
     layout = layout or "dense"
     call = Call(
-        layout=layout,
-        batch=batch,
-        seqlen_q=seqlen_q,
-        seqlen_k=seqlen_q,
-        num_heads=hq,
-        num_heads_kv=hk,
-        head_dim=head_dim,
-        head_dim_v=head_dim_v or head_dim,
-        dtype=dtype,
-        causal=causal,
-        window_left=window,
-        window_right=None if window is None else (0 if causal else window),
-        return_lse=lse,
-        sink_dtype="float32" if sink else None,
-        page_size=page_size,
-        descales=descales,
+        layout=layout, batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_q, num_heads=hq,
+        num_heads_kv=hk, head_dim=head_dim, head_dim_v=head_dim_v or head_dim, dtype=dtype,
+        causal=causal, window_left=window,
+        window_right=None if window is None else (0 if causal else window), return_lse=lse,
+        sink_dtype="float32" if sink else None, page_size=page_size, descales=descales,
     )
     feat = call.feature_kwargs()
     if C.is_blackwell(arch):
@@ -177,34 +146,13 @@ def explain(
             seqlen_q, seqlen_k, page_size, causal, window, sink, arts, hbm,
         )
         split_doc["hbm_tbps"] = round((hbm or S.H200_HBM_PEAK) / 1e12, 3)
-    fp8_doc = None
-    if fp8:
-        fp8_doc = {
-            "descales": descales,
-            "out_dtype": "bfloat16",
-            "plan": f"FP8 {dtype} with {', '.join(f'{n}_descale' for n in descales)} (float32 "
-            "(batch, num_kv_heads) each; another set is another kernel); padding and the decode "
-            "fold keep the batch and the KV heads, so the descales pass on unchanged; O is "
-            "bfloat16",
-        }
+    fp8_doc = _fp8_doc(dtype, descales) if fp8 else None
     doc = {
         "variant": want.to_dict(),
         "id": want.id,
         "description": want.describe(),
         "fa4_unsupported": why,
-        "choices": [
-            {
-                "id": c.variant.id,
-                "exact": c.exact,
-                "ratio": c.ratio,
-                "head_dim": c.head_dim,
-                "head_dim_v": c.head_dim_v,
-                "cost": round(c.cost, 3),
-                "fold": c.fold,
-                "plan": c.describe(want),
-            }
-            for c in choices
-        ],
+        "choices": [_choice_doc(c, want) for c in choices],
         "nearest": []
         if choices
         else [{"id": v.id, "description": v.describe()} for v in nearest(want, avail)],
@@ -217,32 +165,70 @@ def explain(
     if out.as_json:
         out.document(doc)
     else:
-        out.text(f"call variant: {want.describe()} (id {want.id})")
-        if why:
-            out.text(f"FA4 cannot run it exactly: {why}")
-        if fp8_doc and not why:
-            out.text(f"fp8         : {fp8_doc['plan']}")
-        if split_serves:
-            out.text(f"served by   : {split_doc.get('plan') or split_doc['fold']}")
-        if split_doc and not split_doc["splits"]:
-            out.text(f"split-KV    : no ({split_doc['why']})")
-        if split_doc and hbm:
-            out.text(f"cost model  : the split plans' for HBM at {split_doc['hbm_tbps']} TB/s")
-        if choices:
-            head = "unsplit     :" if split_serves else "served by   :"
-            out.text(f"{head} {choices[0].describe(want)}")
-            for c in choices[1:4]:
-                out.text(f"alternative : {c.describe(want)}")
-        elif not split_serves:
-            out.text("served by   : nothing cached (the runtime raises ArtifactMissing)")
-            for v in nearest(want, avail):
-                out.text(f"nearest     : {v.describe()} ({v.id})")
-        if corrupt.get(want.id):
-            out.text(f"corrupt     : the exact artifact fails its checks: {corrupt[want.id]}")
-        if not match.stores:
-            out.text(f"stores      : none for this target; {match.describe_others()}")
+        _print(out, want, why, fp8_doc, split_doc, split_serves, hbm, choices, avail, corrupt,
+               match)
     if not choices and not split_serves:
         sys.exit(1)
+
+
+def _fp8_doc(dtype: str, descales: str) -> dict:
+    return {
+        "descales": descales,
+        "out_dtype": "bfloat16",
+        "plan": f"FP8 {dtype} with {', '.join(f'{n}_descale' for n in descales)} (float32 "
+        "(batch, num_kv_heads) each; another set is another kernel); padding and the decode "
+        "fold keep the batch and the KV heads, so the descales pass on unchanged; O is "
+        "bfloat16",
+    }
+
+
+def _choice_doc(c, want) -> dict:
+    return {
+        "id": c.variant.id, "exact": c.exact, "ratio": c.ratio, "head_dim": c.head_dim,
+        "head_dim_v": c.head_dim_v, "cost": round(c.cost, 3), "fold": c.fold,
+        "plan": c.describe(want),
+    }
+
+
+def _heads(heads: str) -> tuple[int, int]:
+    """--heads Q:KV -> (Q, KV), KV dividing Q."""
+    try:
+        hq, hk = (int(x) for x in heads.split(":"))
+        assert hq > 0 and hk > 0 and hq % hk == 0
+    except (ValueError, AssertionError):
+        raise click.BadParameter(
+            f"expected Q:KV with KV dividing Q, e.g. 32:8; got {heads!r}", param_hint="--heads"
+        )
+    return hq, hk
+
+
+def _print(out, want, why, fp8_doc, split_doc, split_serves, hbm, choices, avail, corrupt, match):
+    """explain's text form."""
+
+    out.text(f"call variant: {want.describe()} (id {want.id})")
+    if why:
+        out.text(f"FA4 cannot run it exactly: {why}")
+    if fp8_doc and not why:
+        out.text(f"fp8         : {fp8_doc['plan']}")
+    if split_serves:
+        out.text(f"served by   : {split_doc.get('plan') or split_doc['fold']}")
+    if split_doc and not split_doc["splits"]:
+        out.text(f"split-KV    : no ({split_doc['why']})")
+    if split_doc and hbm:
+        out.text(f"cost model  : the split plans' for HBM at {split_doc['hbm_tbps']} TB/s")
+    if choices:
+        head = "unsplit     :" if split_serves else "served by   :"
+        out.text(f"{head} {choices[0].describe(want)}")
+        for c in choices[1:4]:
+            out.text(f"alternative : {c.describe(want)}")
+    elif not split_serves:
+        out.text("served by   : nothing cached (the runtime raises ArtifactMissing)")
+        for v in nearest(want, avail):
+            out.text(f"nearest     : {v.describe()} ({v.id})")
+    if corrupt.get(want.id):
+        out.text(f"corrupt     : the exact artifact fails its checks: {corrupt[want.id]}")
+    if not match.stores:
+        out.text(f"stores      : none for this target; {match.describe_others()}")
 
 
 _MLA_NO_SPLIT = ("absorbed MLA runs unsplit whatever FA4AOT_SPLIT_KV says: FA4 splits it only "
@@ -258,8 +244,6 @@ def _explain_mla(
     FA4's refusal at its head ratio; then what select.choose finds among the cached kernels
     (exact, or the head ratio padded: 20 -> 32...), as the runtime's plan step calls it. Exit 1
     when nothing serves it."""
-    from ..select import choose, mla_padded_ratio
-    from ..variants import Call, MlaRefused, Variant, features
 
     ratio = hq // hk
     doc: dict = {"arch": arch, "mla": True, "ratio": ratio, "head_dim": head_dim, "qv": qv}
@@ -341,12 +325,9 @@ def _native_split_plan(
     arch, num_sms, feat, choices, arts, layout, batch, seqlen_q, seqlen_k
 ) -> dict:
     """The runtime's native split-KV decision on Blackwell (runtime/blackwell.py: FA4's own
-    split kernels, `variants.native_split_variant`) for the kernel that serves the call
+    split kernels, `compile_keys.native_split_variant`) for the kernel that serves the call
     (`choices[0]`; a padded call splits on its padded re-entry): {"splits": n or 0,
     "plan"/"why": text}."""
-    from .. import settings
-    from ..select import _call_features
-    from ..variants import native_split_variant
 
     setting = settings.split_kv()
     setting = -1 if setting == "auto" else setting
@@ -403,9 +384,6 @@ def _split_plan(
     """The runtime's split-KV decision for this call (runtime.Runtime.split_for and the entry
     points' checks, from the same pure functions) on a card whose HBM peaks at `hbm` bytes/s
     (None: the H200's): {"splits": n or 0, "plan"/"why": text}."""
-    from .. import settings
-    from .. import split as S
-    from ..variants import split_kernel_variant
 
     setting = settings.split_kv()
     setting = -1 if setting == "auto" else setting
@@ -440,7 +418,7 @@ def _split_plan(
         why = f"{seqlen_k} keys: at most {S.NEVER_SPLIT_KEYS} never split"
     kern = split_kernel_variant(arch, dtype, d, dv, page_size)
     rec = _record(arts, kern.id)
-    merge_name, merge = S.merge_part(rec["parts"] if rec else {}, dtype)
+    merge_name, _ = S.merge_part(rec["parts"] if rec else {}, dtype)
     if why is None and merge_name is None:
         why = (f"the split kernel {kern.describe()} (id {kern.id}) is not cached with its "
                "merge kernel")
@@ -448,62 +426,53 @@ def _split_plan(
     fold_why = S.fold_refusal(arch=arch, head_dim=d, head_dim_v=dv, ratio=hq // hk,
                               rows=seqlen_q, sink=sink)
     if why is None:
-        max_slots = merge.get("max_splits", S.MAX_SLOTS)
         bucket = S.plan_bucket(seqlen_k)  # as the runtime plans it
-        wide_paged = S.wide_path(page_size, kern.paged_tma is not False,
-                                 S.tma_part(rec["parts"], page_size) is not None)
-        model = S.model_for(hbm)
-        sp = S.plan_split(
-            ctas=batch * seqlen_q * hk, seqlen_k=bucket, bytes_per_key=(d + dv) * 2,
-            page_size=page_size, sink=sink, num_sms=num_sms, setting=setting,
-            max_slots=max_slots, decode_rows=batch * seqlen_q, fold=fold_why is None,
-            wide=seqlen_q == 1 and S.wide_part(rec["parts"], kern) is not None,
-            wide_paged=wide_paged, model=model,
+        # the runtime's own decision (runtime/splitkv.split_step takes the same two steps)
+        sp = S.plan_step(
+            S.kernel_facts(rec["parts"], kern, page_size, dtype), batch=batch, rows=seqlen_q,
+            kv_heads=hk, ratio=hq // hk, tile_m=C.split_tile_m(arch, d, dv), seqlen_k=seqlen_k,
+            bytes_per_key=(d + dv) * 2, page_size=page_size, sink=sink, causal=causal,
+            num_sms=num_sms, setting=setting, fold=fold_why is None,
+            meta=padded or not dense_pages, model=S.model_for(hbm),
         )
-        fwd_rec = rec["parts"]["fwd"]
-        modes = (fwd_rec.get("chunk_lengths") if page_size
-                 else S.bounds_part(rec["parts"]) is not None)
-        if (seqlen_q > 1 and fwd_rec.get("q_broadcast") and modes
-                and S.packed_refusal(ratio=hq // hk, rows=seqlen_q,
-                                     tile_m=C.split_tile_m(arch, d, dv),
-                                     page_size=page_size) is None):
-            # (runtime/splitkv._packed_plan, likewise)
-            sp = S.plan_packed(
-                batch=batch, kv_heads=hk, rows=seqlen_q, seqlen_k=bucket,
-                bytes_per_key=(d + dv) * 2, page_size=page_size, sink=sink, causal=causal,
-                num_sms=num_sms, setting=setting, max_slots=max_slots, unrolled=sp,
-                meta_s=S.packed_meta_s((padded or not dense_pages) and page_size is not None,
-                                       "packed_meta" in rec["parts"]),
-                model=model,
-            ) or sp
         if sp is None:
             why = ("FA4AOT_SPLIT_KV=0" if setting == 0 else
                    f"the cost model: {batch * seqlen_q * hk} CTAs over {seqlen_k} keys gain "
                    f"nothing on {num_sms} SMs")
             if setting != 0 and fold_why is None:
-                # (runtime/splitkv.FoldRun, likewise)
-                part = C.fold_part(batch * hk, num_sms, page_size is not None, bucket,
-                                   rec["parts"])
-                w = rec["parts"].get(part) or {}
-                ctas = batch * hk
-                if part:
-                    on = (f"the wide fold kernel {part} ({w.get('tile_n')}-key tiles, "
-                          f"{w.get('ctas_per_sm')} CTA(s) per SM: {ctas} CTAs fill its "
-                          f"waves on {num_sms} SMs) of {kern.describe()}")
-                elif any(w.part in rec["parts"] for w in C.WIDE_FOLDS):
-                    on = kern.describe() + (
-                        f" (the chunk kernel: {ctas} CTAs fit one wave at one CTA per SM on "
-                        f"{num_sms} SMs" if ctas <= num_sms else
-                        f" (the chunk kernel: {ctas} CTAs would leave the wide fold kernels "
-                        f"a thin last wave on {num_sms} SMs") + "; constraints.fold_kernel)"
-                else:
-                    on = kern.describe()
-                return {"splits": 0, "why": why, "wide": part is not None,
-                        "fold_kernel": part or "fwd", "fold": (
-                    f"the fold: one chunk per sequence on {on} (id {kern.id}), "
-                    f"the {hq // hk} query heads of each KV head as its rows, no combine")}
+                return _fold_doc(why, kern, rec["parts"], batch * hk, hq // hk, num_sms,
+                                 page_size, bucket)
     if sp is None:
         return {"splits": 0, "why": why}
+    return _plan_doc(sp, kern, rec["parts"], merge_name, batch, seqlen_q, hk, page_size,
+                     num_sms, dense_pages)
+
+
+def _fold_doc(why, kern, parts, ctas, ratio, num_sms, page_size, bucket) -> dict:
+    """explain's split doc for an unsplit step that runs as the fold (runtime/splitruns.FoldRun,
+    on the part constraints.fold_part picks, as the runtime does)."""
+    part = C.fold_part(ctas, num_sms, page_size is not None, bucket, parts)
+    w = parts.get(part) or {}
+    if part:
+        on = (f"the wide fold kernel {part} ({w.get('tile_n')}-key tiles, "
+              f"{w.get('ctas_per_sm')} CTA(s) per SM: {ctas} CTAs fill its "
+              f"waves on {num_sms} SMs) of {kern.describe()}")
+    elif any(w.part in parts for w in C.WIDE_FOLDS):
+        on = kern.describe() + (
+            f" (the chunk kernel: {ctas} CTAs fit one wave at one CTA per SM on "
+            f"{num_sms} SMs" if ctas <= num_sms else
+            f" (the chunk kernel: {ctas} CTAs would leave the wide fold kernels "
+            f"a thin last wave on {num_sms} SMs") + "; constraints.fold_kernel)"
+    else:
+        on = kern.describe()
+    return {"splits": 0, "why": why, "wide": part is not None, "fold_kernel": part or "fwd",
+            "fold": (f"the fold: one chunk per sequence on {on} (id {kern.id}), "
+                     f"the {ratio} query heads of each KV head as its rows, no combine")}
+
+
+def _plan_doc(sp, kern, parts, merge_name, batch, seqlen_q, hk, page_size, num_sms,
+              dense_pages) -> dict:
+    """explain's split doc for a step that splits by `sp`."""
     rows = f", {seqlen_q} query rows unrolled{dense_pages}" if seqlen_q > 1 else dense_pages
     if rows and page_size is None:
         rows += " (each row's chunk bounds read from cu_seqlens_k by the bounds mode)"
@@ -518,13 +487,13 @@ def _split_plan(
     merged = ("fa4aot's merge kernel" if merge_name == "merge" else
               "FA4's combine (a store built before fa4aot's merge kernel: `fa4aot build` "
               "replaces it)")
-    q_broadcast = bool(rec["parts"]["fwd"].get("q_broadcast"))
+    q_broadcast = bool(parts["fwd"].get("q_broadcast"))
     q_read = ("q read in place through a chunk mode" if q_broadcast or batch * seqlen_q == 1
               else "q copied over the chunks (a store built before the chunk mode: "
               "`fa4aot build` replaces it)")
-    part = S.tma_part(rec["parts"], page_size)  # (as runtime/plan.Runtime.split_kernel)
+    part = S.tma_part(parts, page_size)  # (as runtime/plan.Runtime.split_kernel)
     on = (f"fwd_tma ({page_size}-key tiles on FA4's TMA paged path) of " if part else "")
-    if sp.wide:  # (runtime/splitkv.SplitRun, likewise)
+    if sp.wide:  # (runtime/splitruns.SplitRun, likewise)
         w = C.WIDE_SPLIT
         part, on = w.part, (f"{w.part} (fwd_wide through the chunk modes: {w.tile_n}-key tiles, "
                             f"{w.ctas_per_sm} CTAs per SM) of ")

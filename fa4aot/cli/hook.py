@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import sysconfig
 from pathlib import Path
 
 import click
 
-from . import main
+from fa4aot._autoinstall import PTH_LINE, PTH_NAME
+from .app import main
+from fa4aot.store.files import atomic_write
 
 
 @main.command()
@@ -19,14 +22,10 @@ from . import main
 )
 def hook(action):
     """Manage the site-packages hook that runs fa4aot.install() when FA4AOT_INSTALL is set."""
-    import sysconfig
 
-    from .._autoinstall import PTH_LINE, PTH_NAME
 
     path = Path(sysconfig.get_paths()["purelib"]) / PTH_NAME
     if action == "enable":
-        from ..store import atomic_write
-
         atomic_write(path, PTH_LINE.encode())
         click.echo(
             f"enabled: {path} (set FA4AOT_INSTALL=error|warn|jit in the server's environment)"

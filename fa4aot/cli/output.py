@@ -11,7 +11,7 @@ from typing import Any, NoReturn
 
 import click
 
-from ..store import Layer
+from fa4aot.store.layers import Layer
 
 META_KEY = "fa4aot.output"
 

@@ -7,11 +7,15 @@ from pathlib import Path
 
 import click
 
-from .. import constraints as C
-from ..store import Layer
-from . import main
+from .app import main
 from .common import cache_option, existing, layers_for
 from .output import with_output
+from fa4aot.model import constraints as C
+from fa4aot.store.archive import pack as run_pack
+from fa4aot.store.archive import unpack as run_unpack
+from fa4aot.store.layers import Layer, build_root, resolve_layers
+from fa4aot.store.merge import merge as run_merge
+from fa4aot.store.wheel import build_wheels
 
 
 @main.command()
@@ -26,7 +30,6 @@ from .output import with_output
 def pack(output, cache, store_name, specs, arch, out):
     """Write one store to a tar archive (.tar, .tar.gz, .tar.xz) for `fa4aot unpack` elsewhere.
     Only artifacts that pass their checks go in; exit 1 if any was left out."""
-    from ..archive import pack as run_pack
 
     layers = layers_for(cache, out, wheels=False)
     res = run_pack(
@@ -57,7 +60,6 @@ def unpack(archive, cache, out):
     """Import an archive from `fa4aot pack` into the first writable layer. Every member and
     checksum is checked first: an archive with anything else (links, devices, '..', absolute
     paths, bad checksums) imports nothing and exits 1."""
-    from ..archive import unpack as run_unpack
 
     layers = layers_for(cache, out, wheels=False, verb="write", strict=False)
     res = run_unpack(Path(archive), [lay.root for lay in layers])
@@ -84,8 +86,6 @@ def merge(sources, cache, out):
     """Merge store roots (e.g. the outputs of `fa4aot build --shard I/N` jobs) into one. Every
     artifact is checked first; a conflict (one variant id or spec name with different content)
     or a corrupt entry refuses the merge, writes nothing and exits 1."""
-    from ..merge import merge as run_merge
-    from ..store import build_root, resolve_layers
 
     dest_layers = resolve_layers(cache, wheels=False)
     out.read_layers([Layer(Path(s), "source") for s in sources] + dest_layers)
@@ -119,7 +119,6 @@ def wheel(out_dir, cache, specs, arch, store_name, name, version, out):
     """Write one pip-installable cache wheel (fa4aot-cache-<name>) per store. Installed, its
     store is found through the `fa4aot.stores` entry point, after the $FA4AOT_CACHE_DIR layers;
     several cache wheels stack. Exit 1 if an artifact failed its checks and was left out."""
-    from ..wheel import build_wheels
 
     layers = layers_for(cache, out, wheels=False)
     res = build_wheels(

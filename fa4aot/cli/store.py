@@ -7,11 +7,16 @@ import sys
 
 import click
 
-from ..errors import Fa4aotError
-from ..store import Layer, build_root, stores_at
-from . import main
+from fa4aot import settings
+from .app import main
 from .common import cache_option, existing, layers_for
 from .output import format_table, with_output
+from fa4aot.errors import Fa4aotError
+from fa4aot.model.variants import Variant
+from fa4aot.policy.blocks import block_size_rows
+from fa4aot.store.layers import Layer, build_root, stores_at, verify_root
+from fa4aot.store.prune import execute, parse_size
+from fa4aot.store.prune import plan as make_plan
 
 
 def _all_artifacts(layers: list[Layer]):
@@ -35,8 +40,6 @@ def _all_artifacts(layers: list[Layer]):
 @with_output
 def ls_cmd(cache, out):
     """List the artifacts of the store layers, and the KV block sizes each spec is served with."""
-    from ..blocks import block_size_rows
-    from ..variants import Variant
 
     layers = layers_for(cache, out)
     rows = []
@@ -126,8 +129,6 @@ def inspect(artifact_id, cache, out):
 def verify(cache, out):
     """Check every artifact's record and checksums in every store layer; exit 1 on any
     problem, including a layer that cannot be read and no layer at all. Reads only."""
-    from .. import settings
-    from ..store import verify_root
 
     settings.check()
     layers = layers_for(cache, out)
@@ -164,8 +165,6 @@ def prune(cache, dry_run, keep, max_size, out):
     """Remove other toolchains' stores, quarantined and corrupt entries, dead builders' scratch
     and (with --max-size) the least recently used artifacts of the first writable layer. The
     plan is printed first."""
-    from ..prune import execute, parse_size
-    from ..prune import plan as make_plan
 
     try:
         max_bytes = parse_size(max_size) if max_size is not None else None

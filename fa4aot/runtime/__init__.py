@@ -24,23 +24,26 @@ from pathlib import Path
 
 import torch
 
-from .. import split as S
-from ..constraints import BIN_BATCH_SEARCH_THRESH as _BIN_BATCH  # varlen: cu_total path above it
-from ..errors import Fa4aotError, UnsupportedVariant
-from . import blackwell as B
-from . import mla as M
-from . import pad as X
-from . import plan as P
-from . import splitkv as SK
-from . import validate as V
-from .plan import Runtime
-from .validate import _prep
+from fa4aot.errors import Fa4aotError, UnsupportedVariant
+from fa4aot.model.constraints import (
+    BIN_BATCH_SEARCH_THRESH as _BIN_BATCH,  # varlen: cu_total path above it
+)
+from fa4aot.policy import split as S
+from fa4aot.runtime import blackwell as B
+from fa4aot.runtime import mla as M
+from fa4aot.runtime import pad as X
+from fa4aot.runtime import plan as P
+from fa4aot.runtime import splitkv as SK
+from fa4aot.runtime import validate as V
+from fa4aot.runtime.plan import Runtime
+from fa4aot.runtime.validate import _prep
 
 # The decode/prefill choice depends on the query length only up to the largest tile_m (192):
 # plan-cache keys clamp it there, so prefill calls of every length share one entry.
 _Q_KEY_CAP = 193
 _SPLIT_ROWS = S.MAX_ROWS
 _SPLIT_MIN = S.NEVER_SPLIT_KEYS
+_step, _Step = SK.new_step, SK.Step
 
 _DEFAULT: Runtime | None = None
 _DEFAULT_LOCK = threading.Lock()
@@ -53,6 +56,9 @@ def default_runtime() -> Runtime:
             if _DEFAULT is None:
                 _DEFAULT = Runtime()
     return _DEFAULT
+
+
+V.default_runtime = default_runtime
 
 
 def reset(roots: list[Path] | None = None, on_miss: str | None = None) -> Runtime:
@@ -114,8 +120,9 @@ def flash_attn_func(
         and sk > _SPLIT_MIN and b and dq >= 0
     ):
         got = SK.split_step(
-            rt, dq, q, k, v, "dense", None, None, None, b, sq, hq, hk, d, dv, sk, None, causal,
-            learnable_sink, softmax_scale, out, lse, return_lse, False,
+            rt, dq, q, k, v, _step(_Step, ("dense", b, sq, hq, hk, d, dv, sk, None, causal,
+                                             False)),
+            None, None, None, learnable_sink, softmax_scale, out, lse, return_lse,
         )
         if got is not None:
             return got
@@ -143,9 +150,10 @@ def flash_attn_func(
     if plan.special:  # a fold or padding plan, or a Blackwell one
         if plan.pad is None:
             return B.run(
-                rt, plan, q, k, v, out, lse, softmax_scale, causal, wl, wr, return_lse,
-                learnable_sink, None if ds is None else (q_descale, k_descale, v_descale),
-                None, None, None, None, None, None, None, b, b * sq, sq, sk, hq, hk, dq,
+                rt, plan, q, k, v, out, lse,
+                B.Options(softmax_scale, causal, wl, wr, return_lse, learnable_sink,
+                          None if ds is None else (q_descale, k_descale, v_descale), None, None),
+                B.NO_TENSORS, B.Shape(b, b * sq, sq, sk, hq, hk, dq),
             )
         if plan.pad.fold > 1:
             return X.folded(
@@ -270,9 +278,11 @@ def flash_attn_varlen_func(
                 bound = page_table.size(1) * page_size if paged else seqlen_k
             if bound > _SPLIT_MIN:
                 got = SK.split_step(
-                    rt, dev, q, k, v, kind, cu_seqlens_k, seqused_k,
-                    page_table, batch, rows, hq, hk, d, dv, bound, page_size, causal,
-                    learnable_sink, softmax_scale, out, lse, return_lse, varlen_q,
+                    rt, dev, q, k, v,
+                    _step(_Step, (kind, batch, rows, hq, hk, d, dv, bound, page_size, causal,
+                                    varlen_q)),
+                    cu_seqlens_k, seqused_k, page_table, learnable_sink, softmax_scale, out, lse,
+                    return_lse,
                 )
                 if got is not None:
                     return got
@@ -307,10 +317,12 @@ def flash_attn_varlen_func(
     if plan.special:  # a fold or padding plan, or a Blackwell one
         if plan.pad is None:
             return B.run(
-                rt, plan, q, k, v, out, lse, softmax_scale, causal, wl, wr, return_lse,
-                learnable_sink, None if ds is None else (q_descale, k_descale, v_descale),
-                cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table, max_seqlen_q,
-                max_seqlen_k, batch, total_q, sq_dense, seqlen_k, hq, hk, dev,
+                rt, plan, q, k, v, out, lse,
+                B.Options(softmax_scale, causal, wl, wr, return_lse, learnable_sink,
+                          None if ds is None else (q_descale, k_descale, v_descale),
+                          max_seqlen_q, max_seqlen_k),
+                B.Tensors(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table),
+                B.Shape(batch, total_q, sq_dense, seqlen_k, hq, hk, dev),
             )
         if plan.pad.fold > 1:  # q (batch, hq, d), one row per sequence (see the key)
             return X.folded(

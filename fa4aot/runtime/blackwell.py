@@ -2,7 +2,7 @@
 
 Reached from the entry points through `Plan.special` (set once per plan for a Blackwell
 artifact, so the sm90 exact path tests nothing new). Per call it does what FA4 does before and
-around its kernel (fa4aot/abi.py: `fwd_prepare` lays the call out, `cu_hint_prepare` sizes the
+around its kernel (fa4aot/runtime/abi.py: `fwd_prepare` lays the call out, `cu_hint_prepare` sizes the
 batch > 256 helpers' buffers; the bound launchers in launch.py pass the argument lists), with
 host-known values only (no device sync):
 
@@ -28,13 +28,16 @@ host-known values only (no device sync):
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import torch
 
-from .. import abi as A
-from .. import fp8 as F8
-from ..errors import ContractViolation
-from ..variants import native_split_variant
-from . import pad as X
+from fa4aot.errors import ContractViolation
+from fa4aot.model import fp8 as F8
+from fa4aot.model.compile_keys import native_split_variant
+from fa4aot.runtime import abi as A
+from fa4aot.runtime import pad as X
+from fa4aot.runtime.validate import descale_set
 
 _is_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -46,7 +49,7 @@ def refusal(arch: str, call, feat: dict) -> str | None:
     """Why the runtime cannot serve `call` on `arch` (checked when its plan is made), or None:
     FP8 off Blackwell (FA4 has no FP8 forward there), descales beside non-FP8 inputs. (An hd256
     call, whose pack_gqa and 2CTA kernel FA4 picks by the batch against the SM count, is
-    modelled: variants.features, Variant.two_cta, plan.hd256_class.)"""
+    modelled: compile_keys.features, Variant.two_cta, plan.hd256_class.)"""
     dtype = feat["dtype"]
     why = F8.fp8_mismatch_reason(arch, dtype, dtype)
     if why:
@@ -59,19 +62,56 @@ def refusal(arch: str, call, feat: dict) -> str | None:
 def extras(dtype, q_descale, k_descale, v_descale) -> str:
     """The entry points' check of their FP8 descales (only when one is given): refuses them
     with non-FP8 inputs; -> the descale set ("qkv"). (qv takes runtime/mla.py.)"""
-    from .validate import descale_set
 
     return descale_set(dtype, q_descale, k_descale, v_descale)
 
 
-def run(
-    rt, plan, q, k, v, out, lse, softmax_scale, causal, window_left, window_right,
-    return_lse, sink, descales, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table,
-    max_seqlen_q, max_seqlen_k, batch, total_q, seqlen_q, seqlen_k, hq, hk, dev,
-):  # fmt: skip
-    """An exact Blackwell call (see the module docstring). seqlen_q: s_q of a batch-form q
-    (None when packed); seqlen_k: the host bound on KV lengths the entry point computed;
-    descales: (q, k, v) descale tensors or None. -> (out, lse)."""
+class Options(NamedTuple):
+    """A Blackwell call's scalars and optional tensors, as the entry point resolved them."""
+
+    softmax_scale: float | None
+    causal: bool
+    window_left: int | None
+    window_right: int | None
+    return_lse: bool
+    sink: Any  # learnable_sink or None
+    descales: tuple | None  # (q, k, v) descale tensors, or None
+    max_seqlen_q: int | None
+    max_seqlen_k: int | None
+
+
+class Tensors(NamedTuple):
+    """The varlen / paged tensors FA4's varlen entry takes (all None for a dense call)."""
+
+    cu_seqlens_q: Any
+    cu_seqlens_k: Any
+    seqused_q: Any
+    seqused_k: Any
+    page_table: Any
+
+
+class Shape(NamedTuple):
+    """A call's host-known sizes. seqlen_q: s_q of a batch-form q (None when packed);
+    seqlen_k: the host bound on KV lengths the entry point computed."""
+
+    batch: int
+    total_q: int
+    seqlen_q: int | None
+    seqlen_k: int
+    hq: int
+    hk: int
+    dev: int
+
+
+NO_TENSORS = Tensors(None, None, None, None, None)
+
+
+def run(rt, plan, q, k, v, out, lse, opts: Options, tensors: Tensors, shape: Shape):
+    """An exact Blackwell call (see the module docstring). -> (out, lse)."""
+    (softmax_scale, causal, window_left, window_right, return_lse, sink, descales, max_seqlen_q,
+     max_seqlen_k) = opts
+    cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table = tensors
+    batch, total_q, seqlen_q, seqlen_k, hq, hk, dev = shape
     variant = plan.variant
     qd = kd = vd = None
     if descales is not None:
@@ -93,14 +133,7 @@ def run(
             "form: FA4's Blackwell kernel sizes its M grid from it and would skip rows"
         )
     if total_q == 0 or seqlen_k == 0 or batch == 0:
-        if out is None:
-            dt = getattr(torch, F8.fp8_out_dtype(q.dtype))
-            out = q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=dt)
-        if lse is None and return_lse:
-            lse = q.new_empty(
-                (hq, total_q) if varlen_q else (batch, hq, seqlen_q), dtype=torch.float32
-            )
-        return X.empty(out, lse, sink, varlen=varlen_q)
+        return _empty(q, v, out, lse, return_lse, sink, varlen_q, shape)
     if sink is not None and sink.stride(0) != 1:
         sink = sink.contiguous()
     target, n = plan, 1
@@ -130,25 +163,7 @@ def run(
         if n > 1:
             target = split_plan
     if n > 1 and even:
-        # the same call in batch form: q, out as views; LSE (h, total_q) written from the
-        # batch form's (b, h, s) by one copy
-        s = max_seqlen_q
-        out4, lse4 = run(
-            rt, plan, q.view(batch, s, hq, q.shape[-1]), k, v,
-            None if out is None else out.view(batch, s, hq, out.shape[-1]), None,
-            softmax_scale, causal, window_left, window_right, return_lse or lse is not None,
-            sink, descales, None, cu_seqlens_k, None, seqused_k, page_table, None,
-            max_seqlen_k, batch, total_q, s, seqlen_k, hq, hk, dev,
-        )  # fmt: skip
-        if out is None:
-            out = out4.view(total_q, hq, out4.shape[-1])
-        if lse is not None or return_lse:
-            rows = lse4.transpose(0, 1).reshape(hq, total_q)  # (h, b, s) -> (h, b * s)
-            if lse is None:
-                lse = rows.contiguous()
-            else:
-                lse.copy_(rows)
-        return out, lse
+        return _in_batch_form(rt, plan, q, k, v, out, lse, opts, tensors, shape)
     op = lp = None
     if n > 1:
         op, lp = _partials(rt, dev, q, n, batch, seqlen_q, hq, v.shape[-1])
@@ -182,9 +197,41 @@ def run(
     return p.out, p.lse
 
 
+def _empty(q, v, out, lse, return_lse, sink, varlen_q, shape):
+    """A call with no query rows, no keys or no sequences: FA4's outputs for it."""
+    if out is None:
+        dt = getattr(torch, F8.fp8_out_dtype(q.dtype))
+        out = q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=dt)
+    if lse is None and return_lse:
+        b, total_q, sq, hq = shape.batch, shape.total_q, shape.seqlen_q, shape.hq
+        lse = q.new_empty((hq, total_q) if varlen_q else (b, hq, sq), dtype=torch.float32)
+    return X.empty(out, lse, sink, varlen=varlen_q)
+
+
+def _in_batch_form(rt, plan, q, k, v, out, lse, opts, tensors, shape):
+    """A packed q of max_seqlen_q rows a sequence run as the same call in batch form: q, out
+    as views; LSE (h, total_q) written from the batch form's (b, h, s) by one copy."""
+    batch, total_q, s, hq = shape.batch, shape.total_q, opts.max_seqlen_q, shape.hq
+    out4, lse4 = run(
+        rt, plan, q.view(batch, s, hq, q.shape[-1]), k, v,
+        None if out is None else out.view(batch, s, hq, out.shape[-1]), None,
+        opts._replace(return_lse=opts.return_lse or lse is not None, max_seqlen_q=None),
+        tensors._replace(cu_seqlens_q=None, seqused_q=None), shape._replace(seqlen_q=s),
+    )
+    if out is None:
+        out = out4.view(total_q, hq, out4.shape[-1])
+    if lse is not None or opts.return_lse:
+        rows = lse4.transpose(0, 1).reshape(hq, total_q)  # (h, b, s) -> (h, b * s)
+        if lse is None:
+            lse = rows.contiguous()
+        else:
+            lse.copy_(rows)
+    return out, lse
+
+
 def _native_split(rt, plan, dev, batch, rows, bound, batch_form=False):
     """-> (num_splits, the split kernel's plan) for a call of these host-known sizes, or
-    (1, None): `variants.native_split_variant` says one split, or no store holds the split
+    (1, None): `compile_keys.native_split_variant` says one split, or no store holds the split
     kernel (the call then runs unsplit on its own kernel). The kernel's tile_m and pack_gqa are
     its record's (plan.fwd_facts checked the variant's equal to them). batch_form: a packed q
     of max_seqlen_q rows per sequence, split as q in batch form (run)."""

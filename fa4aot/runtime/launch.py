@@ -1,8 +1,9 @@
-"""FA4's kernel ABI: the one place that spells the argument order of each kernel the runtime calls.
+"""Launchers: each loaded part bound, once, to the argument list `runtime.abi` spells for it.
 
-An artifact's parts are tvm-ffi functions taking FA4's compiled signature positionally. When a
-part is loaded, the runtime binds it through its arch's `Abi` (`abi_for(variant.arch)`), and
-every call site uses the bound launcher's keyword-free, arch-neutral form:
+`runtime.abi` is the one description of FA4's compiled-function ABIs (slot tables, what FA4
+prepares before a call; tests/test_abi.py proves them FA4's). This module binds an artifact's
+parts (tvm-ffi functions taking that signature positionally) through their arch's `Abi`
+(`abi_for(variant.arch)`), so every call site uses one keyword-free, arch-neutral form:
 
     fwd(q, k, v, out, lse, scale, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
         page_table, window_left, window_right, learnable_sink, cu_total_m_blocks)
@@ -11,11 +12,11 @@ every call site uses the bound launcher's keyword-free, arch-neutral form:
 
 sm100/sm103 (`SM100`): the same arch-neutral form, plus the trailing keywords FA4's Blackwell
 forward has slots for (`max_seqlen_q`, `descales`, `blocks_to_batch_idx`), passed on to
-`fa4aot.abi.launch_sm100`, the one spelling of that list (tests/test_abi.py proves it FA4's);
-`blocks_to_batch(cu_total, out)` is the second batch > 256 helper, whose output only the
-Blackwell forward takes; `mla_fwd` binds an absorbed-MLA forward (`abi.launch_mla`: q, qv, k, v,
-out, lse, scale, the varlen tensors, page table, window, sink, descales; runtime/mla.py). A launcher is one Python frame, as the hand-written call it replaces
-was (a closure over the kernel, built once per load).
+`abi.launch_sm100`; `blocks_to_batch(cu_total, out)` is the second batch > 256 helper, whose
+output only the Blackwell forward takes; `mla_fwd` binds an absorbed-MLA forward
+(`abi.launch_mla`; runtime/mla.py). The sm90 launchers write abi's slot order out inline: a
+launcher is one Python frame (a closure over the kernel, built once per load), and
+tests/test_abi.py checks what each passes against FA4's own call.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .. import abi as A
-from ..errors import UnsupportedVariant
+from fa4aot.errors import UnsupportedVariant
+from fa4aot.runtime import abi as A
 
 _NO_AUX = (None, None)  # FA4's AuxData(tensors=None, scalars=None): a compile-time value
 
@@ -32,8 +33,7 @@ _NO_AUX = (None, None)  # FA4's AuxData(tensors=None, scalars=None): a compile-t
 # page_table[b, n_block_max - 1] before its first K load, i.e. page_table[b, -1] for a sequence
 # with no keys (flash_fwd_sm90.py: "TMA handles n_block=-1 gracefully"; the TMA load is, the
 # table read is not). For b = 0 that is the int32 just before the table: harmless while those
-# bytes are mapped, an illegal address when the table starts a GPU mapping (seen on the H200,
-# 2026-11-30: a split test's exact paged call faulted after ~80 cases; compute-sanitizer:
+# bytes are mapped, an illegal address when the table starts a GPU mapping (compute-sanitizer:
 # "Invalid __global__ read of size 4 ... 4 bytes before the nearest allocation"). Mappings
 # start at multiples of 64 KiB at the least: a table whose base is not one is passed as it is;
 # one that is goes to the kernel as a copy behind a 16-byte guard (one small copy kernel).
@@ -103,7 +103,7 @@ def _sm90_combine(kernel: Any) -> Callable:
 
 
 def fa4aot_merge(kernel: Any) -> Callable:
-    """fa4aot's split-KV merge (compiler.trace_merge; the part `merge` of a split chunk
+    """fa4aot's split-KV merge (kernels.trace_merge; the part `merge` of a split chunk
     kernel's artifact): FA4's combine's four tensors, nothing else. Arch-neutral."""
 
     def combine(out_partial, lse_partial, out, lse):
@@ -113,7 +113,7 @@ def fa4aot_merge(kernel: Any) -> Callable:
 
 
 def fa4aot_chunk_meta(kernel: Any) -> Callable:
-    """fa4aot's split-step chunk metadata kernel (compiler.trace_chunk_meta; the part
+    """fa4aot's split-step chunk metadata kernel (kernels.trace_chunk_meta; the part
     `chunk_meta` of a split chunk kernel's artifact): two int32 tensors, four int32s."""
 
     def chunk_meta(src, dst, chunk, slots, rows, causal):

@@ -1,7 +1,7 @@
 """Absorbed MLA (FA4's `qv`) on Blackwell: `flash_attn_varlen_func(q, k, v, qv=...)` served from
-the stored MLA kernels (fa4aot/mla.py builds them), exact or with its head ratio padded.
+the stored MLA kernels (fa4aot/build/mla.py builds them), exact or with its head ratio padded.
 
-The form the stored kernels take (variants.mla_features): q (total_q, h, 64) rope part and qv
+The form the stored kernels take (compile_keys.mla_features): q (total_q, h, 64) rope part and qv
 (total_q, h, 512) latent part, packed with cu_seqlens_q; one latent K/V head, K (.., 1, 64) and
 V (.., 1, 512) packed with cu_seqlens_k or paged (page_table + seqused_k); causal or not, LSE
 or not; bf16/fp16. LSE is FA4's qv layout, heads last: (total_q, h).
@@ -33,11 +33,12 @@ from __future__ import annotations
 
 import torch
 
-from .. import abi as A
-from ..errors import UnsupportedVariant
-from . import pad as X
-from . import plan as P
-from . import validate as V
+from fa4aot.errors import UnsupportedVariant
+from fa4aot.policy.select import pad_heads
+from fa4aot.runtime import abi as A
+from fa4aot.runtime import pad as X
+from fa4aot.runtime import plan as P
+from fa4aot.runtime import validate as V
 
 BATCH_FORM = (
     "qv with q in batch form (b, s_q, h, d): the stored MLA kernels take q packed, through "
@@ -142,7 +143,6 @@ def _padded(rt, ratio2, q, k, v, qv, hk, out, lse, kw):
     padded ratio's exact kernel (the re-entry, `checked`, does not pad again nor check again),
     then O (total_q, h, 512) and LSE (total_q, h) cropped into the caller's buffers, or fresh
     ones."""
-    from ..select import pad_heads
 
     total_q, hq, dv = q.shape[0], q.shape[1], qv.shape[-1]
     r = hq // hk

@@ -8,6 +8,8 @@ import math
 
 import torch
 
+from fa4aot.model.fp8 import check_descales
+
 
 def pad_last2(x: torch.Tensor, hk: int, r: int, r2: int, d2: int) -> torch.Tensor:
     """(..., hk*r, d) -> (..., hk*r2, d2): r2 - r query heads appended to each KV group, d2 - d
@@ -58,7 +60,6 @@ def folded(
     extra = {}
     fp8 = q.element_size() == 1
     if fp8:  # (descales with other inputs were refused by the entry point)
-        from ..fp8 import check_descales
 
         qd, kd, vd = descales or (None, None, None)
         check_descales(

@@ -27,24 +27,30 @@ from typing import Any, Callable
 
 import torch
 
-from .. import constraints as C
-from .. import settings
-from .. import split as S
-from ..errors import ArtifactMissing, UnsupportedVariant
-from ..select import fold_from_env
-from ..store import Artifact, Store, default_roots, find_serving_store, runtime_expectation
-from ..variants import MlaRefused, Variant, features, split_kernel_variant
-from . import launch as L
-from .validate import DTYPES, Call
+from fa4aot import settings
+from fa4aot.errors import ArtifactMissing, UnsupportedVariant
+from fa4aot.model import constraints as C
+from fa4aot.model.compile_keys import features, split_kernel_variant
+from fa4aot.model.variants import MlaRefused, Variant
+from fa4aot.policy import split as S
+from fa4aot.policy.select import _call_features, choose, fold_from_env, mla_padded_ratio, nearest
+from fa4aot.runtime import launch as L
+from fa4aot.runtime.blackwell import refusal
+from fa4aot.runtime.validate import DTYPES, Call
+from fa4aot.settings import ON_MISS
+from fa4aot.store import runtime_lib
+from fa4aot.store.layers import Store, default_roots, find_serving_store
+from fa4aot.store.misses import record_miss
+from fa4aot.store.records import Artifact
+from fa4aot.store.toolchain import read_toolchain, runtime_expectation
 
 log = logging.getLogger("fa4aot")
 
-ON_MISS = ("error", "warn", "jit")
 
 
 @dataclass(slots=True)
 class SplitKernel:
-    """A loaded split-KV chunk kernel (variants.split_kernel_variant) and its merge kernel,
+    """A loaded split-KV chunk kernel (compile_keys.split_kernel_variant) and its merge kernel,
     bound to their ABI (`launch`, `merge`): fa4aot's merge (`fa4aot_merge`, the artifact's part
     `merge`) or, in artifacts built before it or for head dims it has no layout for, FA4's
     combine (part `combine`, the arch's ABI)."""
@@ -56,21 +62,21 @@ class SplitKernel:
     abi: L.Abi = L.SM90
     fa4aot_merge: bool = False
     meta: Any = None  # the chunk metadata kernel (part `chunk_meta`), None in older artifacts
-    # the forward reads q through a chunk mode (compiler.trace_chunk_modes): no copy of q
+    # the forward reads q through a chunk mode (forwards.trace_chunk_modes): no copy of q
     q_broadcast: bool = False
     # it cuts a paged K's lengths into chunks itself (the same): no metadata launch at one row
     chunk_lengths: bool = False
     # a packed K's: the forward that reads its chunks' bounds from cu_seqlens_k as (b + 1,
-    # rows, chunk, causal shift, anchor) (part `fwd_bounds`, compiler.trace_chunk_modes(
+    # rows, chunk, causal shift, anchor) (part `fwd_bounds`, forwards.trace_chunk_modes(
     # bounds=True); split.bounds_part), None in older artifacts
     fwd_bounds: Any = None
     # the fold's kernels for a chip full of CTAs (parts `fwd_wide`, `fwd_wide1`: constraints.
-    # WideFold, compiler.trace_wide_fold; FA4's ABI), None in older artifacts, for head dims
+    # WideFold, forwards.trace_wide_fold; FA4's ABI), None in older artifacts, for head dims
     # over 128 and (fwd_wide1) for a paged K
     fwd_wide: Any = None
     fwd_wide1: Any = None
     # a paged K's split steps over pages of one tile of it, on FA4's TMA paged path (part
-    # `fwd_tma`, constraints.tma_page, compiler.trace_tma_page; the chunk kernel's ABI): bound
+    # `fwd_tma`, constraints.tma_page, forwards.trace_tma_page; the chunk kernel's ABI): bound
     # where the step's page size is the part's, else None (and in older artifacts)
     fwd_tma: Any = None
     # long split steps on fwd_wide through the chunk modes (part `fwd_wide_split`:
@@ -81,8 +87,8 @@ class SplitKernel:
     # page size == tile_n), so its launcher guards the page table (launch.GUARD_ALIGN); the
     # part fwd_tma does, the wide parts run a paged K on the cp.async path
     paged_tma: bool = True
-    # a paged K's packed-rows metadata kernel (part `packed_meta`: compiler.trace_packed_meta,
-    # runtime/splitkv.PackedRun), None in older artifacts and for a packed K
+    # a paged K's packed-rows metadata kernel (part `packed_meta`: kernels.trace_packed_meta,
+    # runtime/splitruns.PackedRun), None in older artifacts and for a packed K
     packed_meta: Any = None
     launch: Callable = field(init=False)
     merge: Callable = field(init=False)
@@ -92,6 +98,7 @@ class SplitKernel:
     launch_wide1: Callable | None = field(init=False)
     launch_split: Callable = field(init=False)  # what a split step runs: fwd_tma, else fwd
     launch_wide_split: Callable | None = field(init=False)  # a wide split step's (Split.wide)
+    facts: S.KernelFacts = field(init=False)  # what it offers a plan (split.plan_step)
 
     def __post_init__(self):
         fwd = self.abi.fwd
@@ -105,6 +112,12 @@ class SplitKernel:
                                   else fwd(self.fwd_wide_split, guard=False))
         self.merge = (L.fa4aot_merge if self.fa4aot_merge else self.abi.combine)(self.combine)
         self.chunk_meta = None if self.meta is None else L.fa4aot_chunk_meta(self.meta)
+        self.facts = S.KernelFacts(
+            max_slots=self.max_slots, wide_split=self.fwd_wide_split is not None,
+            paged_tma=self.paged_tma, tma_part=self.fwd_tma is not None,
+            q_broadcast=self.q_broadcast, chunk_lengths=self.chunk_lengths,
+            bounds=self.fwd_bounds is not None, packed_meta=self.packed_meta is not None,
+        )
 
 
 @dataclass(slots=True)
@@ -154,7 +167,7 @@ class Plan:
 
 
 # What the Blackwell path needs of a forward kernel's compile key (FA4's key positions, as
-# compiler.fwd_abi_record stores them in the artifact's record: parts.fwd.abi)
+# export.fwd_abi_record stores them in the artifact's record: parts.fwd.abi)
 FACTS = ("tile_m", "pack_gqa", "split_kv", "cu_total_m_blocks", "blocks_to_batch_idx",
          "num_splits_dynamic", "virtual_batch_idx", "num_nheads_in_l2", "tile_count_semaphore",
          "cu_total_splits_m_blocks")  # fmt: skip
@@ -290,7 +303,6 @@ class Runtime:
         """The named parts of `art` (None for a part it lacks, or for a name of None), after one
         check of the whole artifact: every part's sha256 is hashed once per load, not per part."""
         art.check_loadable(self.allow_unsafe_dirs)  # stub, unsafe dirs, sha256: before any dlopen
-        from .. import runtime_lib
 
         self._check_runtime_lib(art)
         runtime_lib.load_runtime_lib()
@@ -305,8 +317,6 @@ class Runtime:
     def _check_runtime_lib(self, art: Artifact) -> None:
         """RuntimeLibraryMismatch unless the store holding `art` was built against the runtime
         library this process loads (once per store directory)."""
-        from .. import runtime_lib
-        from ..store import read_toolchain
 
         d = art.dir.parent.parent  # <fingerprint dir>/artifacts/<id>
         if d not in self._lib_checked:
@@ -407,13 +417,11 @@ class Runtime:
         sp = None
         kern = self.split_kernel(dev, dtype, d, dv, page_size) if self.split else None
         if kern is not None:
-            path = S.wide_path(page_size, kern.paged_tma, kern.fwd_tma is not None)
-            sp = S.plan_split(
-                ctas=ctas, seqlen_k=bucket, bytes_per_key=(d + dv) * dtype.itemsize,
+            sp = S.plan_unrolled(
+                kern.facts, ctas=ctas, seqlen_k=bucket, bytes_per_key=(d + dv) * dtype.itemsize,
                 page_size=page_size, sink=sink, num_sms=self.device(dev)[1],
-                setting=self.split, max_slots=kern.max_slots, decode_rows=decode_rows,
-                fold=fold, wide=one_row and kern.launch_wide_split is not None,
-                wide_paged=path, model=self.cost_model(dev),
+                setting=self.split, decode_rows=decode_rows, fold=fold, one_row=one_row,
+                model=self.cost_model(dev),
             )
         if len(self._split_n) > 4096:
             self._split_n.clear()
@@ -465,9 +473,6 @@ class Runtime:
             )
 
     def miss(self, variant: Variant, num_sms: int, allow_padding: bool) -> None:
-        from ..missing import record_miss
-        from ..select import nearest
-
         record_miss(variant)
         near = nearest(variant, self.available(variant.arch, num_sms))
         near_s = "; ".join(f"{v.describe()} ({v.id})" for v in near) or "none (empty store?)"
@@ -483,7 +488,7 @@ class Runtime:
 def hd256_class(rt: Runtime, dev: int, batch: int, hq: int, hk: int) -> int:
     """What of a head-dim-256 call's batch its plan depends on (a term of the entry points'
     plan keys): on Blackwell FA4 picks pack_gqa and the 2CTA kernel by 2 x batch x (query or
-    KV) heads against the SM count (variants.features, Variant.two_cta); elsewhere nothing (0),
+    KV) heads against the SM count (compile_keys.features, Variant.two_cta); elsewhere nothing (0),
     and 0 off CUDA (dev < 0: the entry point's CUDA check then refuses the call, typed)."""
     if dev < 0:
         return 0
@@ -510,8 +515,6 @@ def resolve(rt: Runtime, key: tuple, call: Call) -> Plan | None:
         feat["num_sms"] = sms  # hd256 (and MLA's route): FA4's choice reads the SM count
     fp8 = call.dtype not in DTYPES
     if fp8 or C.is_blackwell(arch):
-        from .blackwell import refusal
-
         why = refusal(arch, call, feat)
         if why:
             raise UnsupportedVariant(why)
@@ -525,8 +528,6 @@ def resolve(rt: Runtime, key: tuple, call: Call) -> Plan | None:
     # batch and the KV heads, so the (batch, num_kv_heads) descales pass on unchanged, and the
     # bf16 O is cropped like any other (pad.padded, pad.folded)
     if plan is None and call.padding:
-        from ..select import choose
-
         choices = choose(arch, feat, rt.available(arch, sms), allow_fold=rt.fold)
         if choices:
             inner = rt.plan(choices[0].variant, sms)
@@ -540,8 +541,6 @@ def resolve(rt: Runtime, key: tuple, call: Call) -> Plan | None:
         if variant is None and call.padding:
             return None  # an MLA ratio FA4 refuses: the miss names the padded kernel (_wanted)
         if variant is None:
-            from ..select import mla_padded_ratio
-
             r = call.num_heads // call.num_heads_kv
             why += (f"; padding {r} -> {mla_padded_ratio(r)[0]} query heads per latent head "
                     "would serve it, but padding is denied (padding=False or FA4AOT_PADDING=deny)")
@@ -585,7 +584,6 @@ def _wanted(arch: str, sms: int, call: Call) -> Variant:
     feat = call.features()
     if call.qv is None:
         return features(arch=arch, num_sms=sms, **feat)
-    from ..select import _call_features, mla_padded_ratio
 
     variant, why = _mla_variant(arch, sms, feat)
     if variant is None:
@@ -601,7 +599,7 @@ def _wanted(arch: str, sms: int, call: Call) -> Variant:
 
 def on_miss(rt: Runtime, call: Call, jit_fn: str, args, kwargs, out=None, lse=None):
     """The miss policy: error raises ArtifactMissing (logged to the miss log); warn and jit
-    log the miss and run FA4's JIT (`compiler.jit_*`), writing the caller's buffers if given."""
+    log the miss and run FA4's JIT (`fa4.driver.jit_*`), writing the caller's buffers if given."""
     arch, sms = rt.device(call.device)
     variant = _wanted(arch, sms, call)
     if rt.on_miss == "error":
@@ -612,14 +610,13 @@ def on_miss(rt: Runtime, call: Call, jit_fn: str, args, kwargs, out=None, lse=No
             "it: FA4's public entry points take no descales. Build it: fa4aot build --arch "
             f"{arch} --spec <a spec with this FP8 layer>"
         )
-    from ..missing import record_miss
 
     record_miss(variant)
     if rt.on_miss == "warn":
         log.warning("fa4aot: no artifact for %s; compiling with FA4 (JIT)", variant.describe())
-    from .. import compiler
+    from fa4aot.fa4 import driver
 
-    o, lse_ = getattr(compiler, jit_fn)(*args, **kwargs)
+    o, lse_ = getattr(driver, jit_fn)(*args, **kwargs)
     if out is not None:  # FA4's public functions take no output buffers: honour the caller's
         out.copy_(o)
         o = out

@@ -10,11 +10,12 @@ frozen description planning works from, is built only when a call's plan is not 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
-from ..errors import ContractViolation
+from fa4aot.errors import ContractViolation
+from fa4aot.model.fp8 import check_fp8_dtypes
 
 DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -60,7 +61,7 @@ class Call:
     qv: int | None = None  # absorbed MLA: qv's latent head dim (head_dim_v); None: no qv
 
     def features(self) -> dict:
-        """The keyword arguments of `variants.features` (less arch) for this call."""
+        """The keyword arguments of `compile_keys.features` (less arch) for this call."""
         return dict(
             dtype=DTYPE_NAMES[self.dtype],
             head_dim=self.head_dim,
@@ -89,6 +90,10 @@ class Call:
 
 
 # -- contract checks ------------------------------------------------------------------------
+
+
+# The process-wide runtime's accessor: fa4aot.runtime (which imports this module) sets it.
+default_runtime = None
 
 
 def _fail(msg: str) -> ContractViolation:
@@ -194,8 +199,6 @@ def _check_qkv(q, k, v) -> tuple[int, Any, Any, Any]:
         # an FP8 KV cache beside a bf16 q was refused as a plain dtype mismatch, naming no way
         # out: fp8.check_fp8_dtypes says what FA4 needs, on the device's arch
         if any(t.dtype in _FP8 for t in (q, k, v)):
-            from ..fp8 import check_fp8_dtypes
-
             check_fp8_dtypes(_arch_of(dq), q, k, v)
         if dt not in DTYPES:
             raise _fail(f"q dtype must be bfloat16 or float16, got {dt}")
@@ -221,8 +224,6 @@ def _arch_of(dq: int) -> str:
     runtime gave before it served Blackwell; the device check refuses those calls anyway)."""
     if dq < 0:
         return "sm90"
-    from . import default_runtime
-
     return default_runtime().device(dq)[0]
 
 
@@ -362,13 +363,36 @@ def check_dense(q, k, v, window_size, learnable_sink, return_lse, out, lse, soft
     return dq, b, sq, sk, hq, hk, d, dv, wl, wr, sink_dt, cap, return_lse, _all_aligned(q, k, v)
 
 
+class VarlenShape(NamedTuple):
+    """What flash_attn_varlen_func's checks derive from a call's arguments (host-known)."""
+
+    device: int
+    batch: int
+    total_q: int
+    sq_dense: int | None  # q's length in batch form; None for packed q (cu_seqlens_q)
+    seqlen_k: int  # a bound: a dense K's length, a packed K's total, a page pool's keys
+    hq: int
+    hk: int
+    d: int
+    dv: int
+    page_size: int | None
+    window_left: int | None
+    window_right: int | None
+    sink_dtype: str | None
+    softcap: float | None
+    return_lse: bool
+    aligned: bool  # q/k/v contiguous and 16-byte aligned (else the entry point copies them)
+
+
+# built as tuple.__new__ does (a C call): NamedTuple's own __new__ is Python, on the hot path
+_varlen_shape = tuple.__new__
+
+
 def check_varlen(
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_q, seqused_k, page_table,
     window_size, learnable_sink, return_lse, out, lse, softcap, pack_gqa,
 ):
-    """flash_attn_varlen_func's checks -> (device, batch, total_q, dense sq or None, seqlen_k
-    bound (dense length, packed total or pool keys), hq, hk, d, dv, page_size, window_left,
-    window_right, sink dtype name, softcap, return_lse, q/k/v aligned)."""
+    """flash_attn_varlen_func's checks -> VarlenShape (unpacked by the entry point)."""
     dev, qs, ks, vs = _check_qkv(q, k, v)
     if cu_seqlens_q is not None:
         if len(qs) != 3:
@@ -451,18 +475,12 @@ def check_varlen(
         raise _fail(f"pack_gqa must be True, False or None, got {pack_gqa!r}")
     return_lse = bool(return_lse) or lse is not None
     if out is not None or lse is not None:
-        _check_outputs(
-            q,
-            out,
-            lse,
-            (*qs[:-1], dv),
-            (hq, total_q) if cu_seqlens_q is not None else (batch, hq, sq_dense),
-            dev,
-        )
-    return (
+        lse_shape = (hq, total_q) if cu_seqlens_q is not None else (batch, hq, sq_dense)
+        _check_outputs(q, out, lse, (*qs[:-1], dv), lse_shape, dev)
+    return _varlen_shape(VarlenShape, (
         dev, batch, total_q, sq_dense, seqlen_k, hq, hk, d, dv, page_size, wl, wr, sink_dt, cap,
         return_lse, _all_aligned(q, k, v),
-    )
+    ))
 
 
 def _all_aligned(q, k, v) -> bool:

@@ -14,10 +14,11 @@ import os
 import threading
 from pathlib import Path
 
-from . import constraints as C
-from . import settings
-from .errors import SettingError
-from .variants import Call, Variant, representative_call
+from fa4aot import settings
+from fa4aot.errors import SettingError
+from fa4aot.model import constraints as C
+from fa4aot.model.compile_keys import Call, representative_call
+from fa4aot.model.variants import Variant
 
 _seen: set[str] = set()
 _lock = threading.Lock()

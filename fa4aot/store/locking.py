@@ -21,7 +21,7 @@ Two mechanisms, picked per store from the filesystem type in /proc/mounts:
 
 FA4AOT_LOCK=flock|marker overrides the choice (tests, or a filesystem known to be safe).
 
-Why not the `filelock` package (a dependency until 2026-11-30, unused by then): its FileLock
+Why not the `filelock` package (an earlier dependency): its FileLock
 is the same flock on local filesystems, and on the network filesystems above it can succeed
 on two hosts at once; its SoftFileLock is a marker file with no notion of a dead holder, so a
 builder killed mid-compile would block every later build of that artifact until someone
@@ -43,7 +43,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from .errors import BuildError
+from fa4aot import settings
+from fa4aot.errors import BuildError
+
+# How long a waiter holds on for an artifact's lock, by who waits: a builder (a compile takes
+# seconds: a holder this slow is stuck, not working), an archive import (the same lock), prune
+# (it skips what it cannot lock soon).
+BUILD_TIMEOUT_S = 600
+IMPORT_TIMEOUT_S = 600
+PRUNE_TIMEOUT_S = 30
 
 LOCAL_FS = frozenset(
     {
@@ -117,8 +125,6 @@ def fs_type(path: Path, mounts: str | None = None) -> str:
 
 
 def lock_mode(directory: Path) -> str:
-    from . import settings
-
     kind = settings.lock_kind()
     if kind != "auto":
         return kind
@@ -221,8 +227,6 @@ def pid_alive(pid: int, start: str = "") -> bool:
 
 
 def lease_s() -> float:
-    from . import settings
-
     return settings.lock_lease_s()
 
 

@@ -28,19 +28,20 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import constraints as C
-from .errors import BuildError
-from .store import (
-    LAYOUT,
+from fa4aot import __version__
+from fa4aot.errors import BuildError
+from fa4aot.model import constraints as C
+from fa4aot.store.files import atomic_output
+from fa4aot.store.layers import (
     WHEEL_STORES,
     WHEEL_TAG,
     Store,
-    atomic_output,
     first_spec_indexes,
     first_valid_copy,
     scan_root,
     spec_ids,
 )
+from fa4aot.store.records import LAYOUT
 
 BASE_VERSION = "1.0.0"  # public part of a content-derived version (see content_version)
 _DIST_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,98}[A-Za-z0-9])?")
@@ -91,7 +92,6 @@ def requirements(tc: dict) -> list[str]:
     """Requires-Dist of a cache wheel: the exact runtime it was built for. The parts link
     against libtvm_ffi.so and libcute_dsl_runtime.so of these versions, and the records are
     read by this fa4aot; pip then refuses an environment the store cannot serve."""
-    from . import __version__
 
     reqs = [f"fa4aot=={__version__}"]
     if tc.get("tvm_ffi"):

@@ -15,7 +15,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from .errors import SpecError
+from fa4aot.errors import SpecError
+from fa4aot.model.constraints import ARCHS
 
 DTYPES = ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")  # fp8: sm100 only (constraints)
 # How a call passes q and K/V (FA4's `_flash_attn_fwd` takes any q form with any K/V form):
@@ -292,8 +293,6 @@ def _serving(src: str, d: Any, attention: tuple[Attention, ...]) -> Serving:
     split = _bool(src, "serving.split_kv", d.get("split_kv", dflt.split_kv))
     archs = None
     if "archs" in d:
-        from .constraints import ARCHS
-
         archs = _list(src, "serving.archs", d["archs"],
                       lambda f, x: _choice(src, f, x, tuple(ARCHS)))
     return Serving(

@@ -10,7 +10,7 @@ reproduces FA4 exactly. `tests/test_abi.py` proves every list equal to the one F
 by slot, for every default variant (FA4 traced on the CPU under FakeTensorMode with a
 recording stand-in for the compiled function).
 
-Imports torch (and fa4aot.constraints) only: no cutlass, no flash_attn.
+Imports torch (and fa4aot.model.constraints) only: no cutlass, no flash_attn.
 
 How the runtime calls it (`launcher(arch)` gives the launch function; its first 16
 parameters are the runtime's bound launchers', runtime/launch.py; the Blackwell path is
@@ -58,7 +58,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .constraints import resolve_window
+from fa4aot.model.constraints import resolve_window
 
 # -- slot tables (names only; the builders below are written out for the hot path, and
 #    tests/test_abi.py checks that each builder fills exactly its table's order) -------------
@@ -473,26 +473,10 @@ def max_seqlen_k_bound(v, page_table=None, max_seqlen_k=None) -> int:
 
 
 def fwd_prepare(
-    arch: str,
-    q,
-    k,
-    v,
-    *,
-    qv=None,
-    varlen_q: bool = False,
-    max_seqlen_q: int | None = None,
-    softmax_scale: float | None = None,
-    causal: bool = False,
-    window_left: int | None = None,
-    window_right: int | None = None,
-    return_lse: bool = False,
-    out=None,
-    lse=None,
-    num_splits: int = 1,
-    q_descale=None,
-    k_descale=None,
-    v_descale=None,
-    out_partial=None,
+    arch: str, q, k, v, *, qv=None, varlen_q: bool = False, max_seqlen_q: int | None = None,
+    softmax_scale: float | None = None, causal: bool = False, window_left: int | None = None,
+    window_right: int | None = None, return_lse: bool = False, out=None, lse=None,
+    num_splits: int = 1, q_descale=None, k_descale=None, v_descale=None, out_partial=None,
     lse_partial=None,
 ) -> FwdPrep:
     """What `_flash_attn_fwd` does to a call before its kernel runs (interface.py 736-1080,

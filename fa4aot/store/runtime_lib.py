@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import ctypes
+import hashlib
 from importlib import metadata
 from pathlib import Path
 
-from .errors import RuntimeLibraryMismatch, RuntimeLibraryMissing
+from fa4aot import settings
+from fa4aot.errors import RuntimeLibraryMismatch, RuntimeLibraryMissing
 
 _LOADED: str | None = None
 _IDENTITY: dict[str, dict] = {}
@@ -18,7 +20,6 @@ def find_runtime_lib() -> str:
     The wheel's files are found through its package metadata: nothing of the compiler is
     imported.
     """
-    from . import settings
 
     env = settings.runtime_lib()
     if env:
@@ -74,8 +75,6 @@ def identity(path: str | None = None, digest: bool = True) -> dict:
     if got is None or (digest and "sha256" not in got):
         got = {"version": _wheel_version(path)}
         if digest:
-            import hashlib
-
             h = hashlib.sha256()
             with open(path, "rb") as f:
                 for block in iter(lambda: f.read(1 << 20), b""):

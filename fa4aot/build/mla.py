@@ -2,10 +2,10 @@
 kernels they compile.
 
 Two views of one partition. `mla_layer_plan` (pure, no FA4 import) enumerates the layer's
-variants from `variants.mla_features`, a model of FA4's route between its three MLA kernels
+variants from `compile_keys.mla_features`, a model of FA4's route between its three MLA kernels
 (2CTA; 1CTA; 1CTA with 64-key blocks: `_mla_1cta_route`, `_mla_fwd_plan`), of the Q stages
 and of the TMA page rule: `fa4aot build --arch sm100/sm103` stores those. `probe_calls` +
-`compiler.trace_mla` + `mla_plan` take the partition from FA4's own keys (FA4 imported,
+`driver.trace_mla` + `mla_plan` take the partition from FA4's own keys (FA4 imported,
 compile stubbed); tests/test_mla_build.py checks the model against it call by call.
 Ratios FA4's 2CTA kernel refuses (GLM-4.7-Flash's 20, 10, 5: not dividing 128) are typed
 `Unsupported` rows with FA4's assertion, served by padding to the next ratio FA4 takes
@@ -17,8 +17,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from . import constraints as C
-from .specs import Attention, Spec, layout_forms
+from fa4aot.model import constraints as C
+from fa4aot.model.compile_keys import Call, representative_call
+from fa4aot.model.needs import Need, Unsupported
+from fa4aot.model.specs import Attention, Spec, layout_forms
+from fa4aot.policy.select import mla_padded_ratio, mla_ratio_ok
 
 
 @dataclass(frozen=True)
@@ -43,9 +46,7 @@ class MlaCall:
         return asdict(self)
 
     def to_call(self):
-        """The same call as a variants.Call (what the builder and coverage take)."""
-        from .variants import Call
-
+        """The same call as a compile_keys.Call (what the builder and coverage take)."""
         return Call(
             layout=self.layout, batch=self.batch, seqlen_q=self.seqlen_q,
             seqlen_k=self.seqlen_k, num_heads=self.num_heads, num_heads_kv=1,
@@ -58,7 +59,7 @@ class MlaCall:
 
 @dataclass(frozen=True)
 class MlaNeed:
-    key: str  # FA4's forward compile key, rendered (compiler.key_repr): the variant's identity
+    key: str  # FA4's forward compile key, rendered (keys.key_repr): the variant's identity
     call: MlaCall  # the first probe call that compiled it
     calls: int  # how many probe calls share it
 
@@ -113,7 +114,7 @@ class MlaRefused:
 
 
 def mla_plan(traced: list[tuple]) -> tuple[list[MlaNeed], list[MlaRefused]]:
-    """compiler.trace_mla's (call, forward keys, refusal) rows -> the distinct kernels (first
+    """driver.trace_mla's (call, forward keys, refusal) rows -> the distinct kernels (first
     caller kept) and the calls FA4 refuses. Raises ValueError if a call compiled other than one
     forward kernel (the partition would be ambiguous)."""
     out: dict[str, MlaNeed] = {}
@@ -164,8 +165,6 @@ def mla_layer_plan(spec: Spec, att: Attention, arch: str, num_sms: int | None = 
     unknown, sm103: assumed reached). A ratio FA4's 2CTA kernel refuses is an Unsupported row
     with FA4's assertion, served by padding (select.mla_padded_ratio), whose ratio's regimes are
     added; what FA4 takes at the unpadded ratio is built as well."""
-    from .select import mla_padded_ratio, mla_ratio_ok
-    from .variants import Need, Unsupported, representative_call
 
     sv = spec.serving
     lses = {False: [False], True: [True], "both": [False, True]}[sv.return_lse]

@@ -2,12 +2,15 @@
 
 Used by the enumerator (what to build, what to report unsupported), the builder and the
 runtime (what a call must satisfy). The numbers mirror `flash_attn/cute/interface.py` of the
-pinned FA4; `tests/test_constraints.py` checks them against FA4's own functions.
+pinned FA4; `tests/test_variants.py` checks the model built on them against FA4's own
+compile keys.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
+
+from fa4aot.errors import NumSmsRequired
 
 ARCHS = {"sm90": 90, "sm100": 100, "sm103": 103}
 # SM count a build targets unless told otherwise: H100/H200 SXM, B200. sm103 (B300/GB300) has
@@ -41,7 +44,7 @@ GPU_HBM = {"h100": 3.35e12, "h100-pcie": 2.0e12, "h200": 4.8e12}
 CUBIN_TARGETS = {"sm90": "sm_90a", "sm100": "sm_100a", "sm103": "sm_103a"}
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
 # Runtime support: the archs whose kernels the runtime calls (FA4's argument lists per arch:
-# fa4aot/abi.py; sm100/sm103 proven equal to FA4's on the CPU, tests/test_runtime_sm100.py).
+# fa4aot/runtime/abi.py; sm100/sm103 proven equal to FA4's on the CPU, tests/test_runtime_sm100.py).
 RUNTIME_ARCHS = ("sm90", "sm100", "sm103")
 # The archs whose kernels have run on a GPU through fa4aot (the rest: built, checked on the CPU
 # and called through the CPU-proven ABI, never run: `not_run_note`).
@@ -76,7 +79,6 @@ def default_num_sms(arch: str) -> int:
     """The SM count a build for `arch` targets when `--num-sms` is not given.
 
     Raises NumSmsRequired for sm103: see DEFAULT_NUM_SMS."""
-    from .errors import NumSmsRequired
 
     arch_number(arch)
     if arch not in DEFAULT_NUM_SMS:
@@ -168,7 +170,7 @@ MLA_2CTA_REFUSAL = (
 
 def mla_route(ratio: int, max_seqlen_q: int | None, batch: int, num_sms: int) -> str:
     """The MLA kernel FA4 runs a call on (one latent KV head, packed q; max_seqlen_q: the query
-    length FA4 routes by, its host hint or else total_q (variants.mla_features); None: unknown,
+    length FA4 routes by, its host hint or else total_q (compile_keys.mla_features); None: unknown,
     counted as prefill)."""
     if max_seqlen_q is None or max_seqlen_q * ratio > MLA_DECODE_ROWS or 2 * batch <= num_sms:
         return "2cta"
@@ -220,7 +222,7 @@ def runtime_unsupported_reason(arch: str) -> str | None:
     if arch not in RUNTIME_ARCHS:
         return (
             f"the fa4aot runtime serves {', '.join(RUNTIME_ARCHS)} only; {arch} artifacts can be "
-            "built but not called (no FA4 argument list is described for them: fa4aot/abi.py)"
+            "built but not called (no FA4 argument list is described for them: fa4aot/runtime/abi.py)"
         )
     return None
 
@@ -246,40 +248,27 @@ def split_tile_m(arch: str, head_dim: int, head_dim_v: int) -> int | None:
     """The M tile of the sm90 split-KV chunk kernel (split.py), where it is not FA4's default:
     64 for head dims up to 128 (FA4's `tile_mn`, which its public entry points do not expose).
     A chunk's rows are one decode row's query heads of a KV head (4 at 32:8): a 128-row tile
-    spends half its MMA work on rows that are not there. H200, 2026-12-01 (hd128, bf16): the
-    64-row kernel wrote the same bits and ran b1/8K 32:8 in 11.7 us against 14.0 in a CUDA
-    graph, b1/1K 7.3 against 8.6, b2/4K 13.1 against 15.9. None: FA4's tile (Blackwell splits
-    with FA4's own kernels; head dims over 128 are not measured)."""
+    spends half its MMA work on rows that are not there (same bits, faster: docs/design.md,
+    Tuned thresholds). None: FA4's tile (Blackwell splits with FA4's own kernels; head dims
+    over 128 are not measured)."""
     if arch == "sm90" and max(head_dim, head_dim_v) <= 128:
         return 64
     return None
 
 
 class WideFold(NamedTuple):
-    """A decode fold's kernel for a chip full of CTAs (compiler.trace_wide_fold, a split chunk
+    """A decode fold's kernel for a chip full of CTAs (forwards.trace_wide_fold, a split chunk
     kernel's part `part`): the chunk kernel with N tiles of tile_n keys, launched ctas_per_sm
     CTAs per SM (its two warpgroups' registers split mma_regs / producer_regs by setmaxnreg,
     within 65536 / ctas_per_sm per CTA). `paged`: built (and served) for a paged K too.
-    `chunk_modes`: compiled through the split's chunk modes (compiler.trace_chunk_modes), the
+    `chunk_modes`: compiled through the split's chunk modes (forwards.trace_chunk_modes), the
     chunk kernel's ABI, to run a split step's chunks (WIDE_SPLIT); else FA4's ABI, the fold's.
 
     `fwd_wide` (WIDE_FOLD, two CTAs per SM: one CTA's prologue and epilogue overlap another's
-    streaming). H200, 2026-12-01 (`benchmarks/fold_kernels.py`, `2026-12-01-s10-d-fold.txt`:
-    32:8 hd128, CUDA graphs, interleaved, against the chunk kernel's 128-key tiles at one CTA
-    per SM): from b32 (256 CTAs) 0.92-0.98x at 1K keys in every layout (dense b32/1K 36.3 ->
-    33.6 us, paged-16 b128/1K 138.1 -> 126.9), paged-16 0.96-0.99x at 4K-16K, elsewhere
-    0.99-1.01x; at b16 (128 CTAs, one per SM) 1.00x dense but 1.04-1.19x paged, at b8
-    1.07-1.54x (each CTA streams alone: 64-key tiles stream slower).
-
-    `fwd_wide1` (WIDE_FOLD_1, the same 64-key tiles at one CTA per SM, 240 registers, packed K
-    only): streams long contexts faster than either where its waves are full. H200,
-    2026-12-01 (`fold_kernels.py --long`, `2026-12-01-s13-b-fold-long.txt`, 32:8 hd128 dense,
-    CUDA graphs, against the chunk kernel / cuDNN): b32/16K 0.987 / 0.977 (fwd_wide 1.000 /
-    0.990), b32/64K 0.992 / 0.985, b48/16K 0.986 / 0.924, b64/16K 0.994 / 0.978, b64/64K 1.000 /
-    0.986; but b24 (a second wave of 60 CTAs streaming alone) 1.048 / 1.037 where fwd_wide ran
-    0.983 / 0.972. Paged, FA4's cp.async path at one CTA per SM ran 1.08-1.19x fwd_wide at pages
-    of 16/64/128 (a probe, s12-c, whose output was lost with its machine): not built paged.
-    fold_kernel chooses between them."""
+    streaming). `fwd_wide1` (WIDE_FOLD_1, the same 64-key tiles at one CTA per SM, 240
+    registers, packed K only: slower than fwd_wide paged, so not built paged) streams long
+    contexts faster where its waves are full. fold_kernel chooses between them; the
+    measurements are in docs/design.md, Tuned thresholds."""
 
     tile_n: int = 64
     ctas_per_sm: int = 2
@@ -309,15 +298,10 @@ def wide_folds(
 
 # A packed (dense or varlen) K's long one-row steps that the plan runs unsplit, as the fold, run
 # instead as chunks on the wide fold kernel compiled through the chunk modes (part
-# `fwd_wide_split`: compiler.trace_wide_fold; split.wide_split says when).
+# `fwd_wide_split`: forwards.trace_wide_fold; split.wide_split says when).
 WIDE_SPLIT = WideFold(part="fwd_wide_split", paged=False, chunk_modes=True)
 # The same for a paged K (FA4's cp.async paged path, which takes any page size, as the paged
-# fwd_wide does; split.wide_split says when by the chunk kernel's path). H200, 2026-12-02
-# (`wide_split_probe.py --paged-kernel`, `2026-12-02-s20-e-paged-wide-*.txt`, 32:8 hd128,
-# against the paged plan, eager): pages of 16 (the chunk kernel on the cp.async path) b16/64K
-# 955.9 -> 939.6 us and b16/128K 1896.0 -> 1868.1 (8 chunks), 0.2-0.4% at b4-b8, 0.3% lost
-# at b64/64K; pages of 128 (FA4's TMA paged kernel) b32/128K 3760.6 -> 3700.1 and b64/64K
-# 3753.4 -> 3694.4 (16 chunks), 0.3-0.8% lost at b4-b16.
+# fwd_wide does; split.wide_split says when by the chunk kernel's path).
 WIDE_SPLIT_PAGED = WIDE_SPLIT._replace(paged=True)
 
 
@@ -326,47 +310,34 @@ def wide_split(arch: str, head_dim: int, head_dim_v: int, tile_m: int | None,
     """The wide split kernel fa4aot builds beside a split chunk kernel (WIDE_SPLIT, or for a
     paged K WIDE_SPLIT_PAGED), None where none is: on the 64-row chunk kernel (split_tile_m) of
     a packed K, whose artifact also serves dense K (the runtime views a dense K as packed), or
-    of a paged one. H200, 2026-12-02 (`warp_probe.py` with
-    `benchmarks/wide_chunk_build.py`'s kernel, `2026-12-02-s16-f/g-wide-chunk.txt`, 32:8 hd128
-    dense, eager, against cuDNN, on a machine where the plan trailed it): b16/128K 1.017 ->
-    0.998 (8 chunks), b16/64K 1.018 -> 0.996 (8), b8/128K 0.996 -> 0.972 (16), b8/64K 0.995 ->
-    0.974 (16), b4/64K 0.996 -> 0.983 (16), b2/128K 0.996 -> 0.988 (33); ties or losses where
-    the plan's chunks are short (b16/16K 1.009 -> 1.015, b2/64K 0.993 -> 0.995, b1/64K 0.980 ->
-    0.988) and at b32-b64 (two waves or more: 0.979 -> 0.975, 0.991 -> 0.991; at 16 chunks
-    over 64K+ keys they gain: split.WIDE_WAVES_N). The gains at b2-b8 did not hold with the
-    store's kernel: since 2026-12-03 only the unsplit fold goes wide (split.wide_split). Head
-    dim 128 only: the one measured and checked on the GPU (tests/test_gpu_split.py)."""
+    of a paged one. Only the unsplit fold goes wide (split.wide_split): the split plan's own
+    gains did not hold with the store's kernel (docs/design.md, Tuned thresholds). Head dim 128
+    only: the one measured and checked on the GPU (tests/test_gpu_split.py)."""
     if (tile_m == 64 and (head_dim, head_dim_v) == (128, 128)
             and split_tile_m(arch, head_dim, head_dim_v) == 64):
         return WIDE_SPLIT_PAGED if paged else WIDE_SPLIT
     return None
 
 
-# the page size a paged split chunk kernel's part `fwd_tma` serves (compiler.trace_tma_page)
+# the page size a paged split chunk kernel's part `fwd_tma` serves (forwards.trace_tma_page)
 TMA_PAGE = 64
 
 
 def tma_page(arch: str, tile_m: int | None, paged: bool, paged_tma: bool | None) -> int | None:
     """The page size whose split steps run on the part `fwd_tma` beside a paged split chunk
-    kernel (compiler.trace_tma_page), None where none is built: on the 64-row chunk kernel
+    kernel (forwards.trace_tma_page), None where none is built: on the 64-row chunk kernel
     (split_tile_m) of FA4's cp.async paged path (the one kernel that serves every page size but
     its tile's), pages of TMA_PAGE keys get FA4's TMA paged path with TMA_PAGE-key tiles (FA4
-    takes TMA only where a page is one tile). H200, 2026-12-02 (`benchmarks/tma_page_probe.py`,
-    `2026-12-02-s15-c-tma-page-probe.txt`, 32:8 hd128, CUDA graphs, time over the dense step's):
-    b1/8K 1.059 -> 1.024, b1/16K 1.049 -> 1.014, b1/64K 1.028 -> 1.022, b2/32K 1.022 -> 1.016;
-    b4/32K 1.025 -> 1.028 and b8/16K 1.016 -> 1.019 (ties). Values as the cp.async kernel's, keys
-    reduced in other blocks: max difference 2.4e-4 from the dense step. Split steps only: the
-    decode fold on it ran slower (`s15-f`: b16/16K 1.007 -> 1.021, b16/64K 1.015 -> 1.034, b8/4K
-    1.192 -> 1.237), so the fold stays on the chunk kernel."""
+    takes TMA only where a page is one tile). Values as the cp.async kernel's, keys reduced in
+    other blocks (not bit-identical to the dense step). Split steps only: the decode fold on it
+    ran slower, so the fold stays on the chunk kernel (docs/design.md, Tuned thresholds)."""
     if arch == "sm90" and tile_m == 64 and paged and not paged_tma:
         return TMA_PAGE
     return None
 
 
 # keys (the plan's bucket, split.plan_bucket) from which a packed K's fold prefers fwd_wide1:
-# H200, 2026-12-01 (fold_kernels.py, s13-c/d, 32:8 hd128, against the chunk kernel): at 8K
-# b32 0.993 (fwd_wide 0.998), b64 0.997 (1.004); at 4K b32 0.994 (0.988), b128 1.007 (1.000);
-# at 1K fwd_wide1 1.00-1.04 where fwd_wide's two CTAs per SM hide the prologues (0.94-0.98)
+# below it fwd_wide's two CTAs per SM hide the prologues (docs/design.md, Tuned thresholds)
 WIDE1_MIN_KEYS = 8192
 
 
@@ -380,18 +351,13 @@ def _tail_full(ctas: int, slots: int) -> bool:
 def fold_kernel(ctas: int, num_sms: int, paged: bool, seqlen_k: int) -> str | None:
     """The part a decode step's fold of `ctas` (sequence, KV head) CTAs over `seqlen_k` keys
     runs on (None: the chunk kernel itself, 128-key tiles at one CTA per SM; WideFold), by how
-    the CTAs fill the chip's waves. H200, 2026-12-01 (`benchmarks/fold_kernels.py`, s13-c/d,
-    32:8 hd128 dense, CUDA graphs, time against the chunk kernel's):
-    - one wave at one CTA per SM (b16, 128 CTAs): the chunk kernel (fwd_wide ties it dense,
-      1.04-1.19x paged);
+    the CTAs fill the chip's waves (docs/design.md, Tuned thresholds):
+    - one wave at one CTA per SM: the chunk kernel;
     - a packed K whose last wave at one CTA per SM is >= 60% full, over >= WIDE1_MIN_KEYS keys:
-      fwd_wide1 (b28 0.991, b32 0.986, b48 0.988, b64 0.991, b96 0.995, b128 0.989 at 16K;
-      fwd_wide 0.996-1.058);
-    - else fwd_wide where its waves of two CTAs per SM are: one (b20 0.82-0.84, b24 0.92-0.98:
-      every SM busy where the chunk kernel leaves a thin second wave; b32 0.94 at 1K), or a
-      last one >= 60% full (b64 0.966, b96 0.976, b128 0.981 at 1K);
-    - else the chunk kernel (b40: a thin last wave in either wide kernel, 1.03-1.08x; b48 at
-      1K-4K, a tie)."""
+      fwd_wide1;
+    - else fwd_wide where its waves of two CTAs per SM are one, or the last one >= 60% full
+      (every SM busy where the chunk kernel leaves a thin second wave);
+    - else the chunk kernel (a thin last wave in either wide kernel)."""
     if ctas <= num_sms:
         return None
     if not paged and seqlen_k >= WIDE1_MIN_KEYS and _tail_full(ctas, num_sms):
@@ -411,16 +377,15 @@ def fold_part(ctas: int, num_sms: int, paged: bool, seqlen_k: int, parts) -> str
 
 
 MERGE_MAX_THREADS = 256
-# the version of fa4aot's merge kernel (compiler.MERGE_KEY; a split chunk kernel's artifact
+# the version of fa4aot's merge kernel (kernels.MERGE_KEY; a split chunk kernel's artifact
 # records it as parts.merge.version, and `fa4aot build` replaces one built with an older
 # merge: build.superseded). 2: launched as a programmatic dependent launch, so it launches
-# while the chunk kernel drains and waits in griddepcontrol.wait (H200, 2026-12-02, eager:
-# 1.1-1.5 us less per split step; benchmarks/pdl_probe.py)
+# while the chunk kernel drains and waits in griddepcontrol.wait
 MERGE_VERSION = 2
 
 
 def merge_threads(head_dim_v: int, max_splits: int) -> int | None:
-    """Threads per CTA of fa4aot's split-KV merge kernel (compiler.trace_merge): one CTA per
+    """Threads per CTA of fa4aot's split-KV merge kernel (kernels.trace_merge): one CTA per
     output row, each thread 8 columns (one 16-byte load of 2-byte partials) of every
     `groups`-th chunk, so the threads are (dv / 8) lanes x groups, a whole number of warps, at
     most MERGE_MAX_THREADS and at least one per chunk (each reads one chunk's LSE). None where
@@ -555,8 +520,8 @@ BIN_BATCH_SEARCH_THRESH = 256
 
 
 # The form of a packed K's bounds-mode forward (part `fwd_bounds`, its record's `rows`;
-# compiler.trace_chunk_modes(bounds=True)): 2, cu_seqlens_k as (b + 1, rows, chunk, causal
+# forwards.trace_chunk_modes(bounds=True)): 2, cu_seqlens_k as (b + 1, rows, chunk, causal
 # shift, anchor), which serves one-row steps, unrolled speculative rows and packed ones with
-# their causal tail (split.bounds_part); 1, (b + 1, rows, chunk, 1 + causal), no anchor (built
-# only on 2026-12-03 at 361aa20); absent, the one-row (b + 1, chunk) form.
+# their causal tail (split.bounds_part); 1, (b + 1, rows, chunk, 1 + causal), no anchor (an
+# early store's); absent, the one-row (b + 1, chunk) form.
 BOUNDS_FORM = 2

@@ -91,7 +91,7 @@ def register_counts(path: str | Path) -> list[int]:
     """Registers per thread at launch of every kernel in the cubins embedded in `path`
     (EIATTR_REGCOUNT of their .nv.info sections; cuobjdump --dump-resource-usage prints it as
     REG). With min CTAs per SM m, ptxas holds it to 65536 / (threads * m): the build's check
-    that an occupancy asked for took effect (compiler.trace_wide_fold)."""
+    that an occupancy asked for took effect (forwards.trace_wide_fold)."""
     data = Path(path).read_bytes()
     counts = []
     for c in embedded_cubins(data):

@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -22,30 +23,21 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from . import constraints as C
-from . import locking, settings
-from .errors import BuildError, CorruptArtifact
-from .specs import Spec
-from .split import MAX_SLOTS
-from .merge import shard as shard_ids
-from .store import (
-    RECORD,
-    RECORD_FORMAT,
-    Store,
-    atomic_write,
-    build_root,
-    build_toolchain,
-    crash_point,
-    default_roots,
-    fsync_dir,
-    owner_tag,
-    seal_record,
-    sha256_file,
-    sweep_temp,
-)
-from .variants import Call, Plan, Variant, enumerate_variants, merge
-
-LOCK_TIMEOUT_S = 600  # a compile takes seconds; a holder this slow is stuck, not working
+from fa4aot import settings
+from fa4aot.build.enumerate import enumerate_variants, merge
+from fa4aot.errors import BuildError, CorruptArtifact
+from fa4aot.model import constraints as C
+from fa4aot.model.compile_keys import Call
+from fa4aot.model.needs import Plan
+from fa4aot.model.specs import Spec
+from fa4aot.model.variants import Variant
+from fa4aot.policy.split import MAX_SLOTS
+from fa4aot.store import locking
+from fa4aot.store.files import atomic_write, crash_point, fsync_dir, owner_tag, sha256_file
+from fa4aot.store.layers import Store, build_root, default_roots, sweep_temp
+from fa4aot.store.merge import shard as shard_ids
+from fa4aot.store.records import RECORD, RECORD_FORMAT, seal_record
+from fa4aot.store.toolchain import build_toolchain
 
 
 @dataclass(frozen=True)
@@ -78,10 +70,10 @@ def _link(obj: Path, so: Path, lib_dirs: list[str]) -> None:
 
 
 def _compile_real(call: Call, variant: Variant, workdir: Path) -> dict[str, Any]:
-    from . import compiler
+    from fa4aot.fa4 import driver, export
 
-    out = compiler.compile_variant(call, variant, workdir)
-    lib_dirs = compiler.runtime_library_dirs()
+    out = export.compile_variant(call, variant, workdir)
+    lib_dirs = driver.runtime_library_dirs()
     for name, part in out["parts"].items():
         so = workdir / f"{name}.so"
         _link(Path(part.pop("object")), so, lib_dirs)
@@ -128,9 +120,9 @@ def check_python(python: str | None) -> None:
 
 def _configure_compiler(arch: str, num_sms: int) -> None:
     if not settings.stub_compiler():
-        from . import compiler
+        from fa4aot.fa4 import driver
 
-        compiler.configure(arch, num_sms)
+        driver.configure(arch, num_sms)
 
 
 def _init_worker(arch: str, num_sms: int, overrides: dict | None = None) -> None:
@@ -187,7 +179,7 @@ def build_one(root: str, toolchain: dict, need: dict) -> dict:
     t0 = time.perf_counter()
     status = "built"
     try:
-        with locking.hold(store.lock_path(vid), timeout=LOCK_TIMEOUT_S):
+        with locking.hold(store.lock_path(vid), timeout=locking.BUILD_TIMEOUT_S):
             try:
                 have = store.get(vid)
             except CorruptArtifact:
@@ -326,8 +318,9 @@ def build(
     called once the target and the work are known.
 
     KeyboardInterrupt (Ctrl-C, or SIGTERM while workers run): pending variants are cancelled,
-    worker processes terminated, and the interrupt re-raised. Nothing half-written is left where readers look: each artifact
-    is published by one rename, and a killed worker's scratch is swept by the next build.
+    worker processes terminated, and the interrupt re-raised. Nothing half-written is left where
+    readers look: each artifact is published by one rename, and a killed worker's scratch is
+    swept by the next build.
     """
     C.arch_number(arch)
     check_python(python)
@@ -352,25 +345,7 @@ def build(
     if shard is not None:
         keep = set(shard_ids(list(todo), *shard))
         todo = {vid: n for vid, n in todo.items() if vid in keep}
-    results: list[BuildResult] = []
-    pending = []
-    for vid, need in todo.items():
-        have, found_in = _target_copy(store, vid), None
-        if have is not None and superseded(have):
-            have = None  # (the worker replaces it)
-        if have is None and not (store.artifact_dir(vid) / RECORD).exists():
-            # only a miss in the target may fall through to a lower layer: a corrupt target copy
-            # would shadow that layer's good one at serve time, so it is rebuilt (below)
-            have = _valid_copy(others, vid)
-            found_in = str(have.dir.parent.parent) if have is not None else None
-        if have is not None:
-            results.append(
-                BuildResult(
-                    vid, need.variant.describe(), "cached", 0.0, size=have.size, found_in=found_in
-                )
-            )
-        else:
-            pending.append(need)  # a corrupt copy in `store` is quarantined by the worker
+    results, pending = _cached_or_pending(store, others, todo)
     total = len(todo)
     if on_start:
         on_start(store, total, len(pending))
@@ -396,39 +371,69 @@ def build(
             "(serving needs neither)"
         )
     if pending:
-        if jobs <= 1:
-            _configure_compiler(arch, num_sms)
-            for a in args:
-                r = BuildResult(**build_one(*a))
-                results.append(r)
-                if progress:
-                    progress(len(results), total, r)
-        else:
-            import multiprocessing as mp
-
-            ex = ProcessPoolExecutor(
-                max_workers=min(jobs, len(args)),
-                mp_context=mp.get_context("spawn"),
-                initializer=_init_worker,
-                initargs=(arch, num_sms, settings.settings.overrides()),
-            )
-            restore = _sigterm_as_interrupt()
-            try:
-                futs = [ex.submit(build_one, *a) for a in args]
-                for f in as_completed(futs):
-                    r = BuildResult(**f.result())
-                    results.append(r)
-                    if progress:
-                        progress(len(results), total, r)
-            except BaseException:
-                _stop_pool(ex)
-                raise
-            finally:
-                restore()
-            ex.shutdown(wait=True)
+        _build_pending(args, arch, num_sms, jobs, results, total, progress)
     for s in specs:
         write_spec_index(store, s, plan)
     return store, plan, results
+
+
+def _cached_or_pending(store: Store, others: list[Store], todo: dict) -> tuple[list, list]:
+    """(results for the variants a layer already holds, the Needs left to build)."""
+    results: list[BuildResult] = []
+    pending = []
+    for vid, need in todo.items():
+        have, found_in = _target_copy(store, vid), None
+        if have is not None and superseded(have):
+            have = None  # (the worker replaces it)
+        if have is None and not (store.artifact_dir(vid) / RECORD).exists():
+            # only a miss in the target may fall through to a lower layer: a corrupt target copy
+            # would shadow that layer's good one at serve time, so it is rebuilt (below)
+            have = _valid_copy(others, vid)
+            found_in = str(have.dir.parent.parent) if have is not None else None
+        if have is not None:
+            results.append(
+                BuildResult(
+                    vid, need.variant.describe(), "cached", 0.0, size=have.size, found_in=found_in
+                )
+            )
+        else:
+            pending.append(need)  # a corrupt copy in `store` is quarantined by the worker
+    return results, pending
+
+
+def _build_pending(args, arch, num_sms, jobs, results, total, progress) -> None:
+    """Build `args` (build_one's) in this process (jobs <= 1) or a spawned pool, appending
+    each BuildResult to `results` as it lands."""
+    if jobs <= 1:
+        _configure_compiler(arch, num_sms)
+        for a in args:
+            r = BuildResult(**build_one(*a))
+            results.append(r)
+            if progress:
+                progress(len(results), total, r)
+        return
+    import multiprocessing as mp
+
+    ex = ProcessPoolExecutor(
+        max_workers=min(jobs, len(args)),
+        mp_context=mp.get_context("spawn"),
+        initializer=_init_worker,
+        initargs=(arch, num_sms, settings.settings.overrides()),
+    )
+    restore = _sigterm_as_interrupt()
+    try:
+        futs = [ex.submit(build_one, *a) for a in args]
+        for f in as_completed(futs):
+            r = BuildResult(**f.result())
+            results.append(r)
+            if progress:
+                progress(len(results), total, r)
+    except BaseException:
+        _stop_pool(ex)
+        raise
+    finally:
+        restore()
+    ex.shutdown(wait=True)
 
 
 def _sigterm_as_interrupt():
@@ -436,7 +441,6 @@ def _sigterm_as_interrupt():
     Ctrl-C does. Without it the parent died at once and its spawned workers, which ignore
     SIGINT, went on compiling as orphans (seen: two workers alive an hour after `pkill`).
     -> a function restoring the previous handler."""
-    import threading
 
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
@@ -482,17 +486,17 @@ def superseded(art) -> bool:
     """A split chunk kernel's artifact that lacks a helper part this fa4aot builds beside it:
     fa4aot's merge kernel at its current version (C.MERGE_VERSION), where C.merge_threads has
     a layout for its head dim (FA4's combine otherwise), and the chunk metadata kernel
-    (compiler.trace_merge, trace_chunk_meta), or, on sm90, whose forward does not read q (and
+    (kernels.trace_merge, trace_chunk_meta), or, on sm90, whose forward does not read q (and
     a paged K's lengths, a packed K's chunk bounds for one or several rows a sequence: part
     `fwd_bounds`, record `rows` == C.BOUNDS_FORM) through chunk modes
-    (compiler.trace_chunk_modes), or a 64-row one
+    (forwards.trace_chunk_modes), or a 64-row one
     without a wide fold kernel its K takes (parts `fwd_wide`, `fwd_wide1`: constraints.WideFold,
-    compiler.trace_wide_fold) or, for a packed K, without the wide split kernel (part
+    forwards.trace_wide_fold) or, for a packed K, without the wide split kernel (part
     `fwd_wide_split`: constraints.wide_split) or, paged on FA4's cp.async path, without the TMA
     page kernel (part `fwd_tma`: constraints.tma_page), or, paged on sm90, without the
-    packed-rows metadata kernel (part `packed_meta`: compiler.trace_packed_meta), or whose
+    packed-rows metadata kernel (part `packed_meta`: kernels.trace_packed_meta), or whose
     kernels are not programmatic dependent launches (parts.fwd.pdl:
-    compiler._pdl_secondary), i.e. built before them.
+    forwards._pdl_secondary), i.e. built before them.
     `fa4aot build` replaces it, as it does a corrupt copy; until then the runtime serves it with
     what it has (FA4's combine, torch's element-wise kernels, a copy of q over the chunks, the
     metadata kernel, plain launches)."""
@@ -525,7 +529,7 @@ def _target_copy(store: Store, vid: str):
     """`vid`'s valid copy in the build target (a format-1 record resealed in place first), or
     None: absent, or corrupt (the worker then quarantines and rebuilds it)."""
     if store.record_format(vid) == 1:  # built before records were sealed
-        with locking.hold(store.lock_path(vid), timeout=LOCK_TIMEOUT_S):
+        with locking.hold(store.lock_path(vid), timeout=locking.BUILD_TIMEOUT_S):
             store.upgrade_record(vid)
     return _valid_copy([store], vid)
 

@@ -30,32 +30,32 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import locking
-from .errors import BuildError, CorruptArtifact, UnsafeArchive
-from .store import (
-    LAYOUT,
+from fa4aot.errors import BuildError, CorruptArtifact, UnsafeArchive
+from fa4aot.store import locking
+from fa4aot.store.files import (
     MAX_RECORD_BYTES,
-    NAME_RE,
-    RECORD,
-    Store,
     atomic_output,
     atomic_write,
-    build_root,
     crash_point,
-    first_spec_indexes,
-    first_valid_copy,
     fsync_dir,
     owner_tag,
-    read_toolchain,
+)
+from fa4aot.store.layers import (
+    Store,
+    build_root,
+    first_spec_indexes,
+    first_valid_copy,
     scan_root,
     spec_ids,
     sweep_temp,
 )
+from fa4aot.store.records import LAYOUT, NAME_RE, RECORD
+from fa4aot.store.toolchain import read_toolchain
 
 MAX_MEMBERS = 100_000
 MAX_MEMBER_BYTES = 1 << 30
 MAX_TOTAL_BYTES = 4 << 30  # a store of a few hundred ~100 KB artifacts is ~50 MB
-LOCK_TIMEOUT_S = 600
+
 _FILE_TYPES = (tarfile.REGTYPE, tarfile.AREGTYPE)
 
 
@@ -325,7 +325,7 @@ def _check_staged(archive: Path, staged: Store) -> list[str]:
 def import_artifact(target: Store, vid: str, staged: Path) -> str:
     """Publish a complete, checked artifact directory `staged` (consumed) as `vid` of `target`,
     under the artifact's lock. -> added | replaced (a corrupt copy was quarantined) | present."""
-    with locking.hold(target.lock_path(vid), timeout=LOCK_TIMEOUT_S):
+    with locking.hold(target.lock_path(vid), timeout=locking.IMPORT_TIMEOUT_S):
         status = "added"
         try:
             if target.get(vid) is not None:

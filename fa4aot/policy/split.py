@@ -5,7 +5,7 @@ per (sequence, KV head): a batch-1 step over a long context uses 8 of the H200's
 CTA streams K/V at about 50 GB/s (1334 us for 67 MB in the issue's table). The plan here needs
 no new forward kernel. The KV of each sequence is cut into `n` chunks of `chunk` keys; chunk j of
 sequence i becomes virtual sequence `i * slots + j` of a cached kernel that returns LSE, and
-fa4aot's merge kernel (`compiler.trace_merge`, cross-compiled beside that kernel; in stores
+fa4aot's merge kernel (`kernels.trace_merge`, cross-compiled beside that kernel; in stores
 built before it, FA4's own combine) merges the partial outputs by LSE into the caller's `out`
 and `lse`.
 
@@ -18,7 +18,7 @@ Exactness, rule by rule (`split_refusal` refuses the rest):
   dense_page_size) the rows share pages with their own lengths, and may instead pack as rows
   of one chunk (plan_packed); over a packed KV, whose rows' ranges overlap (cu_seqlens_k
   ranges alone cannot), the chunk kernel's bounds mode reads each row's chunk bounds from
-  cu_seqlens_k itself (compiler.trace_chunk_modes(bounds=True)).
+  cu_seqlens_k itself (forwards.trace_chunk_modes(bounds=True)).
 - GQA is folded (`select.py`): the r query heads of a KV head are r query rows of the 1:1
   kernel, so one kernel serves every head ratio.
 - Learnable sinks count once: the chunks run without them, and one extra, empty slot per
@@ -36,6 +36,9 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
+
+from fa4aot.model import constraints as C
 
 # The merge kernel (and FA4's combine, in older stores) is compiled for at most 2**7 partials
 # per row (FA4's combine asserts <= 256).
@@ -50,18 +53,11 @@ class CostModel:
     """Time of one decode step as a function of its split count (sm90, H200 figures).
 
     cta_bytes_per_s: how fast one CTA of the chunk kernel streams K/V, which with the 64-row
-    tile (constraints.split_tile_m) also runs the unsplit step (the fold): 4096 keys of 512
-    bytes in 34-36 us at b1-b8, 32:8 (`split_sweep.py --small`, n=1, CUDA graph, H200,
-    2026-12-01; FA4's 128-row decode kernel: 49 us, 42 GB/s); hbm_bytes_per_s: what the whole
-    chip streams (cuDNN: 268 MB in 67 us, 34 GB in 7.5 ms); overhead_s: what a split adds to
-    the step besides streaming, paid only when it splits: the merge's launch and its reads
-    (and the metadata kernel's launch for packed or paged K). `benchmarks/decode_split.py` and
-    `benchmarks/split_sweep.py --small` measure them. With the earlier 50 GB/s and 4.0 TB/s,
-    b8/4K split in 2 chunks: 40.3 us in a graph, against 36.2 for the fold. The overhead was
-    7 us while a step of several decode rows also copied q over its chunks (one more launch,
-    before compiler.trace_chunk_modes); without the copy the H200 (2026-12-01, CUDA graph,
-    32:8) ran b1/4K in 16 and 8 chunks at 9.1 and 10.5 us, the fold's 34.3 us streaming 4096
-    keys at ~68 GB/s over a ~3.6 us base: ~3 us above the chunks' streaming."""
+    tile (constraints.split_tile_m) also runs the unsplit step (the fold); hbm_bytes_per_s:
+    what the whole chip streams; overhead_s: what a split adds to the step besides streaming,
+    paid only when it splits: the merge's launch and its reads (and the metadata kernel's
+    launch for packed or paged K). `benchmarks/decode_split.py` measures them
+    (docs/design.md, Tuned thresholds)."""
 
     cta_bytes_per_s: float = 60e9
     hbm_bytes_per_s: float = 4.3e12
@@ -73,21 +69,14 @@ class CostModel:
     # (None: hbm_bytes_per_s): model_for's cards other than the H200
     short_hbm_bytes_per_s: float | None = None
     short_bytes: float = 64e6
-    # keys: one KV block, the shortest chunk (q is read in place, compiler.trace_chunk_modes):
-    # H200, split_sweep --small, 2026-12-01, graph/eager: b1/1K 32:8 in 8 chunks of 128 ran
-    # 7.3/12.1 us against 11.5/13.7 unsplit, b2/1K in 8 7.8/13.2 against 11.0/14.7, b4/1K in 4
-    # chunks of 256 8.6/16.2 against 11.7/15.3 (cuDNN: 7.3/12.2, 7.8/13.6, 9.9/17.2)
+    # keys: one KV block, the shortest chunk (q is read in place, forwards.trace_chunk_modes)
     min_chunk: int = 128
 
 
 DEFAULT_MODEL = CostModel()
 # The model's figures are the H200's (HBM3e, 4.8 TB/s peak). Another sm90 card has the same SMs
-# (the CTAs stream as fast) but streams as a whole in proportion to its peak: on an H100 SXM
-# (HBM3, 3.35 TB/s) FA4's unsplit kernel at b8/16K s_q 4 (64 CTAs) read 2.95 TB/s, and the
-# packed split in 2 chunks, which the H200's figures pick, ran 11% slower (H100, 2026-12-02,
-# spec_decode.py: 202.8 against 182.3 us in a graph). A short step does not reach either
-# card's peak: there the H200's figures hold (H100, hbm_model_probe.py, b4/1K, 16 MB: 4
-# chunks 8.3 us in a graph, the fold 11.1).
+# (the CTAs stream as fast) but streams as a whole in proportion to its peak; a short step
+# reaches neither card's peak, so there the H200's figures hold (model_for).
 H200_HBM_PEAK = 4.8e12
 
 
@@ -167,8 +156,7 @@ def choose_splits(
     rows: the virtual decode rows per sequence (1, or s_q for an unrolled speculative step);
     bytes_per_key: K + V bytes of one key of one KV head. A step splits only where the model
     says it wins. Within 3% of the best time, more CTAs in one wave win: the model's HBM
-    term is a ceiling that more concurrent streams approach (H200, b1/64K 32:8: 11 chunks,
-    88 CTAs, ran at 3.6 TB/s)."""
+    term is a ceiling that more concurrent streams approach."""
     ctas = batch * rows * kv_heads
     min_chunk = model.min_chunk
     if seqlen_k <= min_chunk or ctas >= num_sms:
@@ -194,9 +182,8 @@ def fold_refusal(
     *, arch: str, head_dim: int, head_dim_v: int, ratio: int, rows: int, sink: bool,
 ) -> str | None:
     """Why a decode step the plan leaves unsplit does not run as the fold (one chunk per
-    sequence on the chunk kernel: runtime/splitkv.FoldRun), or None (it does). Shared by the
+    sequence on the chunk kernel: runtime/splitruns.FoldRun), or None (it does). Shared by the
     runtime and `fa4aot explain`."""
-    from . import constraints as C
 
     tile_m = C.split_tile_m(arch, head_dim, head_dim_v)
     if tile_m is None:
@@ -249,7 +236,6 @@ def bounds_part(parts: dict) -> str | None:
     form (record `rows` == constraints.BOUNDS_FORM), else None (an earlier form: the runtime
     then writes one-row bounds with the metadata kernel and runs a step of several rows over
     a packed K unsplit)."""
-    from . import constraints as C
 
     rec = parts.get("fwd_bounds", {})
     return "fwd_bounds" if rec.get("rows") == C.BOUNDS_FORM else None
@@ -261,7 +247,6 @@ def wide_part(parts: dict, variant) -> str | None:
     and constraints.wide_split builds it for the variant (a store built before that rule may
     hold one for other head dims: unused); None otherwise (older artifacts). Shared by the
     runtime (plan.Runtime.split_kernel) and `fa4aot explain`."""
-    from . import constraints as C
 
     v = variant
     w = C.wide_split(v.arch, v.head_dim, v.head_dim_v, v.tile_m, v.paged)
@@ -344,15 +329,10 @@ class Split:
 # A speculative step's packed plan (plan_packed) pays besides its chunks' streaming (and the
 # merge, step_time's overhead_s): the q copy into packed rows, the causal tail's chunk kernel
 # and its two copies into the merge's slot, and the empty CTAs of the tail's slot; for a
-# caller's paged K the tail's metadata: one kernel (compiler.trace_packed_meta), or ten
+# caller's paged K the tail's metadata: one kernel (kernels.trace_packed_meta), or ten
 # element-wise torch kernels in older stores (for a dense K viewed as pages, a constant).
-# H200, 2026-12-02 (spec_decode.py, CUDA graphs, 32:8 hd128): over a dense K 14-27 us above
-# the one-row step of the same shape (b1/8K s_q 4 24.8 against 10.6, b1/64K s_q 2 and 4 84.6
-# and 85.6 against ~66, b4/32K s_q 4 152.5 against 125.5); over a caller's paged K 3-5 us
-# more with the metadata kernel, ~19 with the torch kernels (b1/64K s_q 4: 90.3, 101.4).
 # Unrolled rows take the one-row step's time about 1 + UNROLLED_ROW_COST * (rows - 1) times
-# (L2 absorbs their repeated reads, the SMs' load rate does not): 1.37-1.56 at s_q 2, 2.0-2.16
-# at s_q 4 (b1/8K 22.9, b1/64K 140.2, b2/32K 133.6, b1/128K 269.3 us).
+# (L2 absorbs their repeated reads, the SMs' load rate does not). Measurements: docs/design.md.
 PACKED_EXTRA_S = 18e-6
 PACKED_META_KERNEL_S = 3e-6
 PACKED_META_TORCH_S = 19e-6
@@ -426,9 +406,7 @@ def plan_packed(
         n = setting
     else:
         # the one-row step's count: the tail's and a sink's slots are CTAs of the chunks' grid
-        # too, but empty ones, which leave at once (H200, 2026-12-02, spec_decode.py --ns,
-        # graph: b1/64K s_q 4 in 16 chunks + the tail's slot, 136 CTAs, 79.1 us, in 15 + 1,
-        # one wave, 85.3; b2/32K 8 + 1 79.6, 7 + 1 86.6; b4/32K 4 + 1 142.0, 3 + 1 151.4)
+        # too, but empty ones, which leave at once (measured faster than one wave: design.md)
         n = choose_splits(batch=batch, kv_heads=kv_heads, rows=1, fold=True, **kw)
         one = step_time(n, ctas=ctas, fold=True, **kw)  # the one-row step of this shape
         if n == 1 and extra:
@@ -449,25 +427,14 @@ def plan_packed(
 
 # split.wide_split: the shortest sequence of an unsplit one-wave step (the fold, which has no
 # merge to pay) that goes wide; how many CTAs the wide plan aims at (about four waves of two CTAs
-# per SM on 132 SMs); its shortest chunk. H200, 2026-12-02 (constraints.wide_split): the fold at
-# b16 gains from 64K keys (b16/16K loses: the merge costs what the chunks gain); 8-16 chunks of
-# 4K-16K keys per (sequence, KV head), 512-1024 CTAs, ran best. A plan of n > 1 one-wave chunks
-# stays on the chunk kernel (128-key tiles, one CTA per SM): `wide_split_probe.py --chunk-ns
-# auto --wide-ns 8,16,32`, 2026-12-03-s22-a, eager against cuDNN, the chunk plan / the wide
-# plan this rule used to take: b2/128K 0.988 / 1.001, b4/64K 0.995 / 1.004, b4/128K 0.996 /
-# 1.001, b8/64K 0.992 / 0.994; the grid runs since the wide plan took them (s16-h to s20-d,
-# nine runs) had them at medians 1.000-1.006, the ten before (s9-s15) 0.994-0.999.
+# per SM on 132 SMs); its shortest chunk. A plan of n > 1 one-wave chunks stays on the chunk
+# kernel (128-key tiles, one CTA per SM). Measurements: docs/design.md, Tuned thresholds.
 WIDE_MIN_FOLD_BYTES = 65536 * 512
 WIDE_CTAS = 1024
 WIDE_CHUNK_BYTES = 4096 * 512
 # A fold of two waves or more (more (sequence, KV head) CTAs than SMs) over sequences of at least
-# WIDE_MIN_FOLD_BYTES runs as WIDE_WAVES_N chunks each on the wide split kernel. H200,
-# `wide_split_probe.py --wide-ns`, 32:8 hd128 dense, against cuDNN (eager / graph), the fold ->
-# 16 wide chunks: b32/128K 1.011/1.001 -> 0.983/0.984 (2026-12-02-s17-c) and 1.002/1.002 ->
-# 0.989/0.990 (s19-c), b32/64K 1.005/0.992 -> 0.988/0.987 (s17-c), b64/128K 0.995/0.997 ->
-# 0.982/0.985 (s19-c); the fold's kernel -> 16 wide chunks, s19-d: b24/128K 0.964 -> 0.928,
-# b64/64K 0.993 -> 0.978, b128/64K 0.996 -> 0.969, b128/128K 1.009 -> 0.975 (eager). 12
-# chunks, whose chunks are not whole 64-key tiles, tied (s17-c).
+# WIDE_MIN_FOLD_BYTES runs as WIDE_WAVES_N chunks each on the wide split kernel (12 chunks,
+# not whole 64-key tiles, tied).
 WIDE_WAVES_N = 16
 
 
@@ -483,8 +450,8 @@ def wide_split(
     (sequence, KV head) pairs. An unsplit step of more CTAs than SMs (the fold in two waves or
     more) over at least WIDE_MIN_FOLD_BYTES a sequence: WIDE_WAVES_N chunks. paged: a paged
     K's chunk kernel's path (constraints.WIDE_SPLIT_PAGED): "cp.async" takes the one-wave
-    rule only, "tma" (FA4's TMA paged kernel, pages of 128) the two-wave one only (H200,
-    2026-12-02-s20-e: each loses 0.3-0.8% where the other gains)."""
+    rule only, "tma" (FA4's TMA paged kernel, pages of 128) the two-wave one only (each loses
+    0.3-0.8% where the other gains)."""
     if ctas * n > num_sms:
         if (n == 1 and paged != "cp.async"
                 and seqlen_k * bytes_per_key >= WIDE_MIN_FOLD_BYTES):
@@ -585,3 +552,101 @@ def plan_split(
     if sp.n <= 1:
         return None
     return dataclasses.replace(sp, wide=True) if on_wide else sp
+
+
+
+class KernelFacts(NamedTuple):
+    """What a cached split chunk kernel (one page size) offers a plan: the runtime reads it off
+    the kernel it loaded (plan.SplitKernel.facts), `fa4aot explain` off the artifact's record
+    (kernel_facts); both then plan with plan_unrolled and plan_packed_rows (plan_step)."""
+
+    max_slots: int  # partials its merge takes per row
+    wide_split: bool  # part fwd_wide_split (one-row steps may run wide: wide_split)
+    paged_tma: bool  # its forward may take FA4's TMA paged path (wide_path)
+    tma_part: bool  # part fwd_tma serves this page size (wide_path)
+    q_broadcast: bool  # its forward reads q through a chunk mode
+    chunk_lengths: bool  # ... and cuts a paged K's lengths into chunks itself
+    bounds: bool  # part fwd_bounds: a packed K's rows read their bounds from cu_seqlens_k
+    packed_meta: bool  # part packed_meta: a causal packed step's tail metadata in one kernel
+
+
+def kernel_facts(parts: dict, variant, page_size: int | None, dtype: str) -> KernelFacts | None:
+    """KernelFacts of a split chunk kernel's artifact `parts` (its record's), None where the
+    artifact cannot split (no merge kernel for `dtype`). variant: the kernel's Variant."""
+    name, merge = merge_part(parts, dtype)
+    if name is None:
+        return None
+    fwd = parts["fwd"]
+    return KernelFacts(
+        max_slots=int(merge.get("max_splits", MAX_SLOTS)),
+        wide_split=wide_part(parts, variant) is not None,
+        paged_tma=variant.paged_tma is not False,
+        tma_part=tma_part(parts, page_size) is not None,
+        q_broadcast=bool(fwd.get("q_broadcast")),
+        chunk_lengths=bool(fwd.get("chunk_lengths")),
+        bounds=bounds_part(parts) is not None,
+        packed_meta="packed_meta" in parts,
+    )
+
+
+def plan_unrolled(
+    facts: KernelFacts, *, ctas: int, seqlen_k: int, bytes_per_key: int, page_size: int | None,
+    sink: bool, num_sms: int, setting: int, decode_rows: int, fold: bool, one_row: bool,
+    model: CostModel,
+) -> Split | None:
+    """plan_split on a cached kernel, a step's rows unrolled (each query row a decode row);
+    seqlen_k: the plan's bucket (plan_bucket)."""
+    return plan_split(
+        ctas=ctas, seqlen_k=seqlen_k, bytes_per_key=bytes_per_key, page_size=page_size,
+        sink=sink, num_sms=num_sms, setting=setting, max_slots=facts.max_slots,
+        decode_rows=decode_rows, fold=fold, wide=one_row and facts.wide_split,
+        wide_paged=wide_path(page_size, facts.paged_tma, facts.tma_part), model=model,
+    )
+
+
+def plan_packed_rows(
+    facts: KernelFacts, *, batch: int, rows: int, kv_heads: int, ratio: int,
+    tile_m: int | None, seqlen_k: int, bytes_per_key: int, page_size: int | None, sink: bool,
+    causal: bool, num_sms: int, setting: int, unrolled: Split | None, meta: bool,
+    model: CostModel,
+) -> Split | None:
+    """plan_packed on a cached kernel whose chunk modes read q and cut a paged K's lengths (or
+    a packed K's bounds: page_size None) for a step of several rows it can pack
+    (packed_refusal), else None (the rows run unrolled, or unsplit); seqlen_k: the plan's
+    bucket; meta: a causal step's tail needs metadata per call (a caller's paged K)."""
+    if rows == 1 or not facts.q_broadcast or not (
+            facts.chunk_lengths if page_size else facts.bounds):
+        return None
+    if packed_refusal(ratio=ratio, rows=rows, tile_m=tile_m, page_size=page_size):
+        return None
+    return plan_packed(
+        batch=batch, kv_heads=kv_heads, rows=rows, seqlen_k=seqlen_k,
+        bytes_per_key=bytes_per_key, page_size=page_size, sink=sink, causal=causal,
+        num_sms=num_sms, setting=setting, max_slots=facts.max_slots, unrolled=unrolled,
+        meta_s=packed_meta_s(meta and page_size is not None, facts.packed_meta), model=model,
+    )
+
+
+def plan_step(
+    facts: KernelFacts | None, *, batch: int, rows: int, kv_heads: int, ratio: int,
+    tile_m: int | None, seqlen_k: int, bytes_per_key: int, page_size: int | None, sink: bool,
+    causal: bool, num_sms: int, setting: int, fold: bool, meta: bool, model: CostModel,
+) -> Split | None:
+    """The split plan of a decode step of `rows` query rows a sequence over at most seqlen_k
+    keys on the cached kernel `facts` (None: not cached), or None (unsplit): the unrolled plan,
+    and for several rows the packed one where it wins. The runtime takes the same two steps
+    (Runtime.split_for, then runtime/splitkv._packed_plan); `fa4aot explain` calls this.
+    fold: the unsplit step runs as the fold (fold_refusal)."""
+    if facts is None:
+        return None
+    bucket = plan_bucket(seqlen_k)
+    sp = plan_unrolled(
+        facts, ctas=batch * rows * kv_heads, seqlen_k=bucket, bytes_per_key=bytes_per_key,
+        page_size=page_size, sink=sink, num_sms=num_sms, setting=setting,
+        decode_rows=batch * rows, fold=fold, one_row=rows == 1, model=model,
+    )
+    return plan_packed_rows(
+        facts, batch=batch, rows=rows, kv_heads=kv_heads, ratio=ratio, tile_m=tile_m,
+        seqlen_k=bucket, bytes_per_key=bytes_per_key, page_size=page_size, sink=sink,
+        causal=causal, num_sms=num_sms, setting=setting, unrolled=sp, meta=meta, model=model,
+    ) or sp

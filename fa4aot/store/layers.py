@@ -22,17 +22,13 @@ stores as read-only layers after these.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import hashlib
 import json
+import logging
 import os
-import re
-import signal
-import socket
+import shutil
 import stat
-import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -40,100 +36,28 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from .errors import BuildError, CorruptArtifact, Fa4aotError, FingerprintMismatch
-
-LAYOUT = "v1"
-RECORD = "record.json"
-# 2: records carry `record_sha256`, a digest of their own canonical JSON (format 1 had none:
-# a bit flip in a contract field went unnoticed).
-RECORD_FORMAT = 2
-MAX_RECORD_BYTES = 1 << 20
-FINGERPRINT_FIELDS = ("fa4", "cutlass_dsl", "cutlass_libs", "tvm_ffi", "python", "arch", "num_sms")
-CACHEDIR_TAG = (
-    "Signature: 8a477f597d28d172789f06886806bc55\n"
-    "# This file is a cache directory tag created by fa4aot.\n"
-    "# For information about cache directory tags see https://bford.info/cachedir/\n"
+from fa4aot import settings
+from fa4aot.errors import BuildError, CorruptArtifact, Fa4aotError, FingerprintMismatch
+from fa4aot.store.files import (
+    MAX_RECORD_BYTES,
+    atomic_write,
+    fsync_dir,
+    owner_tag,
+    read_quietly,
+    temp_is_orphaned,
 )
-NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")  # ids, part files, spec names
-_HEX64 = re.compile(r"[0-9a-f]{64}")
-
-
-def canonical_json(d: Any) -> str:
-    return json.dumps(d, sort_keys=True, separators=(",", ":"))
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def _cutlass_libs() -> str | None:
-    # The compiler picks the newest CUDA flavor installed when no driver is present; the
-    # project pins [cu13] and the runtime loads the cu13 libcute_dsl_runtime.so.
-    for flavor in ("cu13", "cu12"):
-        if _version(f"nvidia-cutlass-dsl-libs-{flavor}"):
-            return flavor
-    return None
-
-
-def build_toolchain(arch: str, num_sms: int, python: str | None = None) -> dict[str, Any]:
-    """The fingerprint of a build: versions read from package metadata (no compiler import).
-
-    `python` is the target interpreter's minor version: artifacts are C shared objects called
-    through tvm-ffi's C ABI, so a build on 3.11 may target a 3.12 runtime; the store records the
-    target and the runtime refuses any other.
-    """
-    tc = {
-        "fa4": _version("flash-attn-4"),
-        "cutlass_dsl": _version("nvidia-cutlass-dsl"),
-        "cutlass_libs": _cutlass_libs(),
-        "tvm_ffi": _version("apache-tvm-ffi"),
-        "python": python or f"{sys.version_info.major}.{sys.version_info.minor}",
-        "arch": arch,
-        "num_sms": int(num_sms),
-    }
-    # the runtime library the artifacts link against: recorded, not fingerprinted (stores
-    # built before it keep their directory); the runtime refuses another one at load
-    # (runtime_lib.check_matches)
-    from . import runtime_lib
-    from .errors import RuntimeLibraryMissing
-
-    try:
-        tc["runtime_lib"] = runtime_lib.identity()
-    except (RuntimeLibraryMissing, OSError):
-        pass
-    return tc
-
-
-def fingerprint_dir(tc: dict[str, Any]) -> str:
-    h = hashlib.sha256(canonical_json({k: tc[k] for k in FINGERPRINT_FIELDS}).encode()).hexdigest()[
-        :12
-    ]
-    return f"{tc['arch']}-{tc['num_sms']}sm-py{tc['python'].replace('.', '')}-{h}"
-
-
-def runtime_expectation(arch: str, num_sms: int) -> dict[str, Any]:
-    """What this process can serve: fields it cannot know (no FA4 installed) are left out."""
-    exp = {
-        "fa4": _version("flash-attn-4"),
-        "cutlass_dsl": _version("nvidia-cutlass-dsl"),
-        "cutlass_libs": _cutlass_libs(),
-        "tvm_ffi": _version("apache-tvm-ffi"),
-        "python": f"{sys.version_info.major}.{sys.version_info.minor}",
-        "arch": arch,
-        "num_sms": int(num_sms),
-    }
-    return {k: v for k, v in exp.items() if v is not None}
-
-
-def mismatches(tc: dict[str, Any], expected: dict[str, Any]) -> list[str]:
-    return [
-        f"{k}: store has {tc.get(k)!r}, this process needs {v!r}"
-        for k, v in expected.items()
-        if tc.get(k) != v
-    ]
+from fa4aot.store.locking import clear_if_stale, write_refusal
+from fa4aot.store.records import (
+    CACHEDIR_TAG,
+    LAYOUT,
+    NAME_RE,
+    RECORD,
+    RECORD_FORMAT,
+    Artifact,
+    parse_record,
+    seal_record,
+)
+from fa4aot.store.toolchain import fingerprint_dir, mismatches, read_toolchain
 
 
 def default_roots(wheels: bool = True) -> list[Path]:
@@ -181,7 +105,6 @@ def resolve_layers(cache: str | os.PathLike | None, *, wheels: bool = True) -> l
     those. Otherwise: the FA4AOT_CACHE_DIR layers, else the user cache dir; then, unless
     `wheels` is False, the stores of installed cache wheels. Commands that write use the first
     writable layer (build_root); commands that read search them all in this order."""
-    from . import settings
 
     if cache is not None and str(cache) != "":
         roots = [Path(p).expanduser() for p in str(cache).split(os.pathsep) if p.strip()]
@@ -223,11 +146,9 @@ def entry_point_roots() -> list[Path]:
 
 def entry_point_stores() -> list[tuple[str, Path]]:
     """(entry point name, store root) of each installed cache wheel (entry_point_roots)."""
-    from . import settings
 
     if not settings.cache_wheels():
         return []
-    import logging
 
     log = logging.getLogger("fa4aot")
     roots: list[tuple[str, Path]] = []
@@ -253,7 +174,6 @@ def entry_point_stores() -> list[tuple[str, Path]]:
 def not_writable_reason(root: Path) -> str | None:
     """Why builds cannot go into layer `root` (None: they can). Touches nothing: a root that does
     not exist yet is judged by the directory it would be created in."""
-    from .locking import write_refusal
 
     if (Path(root) / WHEEL_TAG).exists():
         return "an installed cache wheel's store: pip owns it, upgrade it with pip"
@@ -286,242 +206,6 @@ def build_root(roots: list[Path]) -> Path:
         + "\nput a writable directory first in FA4AOT_CACHE_DIR (e.g. "
         "FA4AOT_CACHE_DIR=/var/cache/fa4aot:<read-only layers>) or pass --cache DIR"
     )
-
-
-def open_quietly(path: Path):
-    """Open for reading without updating the file's access time where the kernel allows it
-    (O_NOATIME: the caller owns the file). fa4aot's own reads (records, checksums) must not count
-    as use: `prune --max-size` evicts by access time, which only loading a kernel should move."""
-    flags = os.O_RDONLY | getattr(os, "O_NOATIME", 0)
-    try:
-        fd = os.open(path, flags)
-    except PermissionError:
-        fd = os.open(path, os.O_RDONLY)  # not the owner: O_NOATIME is refused, read plainly
-    return os.fdopen(fd, "rb")
-
-
-def read_quietly(path: Path, limit: int = -1) -> bytes:
-    with open_quietly(path) as f:
-        return f.read(limit)
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open_quietly(path) as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _umask() -> int:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    return 0o022
-
-
-def crash_point(point: str) -> None:
-    """Crash-test hook: FA4AOT_FAULT=<point> SIGKILLs this process there (stub stores only)."""
-    from . import settings
-
-    if settings.stub_compiler() and settings.fault() == point:
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-def owner_tag() -> str:
-    """`host~pid~` for names of temporary files and dirs, so a sweep can tell whose they are."""
-    host = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:64] or "host"
-    return f"{host}~{os.getpid()}~"
-
-
-def temp_is_orphaned(name: str, mtime: float, max_age_s: float = 86400.0) -> bool:
-    """A temp entry named with `owner_tag` whose process is gone (or, from another host, old)."""
-    from .locking import pid_alive
-
-    f = name.split("~")
-    try:
-        host, pid = f[-3].rsplit(".", 1)[-1], int(f[-2])
-    except (IndexError, ValueError):
-        return time.time() - mtime > max_age_s
-    mine = owner_tag().split("~")[0]
-    if host == mine:
-        return not pid_alive(pid)
-    return time.time() - mtime > max_age_s
-
-
-@contextlib.contextmanager
-def atomic_output(path: Path):
-    """Yield a binary file in `path`'s directory; on success it is fsynced and renamed onto
-    `path` (readers see all or nothing), on any failure removed. A process killed in between
-    leaves only a `.<name>.<owner>.tmp` file, which builds sweep."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{owner_tag()}", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), 0o666 & ~_umask())  # mkstemp's 0600 would hide shared stores
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    with atomic_output(path) as f:
-        f.write(data)
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def unsafe_dir_reason(path: Path) -> str | None:
-    """Why loading native code from `path` is unsafe: writable by others and not ours/root's."""
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and st.st_uid not in (0, os.getuid()):
-        return f"{path} is group/world-writable and owned by uid {st.st_uid}"
-    if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
-        return f"{path} is world-writable"
-    return None
-
-
-@dataclass(frozen=True)
-class Artifact:
-    """A published artifact, as read from its record."""
-
-    dir: Path
-    record: dict[str, Any]
-
-    @property
-    def id(self) -> str:
-        return self.record["id"]
-
-    def part_path(self, name: str) -> Path:
-        return self.dir / self.record["parts"][name]["file"]
-
-    @property
-    def size(self) -> int:
-        return sum(p["size"] for p in self.record["parts"].values())
-
-    def verify(self) -> None:
-        """Raise CorruptArtifact unless every part is a regular file of its size and sha256."""
-        for name, p in self.record["parts"].items():
-            path = self.dir / p["file"]
-            try:
-                st = path.lstat()
-            except OSError as e:
-                raise CorruptArtifact(f"{self.dir}: part {name} unreadable: {e.strerror}") from None
-            if not stat.S_ISREG(st.st_mode):
-                raise CorruptArtifact(f"{path}: not a regular file")
-            if st.st_size != p["size"]:
-                raise CorruptArtifact(f"{path}: size {st.st_size} != recorded {p['size']}")
-            try:
-                digest = sha256_file(path)
-            except OSError as e:
-                raise CorruptArtifact(f"{path}: unreadable: {e.strerror}") from None
-            if digest != p["sha256"]:
-                raise CorruptArtifact(f"{path}: sha256 differs from its record")
-
-    def check_loadable(self, allow_unsafe_dirs: bool = False) -> None:
-        """What every loader checks before dlopen, in this order: a real kernel (not a test
-        stub), on a path no other user can alter (unless allowed), every part's sha256.
-        Raises CorruptArtifact; a corrupt artifact is never opened."""
-        if self.record.get("stub"):
-            raise CorruptArtifact(f"{self.dir}: a test stub, not a kernel")
-        why = None if allow_unsafe_dirs else self.unsafe_reason()
-        if why:
-            raise CorruptArtifact(
-                f"refusing to load native code: {why} (set FA4AOT_ALLOW_UNSAFE_DIRS=1 to override)"
-            )
-        self.verify()
-
-    def unsafe_reason(self) -> str | None:
-        """Why dlopen'ing this artifact is unsafe: a part, or any directory above it, can be
-        replaced by another user (see `unsafe_dir_reason`). Native code is only as trustworthy
-        as every directory on its path."""
-        paths = [self.part_path(n) for n in self.record["parts"]]
-        d = Path(os.path.realpath(self.dir))  # the directories the code really sits in
-        while True:
-            paths.append(d)
-            if d == d.parent:
-                break
-            d = d.parent
-        for p in paths:
-            why = unsafe_dir_reason(p)
-            if why:
-                return why
-        return None
-
-
-def record_digest(rec: dict[str, Any]) -> str:
-    return hashlib.sha256(
-        canonical_json({k: v for k, v in rec.items() if k != "record_sha256"}).encode()
-    ).hexdigest()
-
-
-def seal_record(rec: dict[str, Any]) -> dict[str, Any]:
-    """`rec` with its own digest, checked by parse_record: any change to a record is corruption."""
-    return {**rec, "record_sha256": record_digest(rec)}
-
-
-def _part_ok(p: Any) -> bool:
-    return (
-        isinstance(p, dict)
-        and isinstance(p.get("file"), str)
-        and NAME_RE.fullmatch(p["file"]) is not None
-        and p["file"] != RECORD
-        and isinstance(p.get("sha256"), str)
-        and _HEX64.fullmatch(p["sha256"]) is not None
-        and type(p.get("size")) is int
-        and p["size"] >= 0
-    )
-
-
-def parse_record(text: str | bytes, where: str) -> dict[str, Any]:
-    """Record JSON -> dict, its own digest checked and the fields the loader relies on
-    type-checked. Raises only CorruptArtifact, whatever the input."""
-    if len(text) > MAX_RECORD_BYTES:
-        raise CorruptArtifact(f"{where}: record is {len(text)} bytes, more than any real record")
-    try:
-        rec = json.loads(text)
-    except (ValueError, UnicodeDecodeError, RecursionError) as e:
-        raise CorruptArtifact(f"{where}: record is not valid JSON: {type(e).__name__}") from None
-    if isinstance(rec, dict) and rec.get("format") != RECORD_FORMAT:
-        raise CorruptArtifact(
-            f"{where}: record format {rec.get('format')!r}, this fa4aot reads "
-            f"{RECORD_FORMAT}; rebuild (fa4aot build replaces it)"
-        )
-    ok = (
-        isinstance(rec, dict)
-        and isinstance(rec.get("id"), str)
-        and NAME_RE.fullmatch(rec["id"]) is not None
-        and isinstance(rec.get("variant"), dict)
-        and isinstance(rec.get("toolchain"), dict)
-        and isinstance(rec.get("parts"), dict)
-        and rec["parts"]
-        and all(_part_ok(p) for p in rec["parts"].values())
-        and len({p["file"] for p in rec["parts"].values()}) == len(rec["parts"])
-        and isinstance(rec.get("record_sha256"), str)
-    )
-    if not ok:
-        raise CorruptArtifact(f"{where}: record is missing fields or has wrong types")
-    if record_digest(rec) != rec["record_sha256"]:
-        raise CorruptArtifact(f"{where}: record differs from its own sha256 (edited or corrupted)")
-    return rec
 
 
 class Store:
@@ -584,7 +268,6 @@ class Store:
 
     def discard_unpublished(self, vid: str) -> None:
         """Remove a record-less artifacts/<vid> (an old builder's or a hand copy: never served)."""
-        import shutil
 
         if self.artifact_dir(vid).exists() and not (self.artifact_dir(vid) / RECORD).exists():
             shutil.rmtree(self.move_aside(vid, "tmp"), ignore_errors=True)
@@ -671,32 +354,6 @@ class Store:
                 yield d.name, a
             except (CorruptArtifact, FingerprintMismatch) as e:
                 yield d.name, e
-
-
-def read_toolchain(d: Path) -> dict[str, Any]:
-    """A fingerprint directory's toolchain.json; CorruptArtifact unless it is well-formed and
-    hashes to the directory's own name."""
-    where = d / "toolchain.json"
-    try:
-        raw = where.read_bytes()[:MAX_RECORD_BYTES]
-        tc = json.loads(raw)
-        ok = (
-            isinstance(tc, dict)
-            and all(k in tc for k in FINGERPRINT_FIELDS)
-            and isinstance(tc["arch"], str)
-            and isinstance(tc["python"], str)
-            and type(tc["num_sms"]) is int
-            and fingerprint_dir(tc) == d.name
-        )
-    except FileNotFoundError:
-        raise CorruptArtifact(f"{where}: missing") from None
-    except OSError as e:
-        raise CorruptArtifact(f"{where}: unreadable: {e.strerror}") from None
-    except (ValueError, UnicodeDecodeError, RecursionError, TypeError, AttributeError):
-        ok = False
-    if not ok:
-        raise CorruptArtifact(f"{where}: not a valid toolchain for directory {d.name}")
-    return tc
 
 
 def scan_root(root: Path) -> tuple[list[Store], list[tuple[Path, CorruptArtifact]]]:
@@ -828,9 +485,7 @@ def verify_root(root: Path) -> list[dict[str, Any]]:
 
 def sweep_temp(store: Store) -> int:
     """Remove build scratch, temp files and lock markers left by dead processes. -> how many."""
-    import shutil
 
-    from .locking import clear_if_stale
 
     n = 0
     try:

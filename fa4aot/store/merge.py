@@ -25,17 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .archive import import_artifact
-from .errors import BuildError, CorruptArtifact, MergeConflict
-from .store import (
-    Artifact,
-    Store,
-    atomic_write,
-    open_quietly,
-    owner_tag,
-    scan_root,
-    sweep_temp,
-)
+from fa4aot.errors import BuildError, CorruptArtifact, MergeConflict
+from fa4aot.store.archive import import_artifact
+from fa4aot.store.files import atomic_write, open_quietly, owner_tag
+from fa4aot.store.layers import Store, scan_root, sweep_temp
+from fa4aot.store.records import Artifact
 
 
 def shard(ids: list[str], index: int, count: int) -> list[str]:

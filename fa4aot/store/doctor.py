@@ -11,20 +11,18 @@ import platform
 import sys
 from typing import Any
 
-from . import __version__
-from . import constraints as C
-from .errors import Fa4aotError
-from .store import (
+from fa4aot import __version__, settings
+from fa4aot.errors import Fa4aotError
+from fa4aot.model import constraints as C
+from fa4aot.store.layers import (
     Layer,
-    _cutlass_libs,
-    _version,
     find_serving_store,
-    mismatches,
     not_writable_reason,
     resolve_layers,
-    runtime_expectation,
     scan_root,
 )
+from fa4aot.store.runtime_lib import find_runtime_lib
+from fa4aot.store.toolchain import _cutlass_libs, _version, mismatches, runtime_expectation
 
 PACKAGES = ("torch", "apache-tvm-ffi", "nvidia-cutlass-dsl", "flash-attn-4", "platformdirs")
 
@@ -50,8 +48,6 @@ def _gpu() -> dict[str, Any] | None:
 
 def report(layers: list[Layer] | None = None) -> dict[str, Any]:
     """`layers`: the store layers to judge (default: what the runtime reads, resolve_layers)."""
-    from . import settings
-    from .runtime_lib import find_runtime_lib
 
     problems: list[str] = []
     setting_rows = settings.settings.report()
@@ -152,7 +148,7 @@ def report(layers: list[Layer] | None = None) -> dict[str, Any]:
 
 def _superseded(arts) -> int:
     """How many of `arts` are split kernels an earlier fa4aot built (build.superseded)."""
-    from .build import superseded
+    from fa4aot.build.builder import superseded
 
     n = 0
     for _, a in arts:

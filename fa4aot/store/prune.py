@@ -24,21 +24,15 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import locking
-from .errors import CorruptArtifact, Fa4aotError
-from .store import (
-    LAYOUT,
-    RECORD,
-    Store,
-    build_toolchain,
-    owner_tag,
-    read_toolchain,
-    scan_root,
-    temp_is_orphaned,
-)
+from fa4aot.errors import CorruptArtifact, Fa4aotError
+from fa4aot.store import locking
+from fa4aot.store.files import owner_tag, temp_is_orphaned
+from fa4aot.store.layers import Store, scan_root
+from fa4aot.store.records import LAYOUT, RECORD
+from fa4aot.store.toolchain import build_toolchain, read_toolchain
 
 VERSION_FIELDS = ("fa4", "cutlass_dsl", "cutlass_libs", "tvm_ffi")
-LOCK_TIMEOUT_S = 30
+
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B)?", re.IGNORECASE)
 
 
@@ -160,7 +154,7 @@ def execute(root: Path, actions: list[Action]) -> list[dict]:
         try:
             if a.kind in ("corrupt", "incomplete", "evict"):
                 store = Store(p.parents[3], read_toolchain(p.parents[1]))  # root/v1/fp/artifacts/id
-                with locking.hold(store.lock_path(p.name), timeout=LOCK_TIMEOUT_S):
+                with locking.hold(store.lock_path(p.name), timeout=locking.PRUNE_TIMEOUT_S):
                     gone = store.move_aside(p.name, "tmp")
                 shutil.rmtree(gone)
             elif a.kind == "store":

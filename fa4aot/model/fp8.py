@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import constraints as C
-from .errors import ContractViolation, UnsupportedVariant
+from fa4aot.errors import ContractViolation, UnsupportedVariant
+from fa4aot.model import constraints as C
 
 FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
 # FA4 4.0.0b36 interface.py:862: `out_torch_dtype = torch.bfloat16 if is_fp8 else q_dtype`

@@ -21,10 +21,14 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import constraints as C
-from .errors import FingerprintMismatch, UnsupportedVariant
-from .store import Store, find_serving_store, runtime_expectation, stores_at
-from .variants import Variant
+from fa4aot import settings
+from fa4aot.errors import FingerprintMismatch, UnsupportedVariant
+from fa4aot.model import constraints as C
+from fa4aot.model.specs import LAYOUTS, layout_forms
+from fa4aot.model.variants import Variant
+from fa4aot.policy.select import mla_padded_ratio
+from fa4aot.store.layers import Store, default_roots, find_serving_store, stores_at
+from fa4aot.store.toolchain import runtime_expectation
 
 
 @dataclass(frozen=True)
@@ -41,7 +45,6 @@ class BlockSizes:
 def _counts_stubs() -> bool:
     """Stub records (FA4AOT_STUB_COMPILER=1 test builds) are no kernels and the runtime refuses
     them; they count only in a process that builds stubs itself (the contract's own tests)."""
-    from . import settings
 
     return settings.stub_compiler()
 
@@ -73,8 +76,6 @@ def _serving_stores(roots: list[Path], arch: str, num_sms: int) -> list[Store]:
 
 def _roots(cache) -> list[Path]:
     if cache is None:
-        from .store import default_roots
-
         return default_roots()
     if isinstance(cache, (str, Path)):
         return [Path(cache)]
@@ -148,7 +149,6 @@ def _mla_block_sizes(
     at the ratio the runtime pads it to (select.mla_padded_ratio: 20 -> 32). A TMA kernel of
     the 2CTA or 1CTA route takes page 128; of the kb64 route any multiple of 64 (64 and 128
     listed); a cp.async one any size."""
-    from .select import mla_padded_ratio
 
     ratios = {ratio, mla_padded_ratio(ratio)[0]}
     tma, other, regimes = set(), False, set()
@@ -299,8 +299,6 @@ def block_size_rows(root: Path) -> list[dict]:
 
 
 def _spec_rows(s: Store, spec: dict, variants: list[Variant]) -> list[dict]:
-    from .specs import LAYOUTS, layout_forms
-
     layouts = [n for n in spec.get("serving", {}).get("layouts", []) if n in LAYOUTS]
     if not any(layout_forms(n)[1].startswith("paged") for n in layouts):
         return []

@@ -15,7 +15,7 @@ FA2's seqlenq_ngroups_swapped does. One query row sees every key whether causal 
 result is the same; the kernel computes the same r rows per KV head as the exact r:1 kernel, and
 q, O and LSE are strided views of the caller's tensors: no padding, no copies (but for a varlen
 call's LSE, whose (heads, tokens) layout the fold transposes).
-The padded call's variant is recomputed with `variants.features` (padding can move a call
+The padded call's variant is recomputed with `compile_keys.features` (padding can move a call
 across the decode/prefill boundary or change the tile), never guessed.
 """
 
@@ -24,8 +24,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from . import constraints as C
-from .variants import MlaRefused, Variant, features
+from fa4aot import settings
+from fa4aot.model import constraints as C
+from fa4aot.model.compile_keys import features
+from fa4aot.model.variants import MlaRefused, Variant
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,6 @@ def _call_features(feat: dict, ratio: int, head_dim: int, head_dim_v: int) -> di
 
 def fold_from_env() -> bool:
     """FA4AOT_DECODE_FOLD: 1 (default) or 0; read by the runtime and by `fa4aot explain`."""
-    from . import settings
 
     return settings.decode_fold()  # SettingError (a ValueError) on a bad value
 
@@ -116,7 +117,7 @@ def choose(
     allow_padding: bool = True,
     allow_fold: bool = True,
 ) -> list[Choice]:
-    """Every way to serve the call `feat` (kwargs of variants.features, minus arch) from
+    """Every way to serve the call `feat` (kwargs of compile_keys.features, minus arch) from
     `available`, cheapest first. Empty: nothing cached can serve it.
 
     An absorbed-MLA call (feat["qv"]; its route reads feat["num_sms"]) is padded in its head

@@ -1,0 +1,1 @@
+"""Build stage: a spec's variants (`enumerate`, `mla`) cross-compiled into a store (`builder`)."""

@@ -1,0 +1,157 @@
+"""FA4's compile keys read back: a key's printable form, and the Variant a forward key
+compiles (the drop-in's miss log)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fa4aot.model import constraints as C
+from fa4aot.model.variants import Variant
+
+# FA4 compiles softcap as a score_mod and keys it by a hash of that function (its source and
+# the captured value), so a key does not say which softcap it was: the value is recorded here
+# as FA4 makes the function, for variant_from_fa4_key (install()'s miss log). The hash is
+# stable across processes (source + repr of the float).
+SOFTCAP_BY_HASH: dict[str, float] = {}
+
+
+def _record_softcaps() -> None:
+    from flash_attn.cute import utils  # noqa: PLC0415
+
+    make = utils.create_softcap_scoremod
+    if getattr(make, "_fa4aot_recording", False):
+        return
+
+    def create_softcap_scoremod(softcap_val):
+        fn = make(softcap_val)
+        SOFTCAP_BY_HASH[utils.hash_callable(fn)] = float(softcap_val)
+        return fn
+
+    create_softcap_scoremod._fa4aot_recording = True
+    utils.create_softcap_scoremod = create_softcap_scoremod
+
+
+def key_repr(key: Any) -> str:
+    """A readable, stable rendering of an FA4 compile key (it holds cutlass type objects)."""
+
+    def r(x):
+        if isinstance(x, tuple):
+            return "(" + ", ".join(r(i) for i in x) + ("," if len(x) == 1 else "") + ")"
+        if isinstance(x, type):
+            return x.__name__
+        return repr(x)
+
+    return r(key)
+
+
+_CUTE_DTYPES = {
+    "BFloat16": "bfloat16", "Float16": "float16", "Float32": "float32",
+    "Float8E4M3FN": "float8_e4m3fn", "Float8E5M2": "float8_e5m2",
+}
+
+
+def variant_from_fa4_key(key, arch: str) -> Variant | None:
+    """FA4 (4.0.0b36) forward compile key -> our Variant, for the miss log of install().
+
+    Positions follow `_flash_attn_fwd`'s compile_key tuple (one tuple for every arch);
+    `tests/test_dropin.py` checks the mapping against every default sm90 variant's traced key,
+    `tests/test_sm100_build.py` against the Blackwell FP8 and native split-KV variants,
+    `tests/test_mla_build.py` against the MLA ones. None for keys outside what fa4aot models
+    (MLA keys other than _mla_variant_from_key's, score/mask mods other than a softcap FA4 made
+    in this process, block sparsity, broadcast (stride-0) descales, split-KV on sm90)."""
+    try:
+        if key[57]:  # qv: absorbed MLA
+            return _mla_variant_from_key(key, arch)
+        if key[0] or key[1] or key[10] or key[11]:
+            return None
+        split = bool(key[34])
+        if split and (not C.is_blackwell(arch) or key[45] or any(key[48:51])):
+            return None  # sm90 has none; packed-q splits take FA4's scheduler metadata
+        descales = "".join(t for t, on in zip("qkv", key[25:28]) if on) or None
+        if descales and any(p is not None and any(p) for p in key[13][5:8]):
+            return None  # a stride-0 descale compiles its own kernel; fa4aot never makes one
+        softcap = None
+        if key[9]:
+            softcap = SOFTCAP_BY_HASH.get(key[9])
+            if softcap is None:  # a user score_mod, or a softcap made before install
+                return None
+        ratio = int(key[6])
+        causal = bool(key[8])
+        has_wl, has_wr = bool(key[22]), bool(key[23])
+        local = not causal and (has_wl or has_wr)
+        tile_m = None
+        if arch == "sm90":  # an M tile other than FA4's default: asked for (`tile_mn`)
+            dflt = C.fwd_tile(arch, int(key[4]), int(key[5]), causal, local)
+            tile_m = None if int(key[30]) == dflt.m else int(key[30])
+        sink = key[24]
+        paged = bool(key[21])
+        return Variant(
+            arch=arch,
+            dtype=_CUTE_DTYPES[key[3].__name__],
+            head_dim=int(key[4]),
+            head_dim_v=int(key[5]),
+            qhead_per_kvhead=int(key[6]),
+            causal=causal,
+            local=local,
+            has_window_left=has_wl,
+            has_window_right=has_wr,
+            return_lse=not key[16],
+            sink_dtype=None if sink is None else _CUTE_DTYPES[sink.__name__],
+            cu_seqlens_q=not key[17],
+            cu_seqlens_k=not key[18],
+            seqused_q=not key[19],
+            seqused_k=not key[20],
+            paged=paged,
+            paged_tma=bool(key[37]) if paged else None,
+            cu_hint=bool(key[51]),
+            # a split kernel is never persistent: the field holds q_stage == 1 (Variant.split_kv)
+            static_persistent=int(key[32]) == 1 if split else bool(key[55]),
+            softcap=softcap,
+            pack_gqa=None if bool(key[35]) == (ratio > 1) else bool(key[35]),
+            descales=descales,
+            split_kv=split,
+            s_ping_pong=bool(key[44]) if split else None,
+            tile_m=tile_m,
+            # use_2cta_instrs, which only hd256 on Blackwell chooses by the batch (Variant.two_cta)
+            two_cta=(bool(key[38]) if C.is_blackwell(arch) and not split
+                     and int(key[4]) == int(key[5]) == 256 else None),
+        )
+    except (IndexError, KeyError, AttributeError, TypeError):
+        return None
+
+
+def _mla_variant_from_key(key, arch: str) -> Variant | None:
+    """variant_from_fa4_key for FA4's MLA keys (key[57]: qv): the kernels compile_keys.mla_features
+    models (rope + latent q, one latent KV head, no FP8, split, sparsity, window, sink or
+    score_mod; the inference rescale threshold). None for the rest."""
+    if (
+        not key[56] or key[58] or key[59] or key[61]  # q; p, row_max; sparse (key[60]: a dummy)
+        or int(key[7]) != 1 or key[2] or key[9] or key[10] or key[11]  # one kv head; s_ahead; mods
+        or key[22] or key[23] or key[24] is not None or any(key[25:28]) or key[34]
+        or key[17] or not key[19] or float(key[46]) != 8.0  # packed q, no seqused_q
+        or bool(key[35]) != (int(key[6]) > 1)  # FA4's default pack_gqa
+    ):
+        return None
+    route = "1cta-kb64" if key[1] else "1cta" if key[0] else "2cta"
+    paged = bool(key[21])
+    return Variant(
+        arch=arch, dtype=_CUTE_DTYPES[key[3].__name__], head_dim=int(key[4]),
+        head_dim_v=int(key[5]), qhead_per_kvhead=int(key[6]), causal=bool(key[8]), local=False,
+        has_window_left=False, has_window_right=False, return_lse=not key[16], sink_dtype=None,
+        cu_seqlens_q=True, cu_seqlens_k=not key[18], seqused_q=False, seqused_k=not key[20],
+        paged=paged, paged_tma=bool(key[37]) if paged else None, cu_hint=bool(key[51]),
+        static_persistent=bool(key[55]), mla=route, mla_q_stage=int(key[32]),
+    )
+
+
+def _combine_fields(rendered: str):
+    """A rendered FA4 combine key (interface.py 4480-4495: arch, dtype, partial dtype, head dim,
+    num_head, tile_m, k_block, log_max_splits, then six flags: cu_seqlens, seqused, lse,
+    virtual batch, dynamic splits, semaphore) -> (its fields less num_head and log_max_splits,
+    log_max_splits), or None when it is not such a key or is varlen (cu_seqlens or seqused)."""
+    f = rendered.strip("()").split(", ")
+    if len(f) != 14 or f[8] != "False" or f[9] != "False" or not f[7].isdigit():
+        return None
+    return (*f[:4], *f[5:7], *f[8:]), int(f[7])
+
+
