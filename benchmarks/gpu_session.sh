@@ -3,7 +3,7 @@
 # On the GPU host, from the project root, with a store built here and carried:
 #   source .device/setup.sh && FA4AOT_CACHE_DIR=$PWD/.gpu-store bash benchmarks/gpu_session.sh $OUT [what...]
 # what: any of tests split padding padding-tests dropin conformance host decode startup wheel
-# padded-decode spec-decode host-profile multidevice compile sanitize-guard parity (default:
+# padded-decode spec-decode ragged host-profile multidevice compile sanitize-guard parity (default:
 # tests split padding dropin conformance host decode startup). padding-tests: the padding GPU
 # tests without the padding benchmark (which needs .gpu-store-bench). parity: from an empty
 # store, needs the compiler bundle.
@@ -52,6 +52,7 @@ for w in $what; do
         FA4AOT_CACHE_DIR=$ps python3 -m pytest -m gpu tests/test_gpu_parity.py -v -p no:cacheprovider -rf --tb=line 2>&1 | grep -v -e Warning -e exe_args; } > "$out/parity.txt"; grep -e passed -e failed -e "misses logged" -e "^built" "$out/parity.txt";;
     padded-decode) { stamp python3 benchmarks/padded_decode.py; python3 benchmarks/padded_decode.py --out "$out/padded.json" 2>&1 | grep -v -e Warning -e exe_args -e _warn_once; } > "$out/padded.txt"; cat "$out/padded.txt";;
     spec-decode) { stamp python3 benchmarks/spec_decode.py; python3 benchmarks/spec_decode.py --out "$out/spec.json" 2>&1 | grep -v -e Warning -e exe_args -e _warn_once; } > "$out/spec.txt"; cat "$out/spec.txt";;
+    ragged) { stamp python3 benchmarks/decode_ragged.py; python3 benchmarks/decode_ragged.py --json "$out/ragged.json" 2>&1 | grep -v -e Warning -e exe_args -e _warn_once; } > "$out/ragged.txt"; cat "$out/ragged.txt";;
     host-profile) { for s in 1:131072:8:1 1:8192:32:8; do stamp python3 benchmarks/host_profile.py --shape $s; python3 benchmarks/host_profile.py --shape $s 2>&1 | grep -v -e Warning -e exe_args -e _warn_once; done; } > "$out/host-profile.txt"; grep "host us" "$out/host-profile.txt";;
     startup) { stamp python3 benchmarks/startup.py; python3 benchmarks/startup.py --out "$out/startup.json" 2>&1 | grep -v -e Warning -e exe_args; } > "$out/startup.txt"; tail -25 "$out/startup.txt";;
   esac
