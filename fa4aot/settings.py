@@ -142,6 +142,9 @@ class Settings:
         "with `fa4aot hook --enable`: run fa4aot.install(on_miss=...) when FA4 is imported",
     )
     runtime_lib = _Setting(None, _path, "a file path", "libcute_dsl_runtime.so to load")
+    engine_plugin = _Setting(
+        True, _flag, "0 or 1", "0: the vLLM / SGLang plugins (fa4aot.engines) patch nothing"
+    )
     lock = _Setting(
         "auto", _choice("auto", "flock", "marker"), "auto, flock or marker",
         "build lock kind (auto: flock on local filesystems, marker files elsewhere)",

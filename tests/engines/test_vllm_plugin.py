@@ -1,0 +1,317 @@
+"""The vLLM 0.33 plugin against vLLM's real call path, on the CPU.
+
+vLLM's FA4 call path is `flash_attn_varlen_func(..., fa_version=4)` in
+vllm/vllm_flash_attn/flash_attn_interface.py (:176), which imports `_flash_attn_fwd` from
+vllm.vllm_flash_attn.cute.interface inside the call (:454) and calls it (:464). These tests run
+that real module, read out of the 0.33.0 wheel, over a recording stand-in for the FA4 copy's
+`_flash_attn_fwd` (the engine's original) and one for fa4aot's runtime; without the wheel, the
+replay tests call the patched name directly with the argument list of :464-497.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+
+import fa4aot
+import wheels
+from fa4aot.engines import _common
+from fa4aot.engines import vllm as P
+
+MOD = "vllm.vllm_flash_attn.cute.interface"
+
+
+@pytest.fixture
+def fa4(packages, engine_fn):
+    """The stand-in FA4 copy: vllm.vllm_flash_attn.cute.interface with a recording
+    `_flash_attn_fwd` (with FA4's `compile_cache` attribute), and the plugin installed."""
+    _, _, cute = packages("vllm", "vllm.vllm_flash_attn", "vllm.vllm_flash_attn.cute")
+    iface = type(sys)(MOD)
+    sys.modules[MOD] = iface
+    cute.interface = iface
+    orig = engine_fn(("engine-out", "engine-lse", None, None))
+    orig.compile_cache = {}
+    iface._flash_attn_fwd = orig
+    P.install()
+    return iface, orig
+
+
+@pytest.fixture
+def interface(fa4):
+    """vLLM's real flash_attn_interface.py from the wheel, over the stand-in FA4 copy."""
+    text = wheels.source("vllm", "vllm/vllm_flash_attn/flash_attn_interface.py")
+    if text is None:
+        pytest.skip(wheels.skip_reason("vllm"))
+    return wheels.load_module(
+        "vllm.vllm_flash_attn.flash_attn_interface", text, "flash_attn_interface.py"
+    )
+
+
+def paged(batch=3, hq=8, hk=2, d=128, page=16, pages=12, dtype=torch.bfloat16):
+    """Tensors shaped as FlashAttentionImpl.forward passes them (flash_attn.py:1404-1428):
+    q (num_tokens, hq, d); K/V views of the (blocks, kv_heads, block_size, 2*d) cache
+    (flash_attn.py:1257)."""
+    kv = torch.zeros(pages, hk, page, 2 * d, dtype=dtype)
+    k, v = kv.transpose(1, 2).split(d, dim=-1)
+    return dict(
+        q=torch.zeros(batch, hq, d, dtype=dtype), k=k, v=v,
+        out=torch.empty(batch, hq, d, dtype=dtype),
+        cu_seqlens_q=torch.arange(batch + 1, dtype=torch.int32),
+        seqused_k=torch.full((batch,), 20, dtype=torch.int32),
+        block_table=torch.zeros(batch, 4, dtype=torch.int32),
+    )
+
+
+def backend_call(t, **over):
+    """FlashAttentionImpl.forward's FA4 call (flash_attn.py:1404-1428), through
+    FA4DenseAttentionKernel.kernel (:114): the keyword list as vLLM writes it."""
+    kw = dict(
+        q=t["q"], k=t["k"], v=t["v"], out=t["out"], cu_seqlens_q=t["cu_seqlens_q"],
+        max_seqlen_q=1, seqused_k=t["seqused_k"], max_seqlen_k=20, softmax_scale=0.088,
+        causal=True, alibi_slopes=None, window_size=None, block_table=t["block_table"],
+        softcap=0.0, scheduler_metadata=None, fa_version=4, q_descale=None, k_descale=None,
+        v_descale=None, dynamic_causal=None, num_splits=0, s_aux=None, mask_mod=None,
+        aux_tensors=None,
+    )
+    kw.update(over)
+    return kw
+
+
+def test_real_interface_reaches_the_plugin(interface, fa4, runtime):
+    iface, orig = fa4
+    t = paged()
+    res = interface.flash_attn_varlen_func(**backend_call(t))
+    assert res is t["out"]  # return_softmax_lse=False: vLLM returns out alone (:499)
+    assert orig.calls == [] and P.counters.hits == 1
+    [(name, kw)] = runtime.calls
+    assert name == "flash_attn_varlen_func"
+    assert kw["q"] is t["q"] and kw["k"] is t["k"] and kw["v"] is t["v"]
+    assert kw["page_table"] is t["block_table"] and kw["seqused_k"] is t["seqused_k"]
+    assert kw["cu_seqlens_q"] is t["cu_seqlens_q"] and kw["out"] is t["out"]
+    assert kw["cu_seqlens_k"] is None and kw["max_seqlen_q"] == 1 and kw["max_seqlen_k"] == 20
+    assert kw["window_size"] == (None, None) and kw["causal"] is True
+    assert kw["softmax_scale"] == 0.088 and kw["softcap"] == 0.0 and kw["lse"] is None
+    assert "q_descale" not in kw  # vLLM drops descales for non-FP8 KV (:430)
+
+
+def test_real_interface_lse_and_window(interface, fa4, runtime):
+    t = paged()
+    out, lse = interface.flash_attn_varlen_func(
+        **backend_call(t, window_size=[127, 0], return_softmax_lse=True,
+                       s_aux=torch.zeros(8, dtype=torch.float32))
+    )
+    assert out is t["out"] and lse.shape == (8, 3)
+    kw = runtime.calls[0][1]
+    assert kw["window_size"] == (127, 0) and kw["return_lse"] is True
+    assert kw["learnable_sink"].dtype == torch.float32
+
+
+@pytest.mark.parametrize(
+    "over, reason",
+    [
+        (dict(mask_mod=lambda *a: None), "mask_mod"),
+        (dict(aux_tensors=[torch.zeros(1)]), "aux_tensors"),
+        (dict(dynamic_causal=torch.zeros(3, dtype=torch.int32)), "dynamic_causal"),
+        (dict(output_scale=torch.ones(())), "output_scale"),
+    ],
+)
+def test_real_interface_hands_back(interface, fa4, runtime, miss_log, over, reason):
+    iface, orig = fa4
+    t = paged()
+    res = interface.flash_attn_varlen_func(**backend_call(t, **over))
+    assert res == "engine-out" and runtime.calls == []
+    [(args, kw)] = orig.calls  # vLLM's own call, as vLLM made it (:464)
+    assert args[0] is t["q"] and kw["page_table"] is t["block_table"] and kw["out"] is t["out"]
+    for name, val in over.items():
+        assert kw[name] is val
+    assert dict(P.counters.handbacks) == {reason: 1} and P.counters.hits == 0
+    [rec] = _common.read_handbacks(miss_log)
+    assert rec["engine"] == "vllm" and rec["kind"] == "handback" and rec["reason"] == reason
+    assert rec["call"]["q"] == {"dtype": "bfloat16", "shape": [3, 8, 128]}
+
+
+def test_real_interface_fp8_kv_dequant(interface, fa4, runtime, monkeypatch):
+    # sm90 FP8 KV: vLLM sets fp8_kv_dequant (:458-461); fa4aot's runtime does not take it
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    iface, orig = fa4
+    t = paged()
+    t["k"] = t["k"].to(torch.float8_e4m3fn)
+    t["v"] = t["v"].to(torch.float8_e4m3fn)
+    ds = torch.ones(3, 2)
+    interface.flash_attn_varlen_func(**backend_call(t, k_descale=ds, v_descale=ds))
+    [(_, kw)] = orig.calls
+    assert kw["fp8_kv_dequant"] is True and kw["k_descale"] is ds and kw["q_descale"] is None
+    assert dict(P.counters.handbacks) == {"fp8_kv_dequant": 1} and runtime.calls == []
+
+
+def test_fp8_kv_dequant_served_when_the_runtime_takes_it(fa4, runtime, monkeypatch):
+    def flash_attn_varlen_func(q, k, v, fp8_kv_dequant=False, **kw):
+        return runtime.varlen(q, k, v, fp8_kv_dequant=fp8_kv_dequant, **kw)
+
+    monkeypatch.setattr(fa4aot, "flash_attn_varlen_func", flash_attn_varlen_func)
+    iface, orig = fa4
+    t = paged()
+    ds = torch.ones(3, 2)
+    iface._flash_attn_fwd(
+        t["q"], t["k"], t["v"], cu_seqlens_q=t["cu_seqlens_q"], seqused_k=t["seqused_k"],
+        page_table=t["block_table"], k_descale=ds, v_descale=ds, fp8_kv_dequant=True,
+    )
+    kw = runtime.calls[0][1]
+    assert kw["fp8_kv_dequant"] is True and kw["k_descale"] is ds and orig.calls == []
+
+
+def _direct(t, **over):
+    """`_flash_attn_fwd` as flash_attn_interface.py:464-497 calls it (no wheel needed)."""
+    kw = dict(
+        qv=None, cu_seqlens_q=t["cu_seqlens_q"], cu_seqlens_k=None, seqused_k=t["seqused_k"],
+        max_seqlen_q=1, max_seqlen_k=20, page_table=t["block_table"], gather_kv_indices=None,
+        gather_kv_valid_length=None, softmax_scale=0.088, causal=True, dynamic_causal=None,
+        softcap=0.0, window_size_left=None, window_size_right=None, num_splits=0,
+        return_lse=False, out=t["out"], learnable_sink=None, mask_mod=None,
+        block_sparse_tensors=None, aux_tensors=None, aux_tensor_leading_dims=None,
+        q_descale=None, k_descale=None, v_descale=None, output_scale=None, fp8_kv_dequant=False,
+    )
+    kw.update(over)
+    return (t["q"], t["k"], t["v"]), kw
+
+
+def test_direct_call_contract(fa4, runtime):
+    iface, orig = fa4
+    t = paged()
+    args, kw = _direct(t, return_lse=True, num_splits=32)
+    res = iface._flash_attn_fwd(*args, **kw)
+    assert isinstance(res, tuple) and len(res) == 4  # (out, lse, p, row_max), :2021
+    assert res[0] is t["out"] and res[1].shape == (8, 3) and res[2:] == (None, None)
+    assert P.counters.overridden["num_splits"] == 1 and P.counters.hits == 1
+
+
+def test_dense_call_goes_to_flash_attn_func(fa4, runtime):
+    iface, _ = fa4
+    q = torch.zeros(2, 5, 4, 64, dtype=torch.float16)
+    k = torch.zeros(2, 7, 4, 64, dtype=torch.float16)
+    out, lse, p, rm = iface._flash_attn_fwd(q, k, k, causal=False, softcap=None)
+    assert runtime.calls[0][0] == "flash_attn_func" and lse is None and out.shape == q.shape
+    assert "page_table" not in runtime.calls[0][1] and runtime.calls[0][1]["softcap"] == 0.0
+
+
+@pytest.mark.parametrize(
+    "over, reason",
+    [
+        (dict(compile_only=True), "compile_only"),
+        (dict(num_threads=128), "num_threads"),
+        (dict(block_sparse_tensors=object()), "block_sparse_tensors"),
+        (dict(gather_kv_indices=torch.zeros(1)), "gather_kv_indices"),
+        (dict(window_size_left=100, window_size_right=-1), "window_size with a negative entry"),
+        (dict(not_an_fa4_argument=1), "unknown argument not_an_fa4_argument"),
+    ],
+)
+def test_direct_hand_backs(fa4, runtime, over, reason):
+    iface, orig = fa4
+    t = paged()
+    args, kw = _direct(t, **over)
+    assert iface._flash_attn_fwd(*args, **kw) == orig.result
+    assert orig.calls == [(args, kw)] and runtime.calls == []
+    assert dict(P.counters.handbacks) == {reason: 1}
+
+
+def test_requires_grad_hands_back(fa4, runtime):
+    iface, orig = fa4
+    t = paged()
+    t["q"] = t["q"].clone().requires_grad_()
+    args, kw = _direct(t)
+    iface._flash_attn_fwd(*args, **kw)
+    assert dict(P.counters.handbacks) == {"requires_grad": 1} and runtime.calls == []
+
+
+def test_miss_hands_back_once_then_from_cache(fa4, runtime, miss_log):
+    iface, orig = fa4
+    runtime.error = fa4aot.ArtifactMissing("no artifact serves bf16 hd128 8:2 paged")
+    t = paged()
+    args, kw = _direct(t)
+    for _ in range(3):
+        assert iface._flash_attn_fwd(*args, **kw) == orig.result
+    assert len(runtime.calls) == 1  # the refusal is remembered for this call's key
+    assert len(orig.calls) == 3 and all(c == (args, kw) for c in orig.calls)
+    [(reason, n)] = P.counters.misses.items()
+    assert n == 3 and reason.startswith("ArtifactMissing: no artifact serves")
+    [rec] = _common.read_handbacks(miss_log)
+    assert rec["kind"] == "miss" and rec["call"]["page_table"]["dtype"] == "int32"
+    assert rec["call"]["causal"] is True and rec["call"]["max_seqlen_q"] == 1
+
+
+def test_contract_violation_is_not_remembered(fa4, runtime):
+    iface, orig = fa4
+    runtime.error = fa4aot.ContractViolation("out must have a 16-byte aligned base")
+    t = paged()
+    args, kw = _direct(t)
+    iface._flash_attn_fwd(*args, **kw)
+    iface._flash_attn_fwd(*args, **kw)
+    assert len(runtime.calls) == 2 and len(orig.calls) == 2
+
+
+def test_other_errors_propagate(fa4, runtime):
+    iface, orig = fa4
+    runtime.error = RuntimeError("a kernel launch failed")
+    args, kw = _direct(paged())
+    with pytest.raises(RuntimeError, match="launch failed"):
+        iface._flash_attn_fwd(*args, **kw)
+    assert orig.calls == []
+
+
+def test_patch_keeps_compile_cache_and_is_idempotent(fa4):
+    iface, orig = fa4
+    w = iface._flash_attn_fwd
+    assert w is not orig and w.compile_cache is orig.compile_cache and w.__wrapped__ is orig
+    P.install()
+    assert iface._flash_attn_fwd is w
+    P.uninstall()
+    assert iface._flash_attn_fwd is orig
+
+
+def test_patches_on_first_import(tmp_path, monkeypatch, packages, runtime):
+    """install() before vLLM's FA4 module is imported: the import hook patches it on load."""
+    root = tmp_path / "vllm" / "vllm_flash_attn" / "cute"
+    root.mkdir(parents=True)
+    for d in (root, root.parent, root.parent.parent):
+        (d / "__init__.py").write_text("")
+    (root / "interface.py").write_text(
+        "def _flash_attn_fwd(q, k, v, **kw):\n    return 'engine'\n"
+        "_flash_attn_fwd.compile_cache = {}\n"
+    )
+    for k in [k for k in sys.modules if k == "vllm" or k.startswith("vllm.")]:
+        monkeypatch.delitem(sys.modules, k)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    P.install()
+    assert MOD not in sys.modules
+    import importlib
+
+    iface = importlib.import_module(MOD)
+    assert iface._flash_attn_fwd.__fa4aot_plugin__ is P.plugin
+    q = torch.zeros(2, 4, 64, dtype=torch.bfloat16)
+    iface._flash_attn_fwd(q, q, q, cu_seqlens_q=torch.tensor([0, 1, 2], dtype=torch.int32),
+                          cu_seqlens_k=torch.tensor([0, 1, 2], dtype=torch.int32))
+    assert P.counters.hits == 1
+
+
+def test_register_honours_the_off_switch(fa4, monkeypatch):
+    iface, orig = fa4
+    P.uninstall()
+    monkeypatch.setenv("FA4AOT_ENGINE_PLUGIN", "0")
+    P.register()
+    assert iface._flash_attn_fwd is orig
+    monkeypatch.delenv("FA4AOT_ENGINE_PLUGIN")
+    P.register()
+    assert iface._flash_attn_fwd.__wrapped__ is orig
+
+
+def test_miss_log_lines_do_not_disturb_variant_readers(fa4, runtime, miss_log):
+    from fa4aot.store.misses import read_misses
+
+    iface, _ = fa4
+    args, kw = _direct(paged(), mask_mod=lambda *a: None)
+    iface._flash_attn_fwd(*args, **kw)
+    assert read_misses(miss_log) == []  # `fa4aot build --from-misses` skips hand-back lines
+    assert json.loads(miss_log.read_text())["handback"]["reason"] == "mask_mod"
