@@ -101,3 +101,30 @@ def mla_ref(q, qv, ks, vs, cu_q, *, causal, scale=None):
         out[a:b] = torch.einsum("hqk,kd->qhd", p, v)
         lse[a:b] = li.t()
     return out, lse
+
+
+def paged_kv(k, v, lens, page, *, shuffle=False, spare=0, extra_cols=0):
+    """K/V in batch form (b, sk, hk, d[v]), sequence i's first lens[i] keys, as a page pool:
+    -> (k pool (pages, page, hk, d), v pool, table (b, cols) int32). Each sequence takes
+    ceil(len / page) pages (at least one) in pool order, or in a random order with `shuffle`
+    (and random values in every slot no key fills: what a kernel must never read); the pool
+    has `spare` pages more, the table `extra_cols` columns more."""
+    b, _, hk, d = k.shape
+    npg = [max(1, -(-n // page)) for n in lens]
+    pool = sum(npg) + spare
+    make = torch.randn if shuffle else torch.zeros
+    kpool = make(pool, page, hk, d, dtype=k.dtype, device=k.device)
+    vpool = make(pool, page, hk, v.shape[-1], dtype=v.dtype, device=v.device)
+    order = torch.randperm(pool, device=k.device) if shuffle else torch.arange(pool)
+    table = torch.zeros(b, max(npg) + extra_cols, dtype=torch.int32, device=k.device)
+    at = 0
+    for i, (n, length) in enumerate(zip(npg, lens)):
+        pages = order[at : at + n].to(device=k.device)
+        table[i, :n] = pages.to(torch.int32)
+        at += n
+        if length:
+            ks = kpool[pages].reshape(n * page, hk, d)
+            vs = vpool[pages].reshape(n * page, hk, v.shape[-1])
+            ks[:length], vs[:length] = k[i, :length], v[i, :length]
+            kpool[pages], vpool[pages] = ks.view(n, page, hk, d), vs.view(n, page, hk, -1)
+    return kpool, vpool, table

@@ -13,18 +13,18 @@ Skipped unless device 0 has compute capability 10.0 or 10.3. Run on such a machi
    store built here for this GPU (a two-layer MLA spec: 20 query heads, padded to 32 as FA4's
    2CTA kernel needs, and 16, exact): varlen and paged, decode and prefill, LSE or not, into
    NaN-poisoned buffers, against the fp32 reference (tests/reference.mla_ref). On the CPU the
-   same path runs with stand-in kernels (tests/test_mla_runtime.py) and its kernel calls equal
-   FA4's (tests/test_runtime_sm100.py); this is the check that the kernels compute it.
+   same path runs with stand-in kernels (tests/runtime/test_mla_runtime.py) and its kernel calls equal
+   FA4's (tests/runtime/test_runtime_sm100.py); this is the check that the kernels compute it.
 4. FP8 through the runtime with descales, from a store built here: exact, ratio padding (3 ->
    4) and the decode fold (6 query heads as rows of the 1:1 kernel), against the fp32
-   reference of the dequantized inputs (on the CPU: tests/test_plan_sm100.py's FP8 tests).
+   reference of the dequantized inputs (on the CPU: tests/runtime/test_plan_sm100.py's FP8 tests).
 5. bf16 through the runtime from a store built here (8:2 hd128, causal, dense / varlen /
    paged, decode and prefill, LSE, batches up to 300): the exact kernels (ragged lengths with
    0- and 1-key sequences; batch 300 through FA4's tile-cumsum and blocks-to-batch helpers),
    ratio padding (3 -> 4) and the decode fold (ratio 6), FA4's native split-KV with its
    combine (the heuristic's count, forced counts, a CUDA-graph replay bit-identical to eager),
    into NaN-poisoned buffers, against the fp32 reference and the unsplit kernel (on the CPU:
-   tests/test_plan_sm100.py); and FA4's own entry through fa4aot.install() with explicit
+   tests/runtime/test_plan_sm100.py); and FA4's own entry through fa4aot.install() with explicit
    num_splits 3, 16 and 40, served by the stored 128-split combine.
 6. hd256 (16:8, windowed) decode at batch 1 and past 2 x batch x 8 > SMs: the 2CTA and the 1CTA
    persistent kernels FA4 picks, each built here for this SM count, against the fp32 reference.
@@ -545,7 +545,7 @@ def test_install_serves_fa4s_num_splits_from_the_stored_combine(bf16_runtime):
     """FA4's own entry point through fa4aot.install() with explicit num_splits (3, 16, 40):
     FA4 keys its combine by the split count and head count, and the store holds the 128-split
     combine, which serves every count (dropin._Installed.combine_for; checked on the CPU in
-    tests/test_sm100_build.py): nothing compiles, nothing misses, and each output is the fp32
+    tests/build/test_sm100_build.py): nothing compiles, nothing misses, and each output is the fp32
     reference's and FA4's unsplit output's to split precision. Needs flash_attn.cute."""
     import fa4aot
     from flash_attn.cute import flash_attn_func

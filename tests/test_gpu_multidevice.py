@@ -23,7 +23,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 sys.path.insert(0, os.path.dirname(__file__))
-from reference import attention_ref, rel_err  # noqa: E402
+from reference import attention_ref, paged_kv, rel_err  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 TOL = 1e-2
@@ -76,17 +76,9 @@ def run_cases(dev: torch.device, tag: str = "") -> list[str]:
                 kp[i, :n], vp[i, :n] = k[cu_k[i] : cu_k[i] + n], v[cu_k[i] : cu_k[i] + n]
             kw = dict(cu_seqlens_k=cu_k)
         else:
-            npg = [-(-n // page) for n in lk]
-            k = torch.randn(sum(npg) + 1, page, HK, D, device=dev, dtype=dt)
-            v = torch.randn_like(k)
-            perm = torch.randperm(k.shape[0], device=dev).to(torch.int32)
-            table = torch.zeros(b, max(npg), device=dev, dtype=torch.int32)
-            at = 0
-            for i, n in enumerate(npg):
-                table[i, :n] = perm[at : at + n]
-                at += n
-                kp[i, : lk[i]] = k[table[i, :n].long()].reshape(-1, HK, D)[: lk[i]]
-                vp[i, : lk[i]] = v[table[i, :n].long()].reshape(-1, HK, D)[: lk[i]]
+            for i, n in enumerate(lk):
+                kp[i, :n], vp[i, :n] = torch.randn_like(kp[i, :n]), torch.randn_like(vp[i, :n])
+            k, v, table = paged_kv(kp, vp, lk, page, shuffle=True, spare=1)
             kw = dict(page_table=table, seqused_k=torch.tensor(lk, device=dev, dtype=torch.int32))
         out = torch.full_like(q, float("nan"))
         fa4aot.flash_attn_varlen_func(

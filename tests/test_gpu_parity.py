@@ -24,7 +24,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from reference import attention_ref, rel_err  # noqa: E402
+from reference import attention_ref, paged_kv, rel_err  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 TOL = 1e-2  # bf16 attention vs fp32: ~2e-3 seen
@@ -167,18 +167,7 @@ def build(case, lse, rng):
             kw["seqused_k"] = _ivec(lk)
     else:  # paged+seqused
         page = ex["page"]
-        npg = [max(1, -(-n // page)) for n in lk]
-        pool = sum(npg) + 2
-        k = torch.randn(pool, page, hk, d, device="cuda", dtype=dt)
-        v = torch.randn_like(k)
-        perm = torch.randperm(pool, device="cuda")
-        table = torch.zeros(b, max(npg), device="cuda", dtype=torch.int32)
-        at = 0
-        for i, n in enumerate(npg):
-            table[i, :n] = perm[at : at + n].to(torch.int32)
-            at += n
-            kp[i, : lk[i]] = k[table[i, :n].long()].reshape(-1, hk, d)[: lk[i]]
-            vp[i, : lk[i]] = v[table[i, :n].long()].reshape(-1, hk, d)[: lk[i]]
+        k, v, table = paged_kv(kp, vp, lk, page, shuffle=True, spare=2)
         kw.update(page_table=table, seqused_k=_ivec(lk), max_seqlen_k=sk_max)
 
     lqt, lkt = torch.tensor(lq, device="cuda"), torch.tensor(lk, device="cuda")

@@ -15,7 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from reference import attention_ref, pad_ragged, rel_err  # noqa: E402
+from reference import attention_ref, pad_ragged, paged_kv, rel_err  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 TOL = 1e-2  # bf16 attention vs fp32: ~2e-3 seen
@@ -144,19 +144,9 @@ def run_varlen(hq, hk, d, lq, lk, window, sinks, lse, page=None, max_q_hint=True
             kp[i, :n], vp[i, :n] = k[cu_k[i] : cu_k[i] + n], v[cu_k[i] : cu_k[i] + n]
         kw.update(cu_seqlens_k=cu_k, max_seqlen_k=maxk)
     else:
-        npg = [max(1, -(-n // page)) for n in lk]
-        pool = sum(npg) + 3
-        k = torch.randn(pool, page, hk, d, device="cuda", dtype=dt)
-        v = torch.randn_like(k)
-        perm = torch.randperm(pool, device="cuda")
-        table = torch.zeros(b, max(npg), device="cuda", dtype=torch.int32)
-        at = 0
-        for i, n in enumerate(npg):
-            table[i, :n] = perm[at : at + n].to(torch.int32)
-            at += n
-            if lk[i]:
-                kp[i, : lk[i]] = k[table[i, :n].long()].reshape(-1, hk, d)[: lk[i]]
-                vp[i, : lk[i]] = v[table[i, :n].long()].reshape(-1, hk, d)[: lk[i]]
+        for i, n in enumerate(lk):
+            kp[i, :n], vp[i, :n] = torch.randn_like(kp[i, :n]), torch.randn_like(vp[i, :n])
+        k, v, table = paged_kv(kp, vp, lk, page, shuffle=True, spare=3)
         kw.update(
             page_table=table,
             seqused_k=torch.tensor(lk, device="cuda", dtype=torch.int32),

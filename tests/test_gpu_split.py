@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from reference import attention_ref, rel_err  # noqa: E402
+from reference import attention_ref, paged_kv, rel_err  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 ERRS: list[tuple[str, float, float]] = []
@@ -182,21 +182,12 @@ def test_dense_speculative_rows(monkeypatch, hq, hk, d, sinks, sq, sk, causal, l
 
 
 def _paged(lk, page, hk, d):
-    npg = [max(1, -(-n // page)) for n in lk]
-    pool = sum(npg) + 2
-    k = torch.randn(pool, page, hk, d, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn_like(k)
-    perm = torch.randperm(pool, device="cuda").to(torch.int32)
-    table = torch.zeros(len(lk), max(npg) + 1, device="cuda", dtype=torch.int32)
-    kp = torch.zeros(len(lk), max(max(lk), 1), hk, d, device="cuda", dtype=torch.bfloat16)
-    vp = torch.zeros_like(kp)
-    at = 0
-    for i, n in enumerate(npg):
-        table[i, :n] = perm[at : at + n]
-        at += n
-        if lk[i]:
-            kp[i, : lk[i]] = k[table[i, :n].long()].reshape(-1, hk, d)[: lk[i]]
-            vp[i, : lk[i]] = v[table[i, :n].long()].reshape(-1, hk, d)[: lk[i]]
+    """A shuffled page pool of KV lengths lk, and the same keys in batch form, zero-padded."""
+    kp = torch.randn(len(lk), max(max(lk), 1), hk, d, device="cuda", dtype=torch.bfloat16)
+    vp = torch.randn_like(kp)
+    for i, n in enumerate(lk):
+        kp[i, n:], vp[i, n:] = 0, 0
+    k, v, table = paged_kv(kp, vp, lk, page, shuffle=True, spare=2, extra_cols=1)
     return k, v, table, kp, vp
 
 

@@ -3,7 +3,7 @@
 - no lab notes in the product: no dates or session tags in fa4aot/ (measurements live in
   docs/design.md, "Tuned thresholds");
 - no import cycle among fa4aot's modules, counting imports inside functions too;
-- only fa4aot.fa4 imports cutlass / flash_attn (tests/test_runtime_cpu.py checks that importing
+- only fa4aot.fa4 imports cutlass / flash_attn (tests/runtime/test_runtime_cpu.py checks that importing
   the runtime pulls neither);
 - no module over MAX_MODULE_LINES lines, no function over MAX_FUNCTION_LINES.
 """

@@ -6,7 +6,7 @@ variants from `compile_keys.mla_features`, a model of FA4's route between its th
 (2CTA; 1CTA; 1CTA with 64-key blocks: `_mla_1cta_route`, `_mla_fwd_plan`), of the Q stages
 and of the TMA page rule: `fa4aot build --arch sm100/sm103` stores those. `probe_calls` +
 `driver.trace_mla` + `mla_plan` take the partition from FA4's own keys (FA4 imported,
-compile stubbed); tests/test_mla_build.py checks the model against it call by call.
+compile stubbed); tests/build/test_mla_build.py checks the model against it call by call.
 Ratios FA4's 2CTA kernel refuses (GLM-4.7-Flash's 20, 10, 5: not dividing 128) are typed
 `Unsupported` rows with FA4's assertion, served by padding to the next ratio FA4 takes
 (select.mla_padded_ratio: 32, 16, 8), whose kernels are built; the calls FA4 does take at the

@@ -4,7 +4,7 @@
 read-only data. A build configured for the wrong target (CUTE_DSL_ARCH, or a DSL that ignores
 it) still links and publishes, and fails only when a GPU loads it ("no kernel image is
 available"), or, worse, loads a kernel tuned for the other chip. So every sm100/sm103
-artifact's cubin target is checked here, where CI can see it (tests/test_cubin.py), with no GPU
+artifact's cubin target is checked here, where CI can see it (tests/fa4/test_cubin.py), with no GPU
 and no CUDA tool: the ELF header alone says the SM.
 
 Header flags (e_flags; cuobjdump -sass prints them as `.headerflags`):
@@ -13,7 +13,7 @@ Header flags (e_flags; cuobjdump -sass prints them as `.headerflags`):
   sm_100a and sm_103a cubins built here (e_flags 0x6006402, 0x6006702) and bit 2 in the sm_90a
   ones (0x6005a04): either counts. No family ("f") cubin was seen, so none is decoded.
 - ABI version 7 and older: SM number in bits 0-7, "a" mark bit 11 (EF_CUDA_ACCELERATORS_V7).
-tests/test_cubin.py also asks cuobjdump for its reading when one is installed.
+tests/fa4/test_cubin.py also asks cuobjdump for its reading when one is installed.
 """
 
 from __future__ import annotations

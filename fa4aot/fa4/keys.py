@@ -54,9 +54,9 @@ def variant_from_fa4_key(key, arch: str) -> Variant | None:
     """FA4 (4.0.0b36) forward compile key -> our Variant, for the miss log of install().
 
     Positions follow `_flash_attn_fwd`'s compile_key tuple (one tuple for every arch);
-    `tests/test_dropin.py` checks the mapping against every default sm90 variant's traced key,
-    `tests/test_sm100_build.py` against the Blackwell FP8 and native split-KV variants,
-    `tests/test_mla_build.py` against the MLA ones. None for keys outside what fa4aot models
+    `tests/fa4/test_dropin.py` checks the mapping against every default sm90 variant's traced key,
+    `tests/build/test_sm100_build.py` against the Blackwell FP8 and native split-KV variants,
+    `tests/build/test_mla_build.py` against the MLA ones. None for keys outside what fa4aot models
     (MLA keys other than _mla_variant_from_key's, score/mask mods other than a softcap FA4 made
     in this process, block sparsity, broadcast (stride-0) descales, split-KV on sm90)."""
     try:

@@ -219,7 +219,7 @@ def mla_features(
     num_sms,
 ) -> Variant:
     """An absorbed-MLA call (FA4's `qv`) -> the Variant of the MLA kernel FA4 compiles for it
-    (4.0.0b36: constraints.mla_route; tests/test_mla_build.py checks it against FA4's keys).
+    (4.0.0b36: constraints.mla_route; tests/build/test_mla_build.py checks it against FA4's keys).
 
     Modelled: Blackwell, bf16/fp16, rope 64 + latent 512, one latent KV head, q packed
     (cu_seqlens_q), K/V packed (cu_seqlens_k) or paged (page_table + seqused_k), causal or not,
@@ -249,7 +249,7 @@ def mla_features(
     # FA4 routes by the host hint, or total_q without one: its max_seqlen_q defaults to total_q
     # before seqlen_q_hint is read (interface.py 950-962), whatever `_mla_1cta_route`'s
     # docstring says ("varlen without a host max_seqlen_q counts as prefill"): a call whose
-    # sequences mostly have no query rows takes the 1CTA kernel (tests/test_mla_build.py)
+    # sequences mostly have no query rows takes the 1CTA kernel (tests/build/test_mla_build.py)
     route = C.mla_route(ratio, total_q if max_seqlen_q is None else max_seqlen_q, batch, sms)
     why = C.mla_refusal(route, ratio)
     if why:

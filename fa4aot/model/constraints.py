@@ -2,7 +2,7 @@
 
 Used by the enumerator (what to build, what to report unsupported), the builder and the
 runtime (what a call must satisfy). The numbers mirror `flash_attn/cute/interface.py` of the
-pinned FA4; `tests/test_variants.py` checks the model built on them against FA4's own
+pinned FA4; `tests/model/test_variants.py` checks the model built on them against FA4's own
 compile keys.
 """
 
@@ -44,7 +44,7 @@ GPU_HBM = {"h100": 3.35e12, "h100-pcie": 2.0e12, "h200": 4.8e12}
 CUBIN_TARGETS = {"sm90": "sm_90a", "sm100": "sm_100a", "sm103": "sm_103a"}
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
 # Runtime support: the archs whose kernels the runtime calls (FA4's argument lists per arch:
-# fa4aot/runtime/abi.py; sm100/sm103 proven equal to FA4's on the CPU, tests/test_runtime_sm100.py).
+# fa4aot/runtime/abi.py; sm100/sm103 proven equal to FA4's on the CPU, tests/runtime/test_runtime_sm100.py).
 RUNTIME_ARCHS = ("sm90", "sm100", "sm103")
 # The archs whose kernels have run on a GPU through fa4aot (the rest: built, checked on the CPU
 # and called through the CPU-proven ABI, never run: `not_run_note`).

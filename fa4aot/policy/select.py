@@ -169,7 +169,7 @@ def choose(
 
 
 # FA4's 2CTA MLA kernel packs a 128-row cluster tile with whole KV groups: its head ratio must
-# divide 128 or be a multiple of it (flash_fwd_mla_sm100.py asserts it; tests/test_mla.py saw
+# divide 128 or be a multiple of it (flash_fwd_mla_sm100.py asserts it; tests/build/test_mla.py saw
 # GLM-4.7-Flash's 20, 10 and 5 refused). Powers of two always qualify.
 MLA_CLUSTER_ROWS = 128
 

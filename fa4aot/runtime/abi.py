@@ -6,7 +6,7 @@ arguments; the exported tvm-ffi function takes exactly those (the CUDA stream is
 environment's: torch's current stream). This module spells those argument lists, and what
 FA4 prepares before the call (output buffers, LSE layout, softmax scale, window resolution,
 split-KV partial buffers, FP8 views, the `max_seqlen_q` scalar), so that the runtime
-reproduces FA4 exactly. `tests/test_abi.py` proves every list equal to the one FA4 passes, slot
+reproduces FA4 exactly. `tests/runtime/test_abi.py` proves every list equal to the one FA4 passes, slot
 by slot, for every default variant (FA4 traced on the CPU under FakeTensorMode with a
 recording stand-in for the compiled function).
 
@@ -61,7 +61,7 @@ import torch
 from fa4aot.model.constraints import resolve_window
 
 # -- slot tables (names only; the builders below are written out for the hot path, and
-#    tests/test_abi.py checks that each builder fills exactly its table's order) -------------
+#    tests/runtime/test_abi.py checks that each builder fills exactly its table's order) -------------
 
 # interface.py 1887-1936 (call_args), 1805-1836 (compile_args): arch // 10 in [8, 9, 12]
 SM90_FWD = (
@@ -192,7 +192,7 @@ def fwd_args(
     slots, None for inference).
     """
     fam = _FAMILY.get(arch) or family(arch)
-    # (written out, not table-driven: this runs on every call; tests/test_abi.py checks that
+    # (written out, not table-driven: this runs on every call; tests/runtime/test_abi.py checks that
     # each list follows its table)
     sched = not (
         num_splits_dynamic is None and tile_count_semaphore is None
@@ -235,7 +235,7 @@ def fwd_args(
 
 # -- launchers: the same lists, passed straight to the kernel (the runtime's hot path) -------------
 # Their first 16 parameters are the runtime's bound launchers', so a call site serves either arch by
-# taking its launcher from `launcher(arch)`; tests/test_abi.py checks each against fwd_args.
+# taking its launcher from `launcher(arch)`; tests/runtime/test_abi.py checks each against fwd_args.
 
 
 def launch_sm90(

@@ -1,7 +1,7 @@
 """Launchers: each loaded part bound, once, to the argument list `runtime.abi` spells for it.
 
 `runtime.abi` is the one description of FA4's compiled-function ABIs (slot tables, what FA4
-prepares before a call; tests/test_abi.py proves them FA4's). This module binds an artifact's
+prepares before a call; tests/runtime/test_abi.py proves them FA4's). This module binds an artifact's
 parts (tvm-ffi functions taking that signature positionally) through their arch's `Abi`
 (`abi_for(variant.arch)`), so every call site uses one keyword-free, arch-neutral form:
 
@@ -16,7 +16,7 @@ forward has slots for (`max_seqlen_q`, `descales`, `blocks_to_batch_idx`), passe
 output only the Blackwell forward takes; `mla_fwd` binds an absorbed-MLA forward
 (`abi.launch_mla`; runtime/mla.py). The sm90 launchers write abi's slot order out inline: a
 launcher is one Python frame (a closure over the kernel, built once per load), and
-tests/test_abi.py checks what each passes against FA4's own call.
+tests/runtime/test_abi.py checks what each passes against FA4's own call.
 """
 
 from __future__ import annotations

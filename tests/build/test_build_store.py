@@ -27,7 +27,7 @@ from fa4aot.build.enumerate import enumerate_variants
 from fa4aot.model.compile_keys import Call
 
 ARCH, SMS = "sm90", 132
-TINY = (Path(__file__).parent / "specs" / "tiny.toml").read_text()
+TINY = (Path(__file__).parents[1] / "specs" / "tiny.toml").read_text()
 # four variants, for the stub-compiled tests: decode and prefill, with and without LSE
 TINY4 = TINY.replace('phases = ["decode"]', 'phases = ["decode", "prefill"]')
 

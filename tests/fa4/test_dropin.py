@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 pytestmark = pytest.mark.slow
 
-TINY = (Path(__file__).parent / "specs" / "tiny.toml").read_text()
+TINY = (Path(__file__).parents[1] / "specs" / "tiny.toml").read_text()
 
 
 @pytest.fixture(scope="module")

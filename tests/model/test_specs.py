@@ -23,7 +23,7 @@ from fa4aot.model.specs import (
     resolve_specs,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEFAULTS = [
     "deepseek-v3", "gemma-4", "glm-4.7-flash", "gpt-oss-20b", "llama-3.1-70b", "llama-3.1-8b",
     "llama-3.1-8b-fp8",

@@ -11,7 +11,7 @@ import pytest
 import torch
 from reference import attention_ref, rel_err
 from stub_store import serve_variants
-from test_split import fake_combine, fake_fwd
+from fakes import dense_ref_kernel, fake_combine, fake_fwd
 
 import fa4aot.runtime as R
 from fa4aot.errors import UnsupportedVariant
@@ -48,21 +48,6 @@ def fake_fa4_combine(*args):
     fake_combine(*args)
 
 
-def _dense_ref_kernel(causal: bool):
-    """A dense-q, dense-K forward in FA4's sm90 argument order (reference attention)."""
-
-    def fwd(q, k, v, out, lse, scale, cu_q, cu_k, used_q, used_k, pt, wl, wr, sink, *rest):
-        assert cu_q is cu_k is used_q is used_k is pt is None
-        b, sq = q.shape[:2]
-        o, lse_ = attention_ref(q, k, v, torch.full((b,), sq), torch.full((b,), k.shape[1]),
-                                causal=causal, sink=sink, scale=scale)
-        out.copy_(o)
-        if lse is not None:
-            lse.copy_(lse_)
-
-    return fwd
-
-
 @pytest.fixture
 def store(monkeypatch, tmp_path, knobs):
     """serve(variants) -> the default runtime, its stores holding exactly `variants`."""
@@ -80,7 +65,7 @@ def store(monkeypatch, tmp_path, knobs):
 
         v = art.variant
         split = v == split_kernel_variant("sm90", "bfloat16", v.head_dim, v.head_dim_v, None)
-        fwd = fake_fwd if split else _dense_ref_kernel(v.causal)
+        fwd = fake_fwd if split else dense_ref_kernel(v.causal)
         got = {"fwd": counted("fwd", fwd), "merge": counted("combine", fake_merge),
                "combine": counted("combine", fake_fa4_combine)}
         return [got.get(n) for n in names]

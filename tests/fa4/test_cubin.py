@@ -20,7 +20,7 @@ from fa4aot.fa4 import cubin
 from fa4aot.model.specs import parse_spec
 
 # one kernel per arch (no LSE twin): one worker's compiler import, the bulk of the cost
-TINY = (Path(__file__).parent / "specs" / "tiny.toml").read_text().replace(
+TINY = (Path(__file__).parents[1] / "specs" / "tiny.toml").read_text().replace(
     'return_lse = "both"', "return_lse = false"
 )
 # B300's SKU SM count is not settled (constraints.DEFAULT_NUM_SMS): any count builds

@@ -16,7 +16,7 @@ from fa4aot.cli import main
 from fa4aot.store.layers import stores_at
 from fa4aot.store.toolchain import build_toolchain
 
-CACHE = Path(__file__).resolve().parent.parent / "cache"
+CACHE = Path(__file__).resolve().parents[2] / "cache"
 
 
 def _store():

@@ -56,7 +56,7 @@ def test_default_specs_enumerate_112_distinct_variants(plan):
 
 
 def test_gemma_hd512_full_layer_reported_unsupported(plan):
-    # the MLA specs' layers are the other unsupported ones on sm90 (tests/test_mla.py)
+    # the MLA specs' layers are the other unsupported ones on sm90 (tests/build/test_mla.py)
     (u,) = [u for u in plan.unsupported if u.spec == "gemma-4"]
     assert {u.spec for u in plan.unsupported} == {"gemma-4", "glm-4.7-flash", "deepseek-v3"}
     assert (u.spec, u.layer) == ("gemma-4", "full")
@@ -112,7 +112,7 @@ def test_enumeration_is_pure_and_deterministic():
 
 
 def test_small_spec_enumeration():
-    s = parse_spec((Path(__file__).parent / "specs" / "tiny.toml").read_text())
+    s = parse_spec((Path(__file__).parents[1] / "specs" / "tiny.toml").read_text())
     p = enumerate_variants(s, ARCH)
     vs = list(p.variants().values())
     assert len(vs) == 2
@@ -168,7 +168,7 @@ def test_split_kv_variants(plan):
         for d in (64, 128)  # gpt-oss (sinks); llama, qwen
         for layout, tma in [("varlen", None), ("paged", True), ("paged", False)]
     }
-    base = (Path(__file__).parent / "specs" / "tiny.toml").read_text()
+    base = (Path(__file__).parents[1] / "specs" / "tiny.toml").read_text()
     on = base.replace("split_kv = false", "split_kv = true")
     split = [n.variant for n in enumerate_variants(parse_spec(on), ARCH).needs]
     assert sum(v.split_kernel for v in split) == 1  # dense K is served packed: one kernel
@@ -178,7 +178,7 @@ def test_split_kv_variants(plan):
 
 
 def test_decode_fold_off_prefill_only_and_mha_specs_build_no_fold_kernels():
-    base = (Path(__file__).parent / "specs" / "tiny.toml").read_text()
+    base = (Path(__file__).parents[1] / "specs" / "tiny.toml").read_text()
     on = base.replace("decode_fold = false", "decode_fold = true")
     assert len(enumerate_variants(parse_spec(base), ARCH).variants()) == 2
     folds = [

@@ -903,7 +903,7 @@ def test_builds_go_to_the_first_writable_layer_even_when_a_read_only_one_comes_f
 def test_nothing_on_the_load_path_unpickles():
     import re
 
-    pkg = Path(__file__).resolve().parents[1] / "fa4aot"
+    pkg = Path(__file__).resolve().parents[2] / "fa4aot"
     runtime = sorted(str(p.relative_to(pkg)) for p in (pkg / "runtime").glob("*.py"))
     assert "runtime/launch.py" in runtime
     for mod in (

@@ -2,34 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 
 import pytest
 
 from fa4aot.policy.select import choose, foldable, nearest, padded_target_for_unsupported
-from fa4aot.model.compile_keys import Call
+from fakes import call, fold_kernel
 
 ARCH = "sm90"
 
 
-def call(hq=20, hk=1, d=128, layout="dense", sq=1, page=None, lse=False, causal=True):
-    return Call(
-        layout=layout,
-        batch=4,
-        seqlen_q=sq,
-        seqlen_k=256,
-        num_heads=hq,
-        num_heads_kv=hk,
-        head_dim=d,
-        head_dim_v=d,
-        dtype="bfloat16",
-        causal=causal,
-        window_left=None,
-        window_right=None,
-        return_lse=lse,
-        sink_dtype=None,
-        page_size=page,
-    )
 
 
 def test_exact_first():
@@ -104,10 +85,6 @@ def test_unsupported_head_dims_pad_to_the_nearest_supported():
 # -- the decode fold ---------------------------------------------------------------------------
 
 
-def fold_kernel(layout="dense", d=128, lse=False, page=None, ratio=1):
-    """A decode-fold kernel: non-causal, q in batch form for varlen / paged K."""
-    c = call(hq=ratio, d=d, layout=layout, page=page, lse=lse, causal=False)
-    return replace(c, batch_q=layout != "dense").variant(ARCH)
 
 
 @pytest.mark.parametrize(

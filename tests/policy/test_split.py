@@ -14,7 +14,8 @@ import torch
 from fa4aot import runtime as R
 from fa4aot.runtime import splitkv as SK
 from fa4aot.policy import split as S
-from reference import attention_ref, rel_err
+from fakes import fake_chunk_meta, fake_combine, fake_fwd, fake_packed_meta
+from reference import attention_ref, paged_kv, rel_err
 
 
 # -- the cost model --------------------------------------------------------------------------
@@ -113,87 +114,12 @@ def test_refusals_name_the_reason():
 # -- the runtime's split path with stand-in kernels ---------------------------------------------
 
 
-def fake_fwd(q, k, v, out, lse, scale, cu_q, cu_k, used_q, used_k, pt, wl, wr, sink, bs, aux,
-             cu_total, cu_splits, chunk_lengths=False):
-    """FA4's 1:1 non-causal kernel, q in batch form (B, M, H, d), K packed (cu_seqlens_k) or
-    paged (page_table + seqused_k); empty sequences give out 0 and lse -inf. In the chunk
-    modes of forwards.trace_chunk_modes: sequence s reads q[s // (B / q's batch)] and, with
-    chunk_lengths, sees clamp(used_k[s // u] - (s % u) * c, 0, c) keys, u = B / used_k's
-    count, c = the page table's columns * page size (else used_k holds one length a row)."""
-    assert cu_q is None and used_q is None and sink is None and wl is None and wr is None
-    B, M, H, d = out.shape[:3] + q.shape[-1:]
-    per_q = B // q.shape[0]
-    if pt is not None and not chunk_lengths:
-        assert used_k.shape == (B,)
-    for s in range(B):
-        if pt is not None:
-            u, c = B // used_k.shape[0], pt.shape[1] * k.shape[1]
-            n = min(max(int(used_k[s // u]) - (s % u) * c, 0), c)
-            kk = k[pt[s].long()].reshape(-1, H, d)[:n]
-            vv = v[pt[s].long()].reshape(-1, H, v.shape[-1])[:n]
-        elif cu_k.dim() == 5:  # forwards.trace_chunk_modes(bounds=True): (b + 1, R, c, K, A)
-            b1, rows, c, shift, anchor = cu_k.shape
-            u, last = B // ((b1 - 1) * rows), b1 - 1
-            r, j = s // u, s % u
-            i, t = r // rows, r % rows
-            start, nxt = int(cu_k[i, 0, 0, 0, 0]), int(cu_k[min(i + 1, last), 0, 0, 0, 0])
-            skip = max(nxt - start - anchor + 1, 0) if anchor > 1 else 0
-            a = min(start + skip + j * c, nxt)
-            n = min(max(nxt - start - max(shift - 1 - t, 0) - skip - j * c, 0), c)
-            kk, vv = k[a:a + n], v[a:a + n]
-        else:
-            a, e = int(cu_k[s]), int(cu_k[s + 1])
-            kk, vv = k[a:e], v[a:e]
-        if kk.shape[0] == 0:
-            out[s] = 0
-            lse[s] = float("-inf")
-            continue
-        sc = torch.einsum("mhd,nhd->hmn", q[s // per_q].float(), kk.float()) * scale
-        lse[s] = torch.logsumexp(sc, -1)
-        out[s] = torch.einsum("hmn,nhd->mhd", torch.softmax(sc, -1), vv.float()).to(out.dtype)
 
 
-def fake_combine(op, lp, out, lse, *rest):
-    """FA4's combine, batched: op (N, B, S, H, D), lp (N, B, S, H) -> out (B, S, H, D), lse."""
-    assert all(x is None for x in rest)
-    assert op.dtype in (torch.bfloat16, torch.float16)  # the chunk kernel's own partials
-    assert op.stride(-1) == 1 and lp.stride(2) == 1  # the modes FA4's combine takes contiguous
-    m = lp.max(0).values
-    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
-    w = torch.exp(lp - m)
-    tot = w.sum(0)
-    lse.copy_(torch.where(tot > 0, torch.log(tot) + m, torch.full_like(m, float("-inf"))))
-    o = (w[..., None] * op.float()).sum(0) / tot.clamp_min(1e-30)[..., None]
-    out.copy_(o.to(out.dtype))
 
 
-def fake_chunk_meta(lengths: bool):
-    """kernels.trace_chunk_meta's kernel of one form, in torch (its docstring's arithmetic):
-    lengths (paged K) or bounds (packed K)."""
-
-    def meta(src, dst, chunk, slots, rows, causal):
-        if lengths:  # dst (b, rows * slots)
-            t = torch.arange(dst.shape[1])
-            r = t // slots
-            off = (t - r * slots) * chunk + ((rows - 1 - r) if causal else 0)
-            dst.copy_((src[:, None] - off[None]).clamp(0, chunk))
-        else:  # dst (b + 1, slots)
-            bound = src[:, None] + torch.arange(dst.shape[1])[None] * chunk
-            bound[:-1] = torch.minimum(bound[:-1], src[1:, None])
-            dst.copy_(bound)
-
-    return meta
 
 
-def fake_packed_meta(used, table, used_a, tail_table, tail_len, rows, page):
-    """kernels.trace_packed_meta's kernel in torch (its docstring's arithmetic)."""
-    x = used.long() - (rows - 1)
-    t_used = x.clamp(min=0) // page * page
-    used_a.copy_(t_used)
-    cols = (t_used // page)[:, None] + torch.tensor([0, 1])
-    pages = table.long().gather(1, cols.clamp(max=table.shape[1] - 1))
-    tail_table.copy_(pages.repeat_interleave(rows, 0))
-    tail_len.copy_(((x - t_used)[:, None] + torch.arange(rows)).clamp(min=0).flatten())
 
 
 @pytest.fixture(autouse=True, params=[(False, False), (True, False), (True, True)],
@@ -281,15 +207,7 @@ def _inputs(b, sq, hq, hk, d, lens, seed):
 def _page_pool(k, v, lens, page):
     """K/V (b, sk, hk, d) of ragged `lens` as a page pool in sequence order: (k pool, v pool,
     the (b, pages) table)."""
-    b, _, hk, d = k.shape
-    maxp = -(-max(lens) // page)
-    table = torch.arange(b * maxp, dtype=torch.int32).view(b, maxp)
-    kpool = torch.zeros(b * maxp, page, hk, d).bfloat16()
-    vpool = torch.zeros_like(kpool)
-    for i, n_ in enumerate(lens):
-        kpool.view(b, maxp * page, hk, d)[i, :n_] = k[i, :n_]
-        vpool.view(b, maxp * page, hk, d)[i, :n_] = v[i, :n_]
-    return kpool, vpool, table
+    return paged_kv(k, v, lens, page, extra_cols=0)
 
 
 def _ref(q, k, v, lens, causal, sink):

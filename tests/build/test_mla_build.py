@@ -31,7 +31,7 @@ MLA_SPECS = ("glm-4.7-flash", "deepseek-v3")
 
 
 def _run(script: str, *args: str, timeout: int = 300) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
     env = {k: v for k, v in env.items() if not k.startswith("FA4AOT_")}
     r = subprocess.run(
         [sys.executable, "-c", script, *args], capture_output=True, text=True, env=env,

@@ -4,7 +4,7 @@ For every default sm100 variant, the absorbed-MLA (qv) kernels included (`build.
 specs, "sm100")`, each variant's `representative_call`: for MLA the packed q with qv over packed or
 paged K/V, on each of FA4's three MLA kernels), and again as sm103: FA4's real `_flash_attn_fwd`
 runs on the CPU under
-FakeTensorMode with `cute.compile` replaced by a recorder (tests/test_abi.py's machinery: FA4 then
+FakeTensorMode with `cute.compile` replaced by a recorder (tests/runtime/test_abi.py's machinery: FA4 then
 calls every forward, combine, tile-cumsum and blocks-to-batch kernel it "compiled", and each call
 is recorded with its positional arguments). Then fa4aot's runtime serves the same call through its
 public entry point (flash_attn_func for dense, flash_attn_varlen_func otherwise) from a stand-in
@@ -38,7 +38,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ARCHS = ("sm100", "sm103")
 NUM_SMS = 148
 
@@ -88,7 +88,7 @@ def _runtime_call(R, c: dict, inp: dict, kw: dict):
 
 def _worker(arch: str) -> dict:
     warnings.simplefilter("ignore")
-    sys.path.insert(0, str(ROOT / "tests"))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # test_abi beside this file
     import test_abi as TA
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode

@@ -81,7 +81,7 @@ def test_mla_is_unsupported_on_sm90_with_the_reason(name):
 
 @pytest.mark.parametrize("arch", ["sm100", "sm103"])
 def test_build_stores_mla_on_blackwell(arch):
-    """(tests/test_mla_build.py checks what; here: that it does)"""
+    """(tests/build/test_mla_build.py checks what; here: that it does)"""
     plan = enumerate_variants(load_default("deepseek-v3"), arch)
     assert plan.unsupported == [] and plan.needs and all(n.variant.mla for n in plan.needs)
 
@@ -115,7 +115,7 @@ print(json.dumps(out))
 
 @pytest.mark.slow
 def test_sm100_mla_kernels_traced_and_one_cross_compiled(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
     r = subprocess.run(
         [sys.executable, "-c", _TRACE, str(tmp_path)], capture_output=True, text=True, env=env,
         timeout=300,

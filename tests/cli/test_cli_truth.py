@@ -29,7 +29,7 @@ from fa4aot import settings
 from fa4aot.cli import main
 from fa4aot.errors import SettingError
 
-TINY = (Path(__file__).parent / "specs" / "tiny.toml").read_text()
+TINY = (Path(__file__).parents[1] / "specs" / "tiny.toml").read_text()
 
 
 @pytest.fixture

@@ -33,7 +33,7 @@ import torch
 
 from fa4aot.runtime import abi
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # -- pure checks (no FA4) -----------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ from fa4aot.model import constraints as C
 from fa4aot import settings
 from fa4aot.cli import main
 
-TINY = (Path(__file__).parent / "specs" / "tiny.toml").read_text()
+TINY = (Path(__file__).parents[1] / "specs" / "tiny.toml").read_text()
 NOT_RUN = "built and checked but not run"
 
 

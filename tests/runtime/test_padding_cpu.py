@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from fakes import dense_ref_kernel
 from reference import attention_ref
 
 from fa4aot.runtime.launch import SM90
@@ -108,19 +109,6 @@ def test_pad_last2_layout():
     assert _pad_last2(x, 2, 3, 3, 3) is x
 
 
-def _ref_fwd(q, k, v, out, lse, scale, cu_q, cu_k, used_q, used_k, table, wl, wr, sink, *rest):
-    """The kernel the decode fold calls, in the sm90 argument order: fp32 non-causal attention on
-    the batch-form q views the fold passes, written into the O / LSE views it hands over."""
-    assert cu_q is None and used_q is None and (wl, wr, sink) == (None, None, None)
-    b, sq = q.shape[:2]
-    o, l = attention_ref(
-        q, k, v, torch.full((b,), sq), torch.full((b,), k.shape[1]), causal=False, scale=scale
-    )
-    out.copy_(o)
-    if lse is not None:
-        lse.copy_(l)
-
-
 @pytest.mark.parametrize("hq,hk,ratio", [(20, 1, 1), (40, 2, 1), (12, 2, 2), (24, 4, 3)])
 @pytest.mark.parametrize("varlen", [False, True])
 @pytest.mark.parametrize("given", [False, True])
@@ -138,7 +126,7 @@ def test_folded_decode_equals_reference(hq, hk, ratio, varlen, given):
     out = torch.full((*q.shape[:-1], dv), float("nan")) if given else None
     lse = torch.full((hq, b) if varlen else (b, hq, 1), float("nan")) if given else None
     plan = SimpleNamespace(
-        pad=Choice(None, ratio, d, dv, 1.0, False, fold=m), launch=SM90.fwd(_ref_fwd)
+        pad=Choice(None, ratio, d, dv, 1.0, False, fold=m), launch=SM90.fwd(dense_ref_kernel(False))
     )
     o, l = _folded(plan, q, k, v, out, lse, None, True, varlen, sk, (None, None, None))
     q4 = q[:, None] if varlen else q
@@ -180,7 +168,7 @@ def test_folded_decode_into_strided_caller_buffers():
     wide = torch.full((b, 1, hq, 2 * d), float("nan"))
     out = wide[..., d:]
     plan = SimpleNamespace(
-        pad=Choice(None, 1, d, d, 1.0, False, fold=6), launch=SM90.fwd(_ref_fwd)
+        pad=Choice(None, 1, d, d, 1.0, False, fold=6), launch=SM90.fwd(dense_ref_kernel(False))
     )
     o, _ = _folded(plan, q, k, v, out, None, None, False, False, sk, (None, None, None))
     ref, _ = attention_ref(

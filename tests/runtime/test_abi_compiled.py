@@ -1,6 +1,6 @@
 """abi's sm100 lists against really compiled kernels (three CPU cross-compiles, 30-45 s).
 
-tests/test_abi.py compares abi with the calls FA4 makes (compile stubbed). Here FA4 compiles
+tests/runtime/test_abi.py compares abi with the calls FA4 makes (compile stubbed). Here FA4 compiles
 for real (sm_100a, no GPU), and the compiled function itself is asked: its run-time signature
 (what `export_to_c` exports and tvm-ffi calls) must be abi's table, slot for slot, and the
 slots it was compiled with None in (folded into the kernel: a tensor there is refused) must be
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 _SCRIPT = r"""
 import json, sys
@@ -69,7 +69,8 @@ def test_compiled_sm100_kernels_take_abis_lists():
     from test_abi import _ALIASES
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([sys.executable, "-c", _SCRIPT, str(ROOT / "tests")], capture_output=True,
+    here = str(Path(__file__).resolve().parent)  # test_abi beside this file
+    r = subprocess.run([sys.executable, "-c", _SCRIPT, here], capture_output=True,
                        text=True, env=env, cwd=ROOT, timeout=600)  # fmt: skip
     assert r.returncode == 0, r.stderr[-4000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])

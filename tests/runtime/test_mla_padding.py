@@ -102,7 +102,7 @@ def _with_store(monkeypatch, variants):
 
 
 def test_explain_shows_the_runtimes_mla_plan_from_the_store(tmp_path, monkeypatch):
-    """The plan the runtime takes (runtime/mla.py; tests/test_mla_runtime.py runs it): the
+    """The plan the runtime takes (runtime/mla.py; tests/runtime/test_mla_runtime.py runs it): the
     padded ratio's cached kernel for a 2CTA call, FA4's 1CTA kernel at ratio 20 for a decode
     step past one wave of 2CTA clusters."""
     import json

@@ -180,7 +180,7 @@ print(json.dumps({"calls": len(calls), "variants": len(reps), "bad": bad[:20],
 
 
 def _run(script: str, *args: str, timeout: int = 600) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
     r = subprocess.run(
         [sys.executable, "-c", script, *args], capture_output=True, text=True, env=env,
         timeout=timeout,

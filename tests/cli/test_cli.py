@@ -13,7 +13,7 @@ import fa4aot.build.builder as B
 from fa4aot import settings
 from fa4aot.cli import main
 
-TINY = (Path(__file__).parent / "specs" / "tiny.toml").read_text()
+TINY = (Path(__file__).parents[1] / "specs" / "tiny.toml").read_text()
 
 
 @pytest.fixture
@@ -324,7 +324,7 @@ def explain_store(monkeypatch):
     and paged page 128): records only, explain never loads code."""
     from types import SimpleNamespace
 
-    from test_select import call, fold_kernel
+    from fakes import call, fold_kernel
 
     import fa4aot.cli as cli
 
