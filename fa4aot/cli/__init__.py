@@ -10,6 +10,8 @@ JSON too (`{"error": ..., "exit": N}`). FA4AOT_DEBUG=1 shows tracebacks.
     explain.py  explain                    hook.py   hook
 """
 
+# relative: docs/gen_cli.py imports a private copy of this package, whose modules must find
+# one another (and register their commands on its own `main`)
 from . import build, check, explain, hook, ship, store  # noqa: F401 - register commands
 from .app import main
 
