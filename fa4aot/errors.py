@@ -56,5 +56,10 @@ class SettingError(Fa4aotError, ValueError):
     variable, the value and the allowed values (fa4aot/settings.py; `fa4aot doctor` lists all)."""
 
 
+class Fa4SourceError(Fa4aotError):
+    """An FA4 source (`fa4aot build --fa4`) cannot be found, read, or built from: its kernel ABI
+    is not one fa4aot models. The message names the source and what to do."""
+
+
 class NumSmsRequired(Fa4aotError, ValueError):
     """The target arch has no default SM count (sm103): the message names `--num-sms`."""
