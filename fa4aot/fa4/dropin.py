@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path
 
 from fa4aot import settings
@@ -222,17 +223,30 @@ def _device_arch() -> tuple[str, int]:
 
 
 class _CompileMonitor:
-    """Wraps cute.compile: counts every compile FA4 starts after install, and with
-    on_miss="error" refuses it, whatever code path asked (combine, scheduler metadata, bwd...)."""
+    """Wraps cute.compile: counts every compile the served FA4 package starts after install, and
+    with on_miss="error" refuses it, whatever FA4 code path asked (combine, scheduler metadata,
+    bwd...). A compile no frame of that package asked for (an engine's own CuTe-DSL kernels)
+    passes through untouched: cute.compile is process-wide, the refusal is FA4's alone."""
 
-    def __init__(self, inner, state):
-        self.inner, self.state = inner, state
+    def __init__(self, inner, state, package: str):
+        self.inner, self.state, self.package = inner, state, package
+
+    def _from_fa4(self) -> bool:
+        f = sys._getframe(2)
+        while f is not None:
+            name = f.f_globals.get("__name__", "")
+            if name == self.package or name.startswith(self.package + "."):
+                return True
+            f = f.f_back
+        return False
 
     def _check(self):
+        if not self._from_fa4():
+            return
         self.state.counters.compiles += 1
         if self.state.on_miss == "error":
             raise CompileAttempt(
-                "fa4aot.install(on_miss='error'): flash_attn.cute tried to compile a kernel; "
+                f"fa4aot.install(on_miss='error'): {self.package} tried to compile a kernel; "
                 "a serving process must not compile. Build it ahead of time (fa4aot build)."
             )
 
@@ -277,7 +291,7 @@ def _install(roots, on_miss: str, arch: str | None = None, num_sms: int | None =
         fn = getattr(I, fn_name)
         saved["caches"][fn_name] = fn.compile_cache
         fn.compile_cache = _StoreCache(part, state)
-    cute.compile = _CompileMonitor(saved["compile"], state)
+    cute.compile = _CompileMonitor(saved["compile"], state, I.__name__.rpartition(".")[0])
     _INSTALL = {"saved": saved, "state": state}
     return counters
 

@@ -103,21 +103,31 @@ def test_install_serves_from_store_and_refuses_misses(tiny_store, monkeypatch, t
     assert not fa4aot.uninstall()
 
 
-def test_compile_monitor_blocks_any_compile_when_error(tiny_store):
+def test_compile_monitor_refuses_fa4_compiles_only(tiny_store):
+    import cutlass
+    import cutlass.cute as cute
+
     import fa4aot
     from fa4aot.fa4 import driver, dropin
 
-    driver.configure("sm90", 132)
-    import cutlass.cute as cute
+    from _foreign_kernel import noop  # tests/fa4 is on sys.path (rootdir-relative test dirs)
 
+    driver.configure("sm90", 132)
+    # a compile asked for by code of FA4's package (as interface.py's own calls are)
+    as_fa4 = {"__name__": "flash_attn.cute.interface", "cute": cute}
+    exec("def compile_it(*a):\n    return cute.compile(*a)\n"
+         "def compile_opt(*a):\n    return cute.compile[()](*a)\n", as_fa4)
     root, _ = tiny_store
     counters = fa4aot.install(cache=root, on_miss="error", arch="sm90", num_sms=132)
     try:
+        with pytest.raises(dropin.CompileAttempt, match="flash_attn.cute tried to compile"):
+            as_fa4["compile_it"](object())
         with pytest.raises(dropin.CompileAttempt):
-            cute.compile(object())
-        with pytest.raises(dropin.CompileAttempt):
-            cute.compile[()](object())
+            as_fa4["compile_opt"](object())
         assert counters.compiles == 2
+        # an engine's own CuTe kernel compiles as before, and is not counted as FA4's
+        fn = cute.compile(noop, cutlass.Int32(1))
+        assert callable(fn) and counters.compiles == 2
     finally:
         fa4aot.uninstall()
 
