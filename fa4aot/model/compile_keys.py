@@ -70,7 +70,7 @@ def features(
     seqused_q: bool = False, seqused_k: bool = False, page_size: int | None = None,
     softcap: float | None = None, pack_gqa: bool | None = None, descales: str | None = None,
     num_splits: int = 1, max_seqlen_k: int | None = None, qv: int | None = None,
-    num_sms: int | None = None, tile_m: int | None = None,
+    num_sms: int | None = None, tile_m: int | None = None, kv_dtype: str | None = None,
 ) -> Variant:
     """A call's static features -> the Variant FA4 would compile for it (sm90 logic, FA4 b36).
 
@@ -160,7 +160,7 @@ def features(
         static_persistent=static_persistent,
         softcap=float(softcap) if softcap else None,  # FA4: softcap == 0.0 means none
         pack_gqa=None if pack == default_pack else pack, descales=descales, split_kv=split,
-        s_ping_pong=ping_pong, tile_m=tile_m, two_cta=two_cta,
+        s_ping_pong=ping_pong, tile_m=tile_m, two_cta=two_cta, kv_dtype=kv_dtype,
     )
 
 
@@ -309,6 +309,7 @@ class Call:
     # K/V packed or paged, one latent head): driver.fake_call passes qv of (tokens, h, qv)
     qv: int | None = None
     tile_m: int | None = None  # an M tile asked of FA4 (`tile_mn`): the split chunk kernel's
+    kv_dtype: str | None = None  # FP8-KV dequant's e4m3 K/V (vLLM's copy; Variant.kv_dtype)
 
     def __post_init__(self):
         if self.layout not in CALL_LAYOUTS:
@@ -360,6 +361,7 @@ class Call:
             max_seqlen_k=self.max_seqlen_k,
             qv=self.qv,
             tile_m=self.tile_m,
+            kv_dtype=self.kv_dtype,
         )
 
     @property
@@ -457,6 +459,7 @@ def representative_call(v: Variant, num_sms: int | None = None) -> Call:
         descales=v.descales,
         num_splits=num_splits,
         tile_m=v.tile_m,
+        kv_dtype=v.kv_dtype,
     )
     if v.two_cta is not None and not v.cu_hint:
         # FA4 picks pack_gqa and the 2CTA kernel by batch x heads against the SM count

@@ -94,9 +94,11 @@ def default_num_sms(arch: str) -> int:
 
 
 def unsupported_reason(
-    arch: str, dtype: str, head_dim: int, head_dim_v: int, *, qhead_per_kvhead: int = 1
+    arch: str, dtype: str, head_dim: int, head_dim_v: int, *, qhead_per_kvhead: int = 1,
+    fa4: str = "upstream",
 ) -> str | None:
-    """Why FA4 cannot run this forward configuration on `arch`, or None if it can."""
+    """Why FA4 cannot run this forward configuration on `arch`, or None if it can. fa4: the FA4
+    source's ABI (model/abis.py): vLLM's copy runs head dims to 512 on sm90."""
     if arch not in ARCHS:
         return f"unknown arch {arch!r} (known: {', '.join(ARCHS)})"
     if dtype not in DTYPE_BYTES:
@@ -109,7 +111,15 @@ def unsupported_reason(
     if qhead_per_kvhead < 1:
         return "num_q_heads must be a positive multiple of num_kv_heads"
     if arch == "sm90":
-        if not (8 <= head_dim <= 256 and 8 <= head_dim_v <= 256):
+        top = 512 if fa4 == "vllm" else 256
+        if not (8 <= head_dim <= top and 8 <= head_dim_v <= top):
+            if fa4 == "upstream" and max(head_dim, head_dim_v) <= 512:
+                return (
+                    f"head_dim {head_dim}/{head_dim_v} is out of range on sm90: upstream FA4 "
+                    "supports 8..256 (MLA's head_dim_v 512 runs on sm100 only); vLLM's FA4 copy "
+                    "runs head dims to 512 on sm90: build from it with `fa4aot build --fa4 "
+                    "vllm`, or serve these layers with another backend (FlashInfer, cuDNN SDPA)"
+                )
             return (
                 f"head_dim {head_dim}/{head_dim_v} is out of range on sm90: upstream FA4 supports "
                 "8..256 (hd512 and MLA kernels are sm100-only); serve these layers with another "
@@ -137,6 +147,38 @@ SM100_ONLY_FEATURES = {
     "mla": "MLA absorbed attention (head_dim_v 512, qv); on sm90 use FlashMLA or FlashInfer's MLA",
     "split_kv": "split-KV (num_splits > 1); on sm90 FA4 runs num_splits=1 and fa4aot builds that",
 }
+
+
+FP8_KV = "float8_e4m3fn"
+
+
+def fp8_kv_applies(head_dim: int) -> bool:
+    """Whether a layer's FP8 KV cache is read by FA4 at all: vLLM runs FA4 on sm90 for head
+    dims over 256 (FA3 serves the others, FP8 caches included), so only those layers get
+    FP8-KV dequant kernels, and only theirs are reported when none can be built."""
+    return head_dim > 256
+
+
+def kv_dtype_reason(arch: str, fa4: str, dtype: str, kv_dtype: str, head_dim: int,
+                    head_dim_v: int) -> str | None:
+    """Why K/V of `kv_dtype` under a `dtype` Q (FP8-KV dequant) cannot be built, or None.
+    Only vLLM's FA4 copy has that kernel (its `fp8_kv_dequant`): sm90, bf16/fp16 Q, e4m3 K/V,
+    head_dim == head_dim_v, paged at page == tile_n (the enumeration's part)."""
+    if kv_dtype != FP8_KV:
+        return f"KV cache dtype {kv_dtype}: FP8-KV dequant takes {FP8_KV} only"
+    if arch != "sm90":
+        return f"FP8-KV dequant is sm90-only in vLLM's FA4 copy (not {arch})"
+    if not fp8_kv_applies(head_dim):
+        # vLLM runs FA4 on sm90 for head dims over 256 only (FA3 serves the rest, FP8 too)
+        return (f"FP8-KV dequant is built where vLLM runs it: head dims over 256 (vLLM serves "
+                f"hd{head_dim} with FA3 on sm90)")
+    if fa4 != "vllm":
+        return ("FP8-KV dequant (bf16/fp16 Q, e4m3 paged K/V with descales) exists only in "
+                "vLLM's FA4 copy on sm90: build from it with `fa4aot build --fa4 vllm`")
+    if dtype not in ("bfloat16", "float16") or head_dim != head_dim_v:
+        return (f"FP8-KV dequant needs a bf16/fp16 Q and head_dim == head_dim_v (got {dtype}, "
+                f"{head_dim}/{head_dim_v})")
+    return None
 
 
 def feature_unsupported_reason(arch: str, feature: str) -> str | None:
@@ -241,7 +283,9 @@ def fwd_tile(arch: str, head_dim: int, head_dim_v: int, causal: bool, local: boo
         return Tile(128, 128)
     if head_dim <= 192:
         return Tile(128, 96 if local else (128 if head_dim_v <= 128 else 112))
-    return Tile(128, 64 if local else 80)
+    if head_dim <= 256:
+        return Tile(128, 64 if local else 80)
+    return Tile(64, 64)  # head dims to 512: vLLM's FA4 copy only (upstream stops at 256)
 
 
 def split_tile_m(arch: str, head_dim: int, head_dim_v: int) -> int | None:

@@ -19,7 +19,7 @@ SCHEMA = 1  # bump when the meaning of a field changes: it is part of every vari
 # Variant fields added after SCHEMA 1, with the default that leaves them out of the id
 NEW_FIELD_DEFAULTS = {"softcap": None, "pack_gqa": None, "descales": None, "split_kv": False,
                       "s_ping_pong": None, "mla": None, "mla_q_stage": None, "tile_m": None,
-                      "two_cta": None}
+                      "two_cta": None, "kv_dtype": None}
 # FP8 descale tensors a kernel takes, as FA4's key records them (q_descale, k_descale, v_descale
 # present or not): a subset of "qkv", in that order. FA4 (4.0.0b36) takes them only through
 # `interface._flash_attn_fwd` (its public entry points have no descale arguments).
@@ -76,6 +76,10 @@ class Variant:
     # turns on by the batch x heads against the SM count (`hd256_decode_2cta`), so a decode
     # call's kernel depends on its batch (features). None elsewhere (implied by the rest).
     two_cta: bool | None = None
+    # FP8-KV dequant (vLLM's FA4 copy on sm90, `fa4aot build --fa4 vllm`): the K/V dtype
+    # ("float8_e4m3fn") where it is not `dtype`, the Q/O dtype; the kernel takes (batch,
+    # kv_heads) K/V descales and computes in fp16. None: K/V in `dtype`.
+    kv_dtype: str | None = None
 
     @property
     def id(self) -> str:
@@ -194,6 +198,8 @@ class Variant:
             parts.append(f"tile_m={self.tile_m}")
         if self.two_cta is not None:
             parts.append("2cta" if self.two_cta else "1cta")
+        if self.kv_dtype is not None:
+            parts.append(f"kv:{self.kv_dtype}")
         return " ".join(parts)
 
     def to_dict(self) -> dict:

@@ -74,8 +74,9 @@ def fp8_kv_prepare(q, k, v, k_descale, v_descale) -> tuple:
         raise ValueError(f"FP8-KV dequant takes e4m3 k and v, not {k.dtype}/{v.dtype}")
     for name, d in (("k_descale", k_descale), ("v_descale", v_descale)):
         if d is None or d.dtype != torch.float32 or d.dim() != 2 or d.stride(1) != 1:
+            got = None if d is None else (d.dtype, tuple(d.shape), d.stride())
             raise ValueError(f"FP8-KV dequant needs {name}: float32 (batch, kv_heads) with "
-                             f"stride 1 over heads (got {None if d is None else (d.dtype, tuple(d.shape), d.stride())})")
+                             f"stride 1 over heads (got {got})")
     return k.view(torch.uint8), v.view(torch.uint8), (torch.ones_like(k_descale), k_descale,
                                                        v_descale)
 

@@ -80,7 +80,8 @@ def test_new_fields_leave_old_ids_alone():
     ).variant("sm90")
     assert v.descales is None and not v.split_kv and v.s_ping_pong is None
     d = v.to_dict()
-    for k in ("descales", "split_kv", "s_ping_pong", "mla", "mla_q_stage", "tile_m", "two_cta"):
+    for k in ("descales", "split_kv", "s_ping_pong", "mla", "mla_q_stage", "tile_m", "two_cta",
+              "kv_dtype"):
         del d[k]
     assert Variant.from_dict(d) == v  # records written before the fields still load
     import hashlib

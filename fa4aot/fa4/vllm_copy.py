@@ -1,0 +1,220 @@
+"""Building from vLLM's FA4 copy (`fa4aot build --fa4 vllm`): its calls, its compile keys read
+by field name, and its kernels exported.
+
+Every call goes through the copy's `_flash_attn_fwd` with the arguments vLLM's
+`flash_attn_varlen_func` passes it (vllm_flash_attn/flash_attn_interface.py, fa_version 4):
+packed or batch q, K/V packed, in batch form or paged, `fp8_kv_dequant` with e4m3 K/V and
+(batch, kv_heads) fp32 descales. The copy's keys differ from upstream's in order and content
+(model/abis.py), so `variant_from_key` reads them by name. fa4aot's own kernels (split chunks,
+folds, merge) patch upstream FA4's internals and are not built from the copy: a split call runs
+the copy's own split forward and combine (`Variant.split_kv`).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from fa4aot.fa4 import cubin
+from fa4aot.fa4.keys import _CUTE_DTYPES, key_repr
+from fa4aot.model import constraints as C
+from fa4aot.model.abis import ABIS, KeyFields
+from fa4aot.model.variants import Variant
+
+FWD_KEY = ABIS["vllm"].fwd_key
+COMBINE_KEY = ABIS["vllm"].combine_key
+FP8_KV = "float8_e4m3fn"
+SINK_FIELD = "torch2cute_dtype_map[learnable_sink.dtype] if learnable_sink is not None else None"
+
+
+def caches(I) -> dict[str, Any]:
+    return {"fwd": I._flash_attn_fwd.compile_cache,
+            "combine": I._flash_attn_fwd_combine.compile_cache,
+            "tile_cumsum": I._compute_tile_cumsum.compile_cache,
+            "blocks_to_batch": I._compute_blocks_to_batch.compile_cache}
+
+
+def fake_call(I, call) -> None:
+    """The copy's `_flash_attn_fwd` for `call` (model.compile_keys.Call; `kv_dtype`
+    "float8_e4m3fn": FP8-KV dequant) under FakeTensorMode: compiles, runs nothing."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    dt = getattr(torch, call.dtype)
+    kv_dtype = getattr(call, "kv_dtype", None)
+    kdt = getattr(torch, kv_dtype) if kv_dtype else dt
+    b, sq, sk = call.batch, call.seqlen_q, call.seqlen_k
+    hq, hk, d, dv = call.num_heads, call.num_heads_kv, call.head_dim, call.head_dim_v
+    with FakeTensorMode():
+        dev = "cuda"
+
+        def i32(*n):
+            return torch.empty(*n, dtype=torch.int32, device=dev)
+
+        kw: dict[str, Any] = dict(
+            causal=call.causal, window_size_left=call.window_left,
+            window_size_right=call.window_right, return_lse=call.return_lse,
+            num_splits=call.num_splits,
+        )
+        if call.sink_dtype:
+            kw["learnable_sink"] = torch.empty(hq, dtype=getattr(torch, call.sink_dtype),
+                                               device=dev)
+        if call.softcap is not None:
+            kw["softcap"] = call.softcap
+        if call.pack_gqa is not None:
+            kw["pack_gqa"] = call.pack_gqa
+        if call.tile_m is not None:
+            tile = C.fwd_tile("sm90", d, dv, call.causal,
+                              call.window_left is not None or call.window_right is not None)
+            kw["tile_mn"] = (call.tile_m, tile.n)
+        if call.layout == "dense" or call.batch_q:
+            q = torch.empty(b, sq, hq, d, dtype=dt, device=dev)
+        else:
+            q = torch.empty(b * sq, hq, d, dtype=dt, device=dev)
+            kw.update(cu_seqlens_q=i32(b + 1), max_seqlen_q=sq)
+        if call.seqused_q:
+            kw["seqused_q"] = i32(b)
+        if call.has_seqused_k:
+            kw["seqused_k"] = i32(b)
+        if call.layout == "varlen":
+            shape = (b * sk, hk)
+            kw.update(cu_seqlens_k=i32(b + 1), max_seqlen_k=sk)
+        elif call.layout in ("dense", "padded"):
+            shape = (b, sk, hk)
+        else:
+            npages = -(-sk // call.page_size)
+            shape = (b * npages, call.page_size, hk)
+            kw.update(page_table=i32(b, npages), max_seqlen_k=sk)
+        k = torch.empty(*shape, d, dtype=kdt, device=dev)
+        v = torch.empty(*shape, dv, dtype=kdt, device=dev)
+        if kv_dtype:
+            kw.update(fp8_kv_dequant=True,
+                      k_descale=torch.empty(b, hk, dtype=torch.float32, device=dev),
+                      v_descale=torch.empty(b, hk, dtype=torch.float32, device=dev))
+        I._flash_attn_fwd(q, k, v, **kw)
+
+
+def trace(I, call, compiles: list | None = None) -> dict[str, list[tuple[Any, Any]]]:
+    """What the copy compiles for `call`: {cache: [(key, compiled fn)]} (caches cleared
+    first). compiles: receives the (args, kwargs) of every cute.compile."""
+    import cutlass.cute as cute
+
+    cs = caches(I)
+    for c in cs.values():
+        c.clear()
+    real = cute.compile
+    if compiles is not None:
+        def spy(*a, **k):
+            compiles.append((a, k))
+            return real(*a, **k)
+
+        cute.compile = spy
+    try:
+        fake_call(I, call)
+    finally:
+        cute.compile = real
+    return {n: list(c.cache.items()) for n, c in cs.items()}
+
+
+def variant_from_key(key: tuple, arch: str) -> Variant | None:
+    """The copy's forward compile key -> the Variant it compiles, read by field name; None for
+    a key outside what fa4aot models (score/mask mods, block sparsity, aux tensors, MLA,
+    gathered KV, fused FP8 output, FP8 Q, dynamic split counts)."""
+    try:
+        f = KeyFields(key, FWD_KEY)
+        if (f["score_mod_hash"] or f["mask_mod_hash"] or f["use_block_sparsity"]
+                or f["qv is not None"] or f["gather_kv_valid_length is not None"]
+                or f["output_quant_key"] is not None or f["num_splits_dynamic is not None"]
+                or f["aux_tensor_metadata"] or f.extra):
+            return None
+        if f["tensor_broadcast_patterns"] and any(
+                p is not None and any(p) for p in f["tensor_broadcast_patterns"]):
+            return None  # a stride-0 tensor compiles its own kernel; fa4aot never makes one
+        fp8_kv = bool(f["fp8_kv_dequant"])
+        q_dtype = str(f["q.dtype"]).removeprefix("torch.")
+        if not fp8_kv and any(f[f"{t}_descale is not None"] for t in "qkv"):
+            return None  # FP8 Q/K/V: the copy's sm100 path
+        ratio = int(f["qhead_per_kvhead"])
+        causal = bool(f["causal"])
+        has_wl = bool(f["window_size_left is not None"])
+        has_wr = bool(f["window_size_right is not None"])
+        local = not causal and (has_wl or has_wr)
+        d, dv = int(f["head_dim"]), int(f["head_dim_v"])
+        dflt = C.fwd_tile(arch, d, dv, causal, local)
+        tile_m = None if int(f["tile_m"]) == dflt.m else int(f["tile_m"])
+        paged = bool(f["page_table is not None"])
+        split = bool(f["is_split_kv"])
+        sink = f[SINK_FIELD]
+        return Variant(
+            arch=arch, dtype=q_dtype, head_dim=d, head_dim_v=dv, qhead_per_kvhead=ratio,
+            causal=causal, local=local, has_window_left=has_wl, has_window_right=has_wr,
+            return_lse=not f["lse is None"],
+            sink_dtype=None if sink is None else _CUTE_DTYPES[sink.__name__],
+            cu_seqlens_q=not f["cu_seqlens_q is None"],
+            cu_seqlens_k=not f["cu_seqlens_k is None"],
+            seqused_q=not f["seqused_q is None"], seqused_k=not f["seqused_k is None"],
+            paged=paged,
+            paged_tma=(not f["page_size not in [None, tile_n]"]) if paged else None,
+            cu_hint=bool(f["cu_total_m_blocks is not None"]),
+            static_persistent=int(f["q_stage"]) == 1 if split else bool(f["is_static_persistent"]),
+            pack_gqa=None if bool(f["pack_gqa"]) == (ratio > 1) else bool(f["pack_gqa"]),
+            split_kv=split, tile_m=tile_m, kv_dtype=FP8_KV if fp8_kv else None,
+        )
+    except (IndexError, KeyError, AttributeError, TypeError, ValueError):
+        return None
+
+
+def compile_variant(I, call, variant: Variant, outdir: Path) -> dict[str, Any]:
+    """Compile `variant` through the copy and export its kernels (fwd; for a split variant also
+    the copy's combine, compiled by the same call for its `num_splits`): -> {"parts": {name:
+    {"object", "key", ...}}, "compile_seconds", "fa4_key"}. RuntimeError when the copy compiles
+    other than one forward, or one whose key reads back as another variant."""
+    t0 = time.perf_counter()
+    got = trace(I, call)
+    fwd = got["fwd"]
+    if len(fwd) != 1:
+        raise RuntimeError(f"expected one forward kernel for {variant.describe()}, vLLM's FA4 "
+                           f"copy compiled {len(fwd)}")
+    back = variant_from_key(fwd[0][0], variant.arch)
+    if back != variant:
+        raise RuntimeError(f"vLLM's FA4 copy compiled another kernel for {variant.describe()}: "
+                           f"{back.describe() if back else key_repr(fwd[0][0])}")
+    entries = [("fwd", fwd[0])]
+    if variant.split_kv:
+        if len(got["combine"]) != 1:
+            raise RuntimeError(f"expected the copy's combine beside {variant.describe()}, it "
+                               f"compiled {len(got['combine'])}")
+        entries.append(("combine", got["combine"][0]))
+    for helper in ("tile_cumsum", "blocks_to_batch"):
+        if bool(got[helper]) != variant.cu_hint:
+            raise RuntimeError(f"{helper} presence disagrees with cu_hint for "
+                               f"{variant.describe()}")
+        if got[helper]:
+            entries.append((helper, got[helper][0]))
+    seconds = time.perf_counter() - t0
+    parts: dict[str, Any] = {}
+    for name, (key, fn) in entries:
+        obj = outdir / f"{name}.o"
+        fn.export_to_c(object_file_path=str(obj), function_name=f"fa4aot_{name}")
+        problem = cubin.target_problem(obj, C.cubin_target(variant.arch))
+        if problem:
+            raise RuntimeError(f"{variant.describe()}: {problem}")
+        parts[name] = {"object": str(obj), **part_record(name, key)}
+    return {"parts": parts, "compile_seconds": seconds, "fa4_key": parts["fwd"]["key"]}
+
+
+def part_record(name: str, key) -> dict[str, Any]:
+    """A part's record: its rendered key, the ABI it is called by, and (combine) what the
+    runtime sizes partials by."""
+    rec: dict[str, Any] = {"key": key_repr(key), "fa4_abi": "vllm"}
+    if name == "fwd":
+        f = KeyFields(key, FWD_KEY)
+        rec["tile_m"], rec["tile_n"] = int(f["tile_m"]), int(f["tile_n"])
+        rec["split_kv"] = bool(f["is_split_kv"])
+    if name == "combine":
+        f = KeyFields(key, COMBINE_KEY)
+        rec["max_splits"] = 1 << int(f["log_max_splits"])
+        rec["num_head"] = int(f["num_head"])
+        rec["partial_dtype"] = _CUTE_DTYPES[f["dtype_partial"].__name__]
+    return rec
