@@ -130,6 +130,11 @@ class Settings:
         "store layers, in lookup order (default: the user cache directory)",
     )
     cache_wheels = _Setting(True, _flag, "0 or 1", "add installed cache wheels' stores as layers")
+    kernel_source = _Setting(
+        "auto", _choice("auto", "upstream", "vllm"), "auto, upstream or vllm",
+        "the FA4 source whose stores the runtime serves (auto: upstream where flash-attn-4 is "
+        "installed, else any)",
+    )
     allow_unsafe_dirs = _Setting(
         False, _flag, "0 or 1", "load native code from directories others can write"
     )
@@ -298,6 +303,10 @@ def split_kv() -> str | int:
 
 def cache_dir() -> list[Path] | None:
     return settings.cache_dir
+
+
+def fa4_source() -> str:
+    return settings.kernel_source
 
 
 def cache_wheels() -> bool:

@@ -37,6 +37,7 @@ from fa4aot.store.files import atomic_write, crash_point, fsync_dir, owner_tag, 
 from fa4aot.store.layers import Store, build_root, default_roots, sweep_temp
 from fa4aot.store.merge import shard as shard_ids
 from fa4aot.store.records import RECORD, RECORD_FORMAT, seal_record
+from fa4aot.fa4 import sources
 from fa4aot.store.toolchain import build_toolchain
 
 
@@ -51,9 +52,11 @@ class BuildResult:
     found_in: str | None = None  # cached in another layer: that store's directory
 
 
-def plan_for(specs: list[Spec], arch: str, num_sms: int | None = None) -> Plan:
-    """num_sms: the target's SM count (absorbed MLA's route reads it; None: the arch's)."""
-    return merge([enumerate_variants(s, arch, num_sms) for s in specs])
+def plan_for(specs: list[Spec], arch: str, num_sms: int | None = None,
+             fa4: str = "upstream") -> Plan:
+    """num_sms: the target's SM count (absorbed MLA's route reads it; None: the arch's); fa4:
+    the FA4 source's ABI (enumerate_variants)."""
+    return merge([enumerate_variants(s, arch, num_sms, fa4) for s in specs])
 
 
 def _link(obj: Path, so: Path, lib_dirs: list[str]) -> None:
@@ -118,14 +121,15 @@ def check_python(python: str | None) -> None:
         )
 
 
-def _configure_compiler(arch: str, num_sms: int) -> None:
+def _configure_compiler(arch: str, num_sms: int, fa4: str | None = None) -> None:
     if not settings.stub_compiler():
         from fa4aot.fa4 import driver
 
-        driver.configure(arch, num_sms)
+        driver.configure(arch, num_sms, fa4)
 
 
-def _init_worker(arch: str, num_sms: int, overrides: dict | None = None) -> None:
+def _init_worker(arch: str, num_sms: int, overrides: dict | None = None,
+                 fa4: str | None = None) -> None:
     # Ctrl-C at a terminal signals the whole process group. A worker that took it would only
     # fail its current variant and go on to the next (the pool reports a KeyboardInterrupt as
     # that task's result): the parent alone decides, and terminates the workers (build()).
@@ -133,7 +137,7 @@ def _init_worker(arch: str, num_sms: int, overrides: dict | None = None) -> None
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if overrides:  # the parent's settings.scope(...) holds in its workers too
         settings.settings.apply(overrides)
-    _configure_compiler(arch, num_sms)
+    _configure_compiler(arch, num_sms, fa4)
 
 
 def _nothing_buildable(plan: Plan, arch: str) -> str:
@@ -302,6 +306,7 @@ def build(
     shard: tuple[int, int] | None = None,
     replace_spec: bool = False,
     on_start: Callable[[Store, int, int], None] | None = None,
+    fa4: str | None = None,
 ) -> tuple[Store, Plan, list[BuildResult]]:
     """Build every variant the specs need that no layer holds. Never raises for one variant's
     failure (it is a `failed` result); raises BuildError when nothing can be built at all.
@@ -315,7 +320,9 @@ def build(
 
     A spec index of the same name recording a different spec refuses the build (BuildError)
     before anything is compiled, unless `replace_spec`. `on_start(store, total, to_build)` is
-    called once the target and the work are known.
+    called once the target and the work are known. `fa4`: the FA4 source to compile
+    (fa4.sources.resolve: upstream, vllm, sglang or a path; None: upstream); one whose ABI fa4aot
+    does not model raises Fa4SourceError before anything is planned.
 
     KeyboardInterrupt (Ctrl-C, or SIGTERM while workers run): pending variants are cancelled,
     worker processes terminated, and the interrupt re-raised. Nothing half-written is left where
@@ -325,10 +332,11 @@ def build(
     C.arch_number(arch)
     check_python(python)
     num_sms = num_sms or C.default_num_sms(arch)
-    plan = plan or plan_for(specs, arch, num_sms)
+    source = sources.resolve_for_build(fa4)
+    plan = plan or plan_for(specs, arch, num_sms, source.abi if source else "upstream")
     if not plan.needs:
         raise BuildError(_nothing_buildable(plan, arch))
-    toolchain = build_toolchain(arch, num_sms, python)
+    toolchain = build_toolchain(arch, num_sms, python, source)
     roots = [Path(root)] if root is not None else [Path(r) for r in (layers or default_roots())]
     target = build_root(roots)
     store = Store(target, toolchain)
@@ -371,7 +379,9 @@ def build(
             "(serving needs neither)"
         )
     if pending:
-        _build_pending(args, arch, num_sms, jobs, results, total, progress)
+        # workers import the source by its directory (an engine's copy need not be on sys.path)
+        where = None if source is None or source.name == "upstream" else str(source.cute_dir)
+        _build_pending(args, arch, num_sms, jobs, results, total, progress, where)
     for s in specs:
         write_spec_index(store, s, plan)
     return store, plan, results
@@ -401,11 +411,11 @@ def _cached_or_pending(store: Store, others: list[Store], todo: dict) -> tuple[l
     return results, pending
 
 
-def _build_pending(args, arch, num_sms, jobs, results, total, progress) -> None:
+def _build_pending(args, arch, num_sms, jobs, results, total, progress, fa4=None) -> None:
     """Build `args` (build_one's) in this process (jobs <= 1) or a spawned pool, appending
     each BuildResult to `results` as it lands."""
     if jobs <= 1:
-        _configure_compiler(arch, num_sms)
+        _configure_compiler(arch, num_sms, fa4)
         for a in args:
             r = BuildResult(**build_one(*a))
             results.append(r)
@@ -418,7 +428,7 @@ def _build_pending(args, arch, num_sms, jobs, results, total, progress) -> None:
         max_workers=min(jobs, len(args)),
         mp_context=mp.get_context("spawn"),
         initializer=_init_worker,
-        initargs=(arch, num_sms, settings.settings.overrides()),
+        initargs=(arch, num_sms, settings.settings.overrides(), fa4),
     )
     restore = _sigterm_as_interrupt()
     try:

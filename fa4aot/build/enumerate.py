@@ -32,7 +32,8 @@ def page_sizes_for(spec: Spec, att: Attention, arch: str) -> list[int]:
     return out
 
 
-def _probe_calls(spec: Spec, att: Attention, arch: str, num_sms: int | None = None) -> list[Call]:
+def _probe_calls(spec: Spec, att: Attention, arch: str, num_sms: int | None = None,
+                 fa4: str = "upstream") -> list[Call]:
     """Shapes on both sides of every regime boundary inside the serving envelope."""
     sv = spec.serving
     lses = {False: [False], True: [True], "both": [False, True]}[sv.return_lse]
@@ -95,6 +96,17 @@ def _probe_calls(spec: Spec, att: Attention, arch: str, num_sms: int | None = No
                                         **form,
                                     )
                                 )
+    if fa4 != "upstream":
+        # fa4aot's fold and split kernels patch upstream FA4's internals: from another source
+        # only its plain forwards are built (the runtime serves those calls unsplit), plus
+        # FP8-KV dequant's paged kernels at page == tile_n where the spec asks for them
+        fp8 = [c for c in calls if c.layout == "paged" and c.page_size == C.fwd_tile(
+            arch, att.head_dim, att.head_dim_v, *C.resolve_window(
+                att.causal, *window)[:2]).n]
+        if C.FP8_KV in sv.kv_cache_dtypes and not C.kv_dtype_reason(
+                arch, fa4, att.dtype, C.FP8_KV, att.head_dim, att.head_dim_v):
+            calls += [replace(c, kv_dtype=C.FP8_KV) for c in fp8]
+        return calls
     gqa = att.num_q_heads > att.num_kv_heads
     if sv.decode_fold and gqa and "decode" in sv.phases and not att.sinks and att.window is None:
         calls += _fold_calls(spec, att, arch, lses)
@@ -217,9 +229,12 @@ def _fold_calls(spec: Spec, att: Attention, arch: str, lses: list[bool]) -> list
     return calls
 
 
-def enumerate_variants(spec: Spec, arch: str, num_sms: int | None = None) -> Plan:
+def enumerate_variants(spec: Spec, arch: str, num_sms: int | None = None,
+                       fa4: str = "upstream") -> Plan:
     """spec x arch -> the distinct variants it needs (pure; no FA4 import, milliseconds).
-    A spec whose `[serving] archs` leaves `arch` out needs nothing there."""
+    A spec whose `[serving] archs` leaves `arch` out needs nothing there. fa4: the FA4 source's
+    ABI (model/abis.py): what it can build (vLLM's: hd512 and FP8-KV dequant on sm90; no fold
+    or split kernels)."""
     plan = Plan()
     if not spec.serving.for_arch(arch):
         return plan
@@ -239,7 +254,15 @@ def enumerate_variants(spec: Spec, arch: str, num_sms: int | None = None) -> Pla
             att.head_dim,
             att.head_dim_v,
             qhead_per_kvhead=att.num_q_heads // att.num_kv_heads,
+            fa4=fa4,
         )
+        if C.FP8_KV in spec.serving.kv_cache_dtypes and not reason and C.fp8_kv_applies(
+                att.head_dim):
+            why = C.kv_dtype_reason(arch, fa4, att.dtype, C.FP8_KV, att.head_dim,
+                                    att.head_dim_v)
+            if why:  # (the layer's own-dtype kernels are still built)
+                plan.unsupported.append(Unsupported(spec.name, att.name + " (FP8 KV cache)",
+                                                   why))
         if reason:
             target = padded_target_for_unsupported(arch, att.dtype, att.head_dim, att.head_dim_v)
             if target is None or att.dtype not in ("bfloat16", "float16"):
@@ -256,7 +279,7 @@ def enumerate_variants(spec: Spec, arch: str, num_sms: int | None = None) -> Pla
             )
             att = replace(att, head_dim=d2, head_dim_v=dv2)
         seen = set()
-        for call in _probe_calls(spec, att, arch, num_sms):
+        for call in _probe_calls(spec, att, arch, num_sms, fa4):
             v = call.variant(arch, num_sms)
             if v.id in seen:
                 continue

@@ -23,7 +23,8 @@ from .common import (
     matching_stores,
 )
 from .output import Output, with_output
-from fa4aot.errors import BuildError
+from fa4aot.errors import BuildError, Fa4SourceError
+from fa4aot.fa4 import sources
 from fa4aot.model import constraints as C
 from fa4aot.model.needs import Need, Unsupported
 from fa4aot.model.specs import resolve_specs
@@ -133,10 +134,19 @@ class Progress:
     is_flag=True,
     help="Replace a stored spec index of the same name that records a different spec.",
 )
+@click.option(
+    "--fa4",
+    "fa4",
+    default="upstream",
+    show_default=True,
+    help="The FA4 to compile: upstream (flash-attn-4), vllm (the copy an installed vLLM "
+    "ships), sglang, or a path to a source tree's cute/ directory.",
+)
 @click.option("--dry-run", is_flag=True, help="List what would be built; compile nothing.")
 @with_output
 def build(
-    archs, specs, cache, jobs, num_sms, gpu, python, misses, shard, replace_spec, dry_run, out
+    archs, specs, cache, jobs, num_sms, gpu, python, misses, shard, replace_spec, fa4, dry_run,
+    out,
 ):
     """Cross-compile every variant the specs need into the store (no GPU needed). Ctrl-C stops
     the workers and exits 130, leaving only complete artifacts."""
@@ -154,6 +164,10 @@ def build(
     archs, num_sms = apply_gpu(gpu, archs, num_sms, "archs")
     if num_sms is not None and len(set(archs)) > 1:
         raise click.BadParameter("--num-sms applies to one arch; build each arch separately")
+    try:
+        source = sources.resolve_for_build(fa4)
+    except Fa4SourceError as e:
+        raise click.BadParameter(str(e), param_hint="--fa4") from None
     spec_list = resolve_specs(list(specs)) if (specs or not misses) else []
     rows, unsup, stores, counts = [], [], [], {}
     t0 = time.perf_counter()
@@ -179,6 +193,7 @@ def build(
             dry_run,
             replace_spec,
             label=f"{arch}: " if len(archs) > 1 else "",
+            source=source,
         )
         rows += r
         unsup += u
@@ -217,12 +232,12 @@ def _serve_hint(stores: list[str]) -> str:
 
 def _build_arch(
     out: Output, arch, spec_list, roots, jobs, num_sms, python, misses, shard, dry_run,
-    replace_spec, label,
+    replace_spec, label, source=None,
 ):  # fmt: skip
     """One arch of `fa4aot build`. -> (rows, unsupported, store dir, counts), the last two None
     on a dry run; prints the text report itself."""
 
-    plan = plan_for(spec_list, arch, num_sms)
+    plan = plan_for(spec_list, arch, num_sms, source.abi if source else "upstream")
     if misses:
         todo, refused = plan_misses(read_misses(misses), arch, num_sms)
         plan.needs += [Need(v, call, "miss-log", Path(misses).name) for v, call in todo]
@@ -254,6 +269,7 @@ def _build_arch(
             shard=shard,
             replace_spec=replace_spec,
             on_start=lambda *a: (out.flush(), progress.start(*a)),
+            fa4=None if source is None or source.name == "upstream" else str(source.cute_dir),
         )
     except KeyboardInterrupt:
         progress.close()

@@ -23,11 +23,26 @@ from fa4aot.model.compile_keys import Call
 from fa4aot.store import runtime_lib
 
 _CONFIGURED: tuple[str, int] | None = None
+_SOURCE = None  # the FA4 source configured (fa4.sources.Fa4Source); None: upstream as installed
 
 
-def configure(arch: str, num_sms: int) -> None:
-    """Set the cross-compile target. Must run before the first FA4 import in this process."""
-    global _CONFIGURED
+def source():
+    """The FA4 source this process compiles from (None: upstream, imported as installed)."""
+    return _SOURCE
+
+
+def configure(arch: str, num_sms: int, fa4: str | None = None) -> None:
+    """Set the cross-compile target and FA4 source (fa4.sources.resolve; None: upstream). Must
+    run before the first FA4 import in this process."""
+    global _CONFIGURED, _SOURCE
+    if fa4 not in (None, "upstream"):
+        from fa4aot.fa4 import sources
+
+        src = sources.resolve(fa4)
+        src.require_modelled()
+        if _SOURCE is not None and _SOURCE.sha256 != src.sha256:
+            raise RuntimeError(f"this process already compiles from {_SOURCE.describe()}")
+        _SOURCE = src
     if _CONFIGURED is not None and _CONFIGURED != (arch, num_sms):
         raise RuntimeError(
             f"this process already targets {_CONFIGURED}; use one process per target"
@@ -55,6 +70,15 @@ def configure(arch: str, num_sms: int) -> None:
 
 
 def _fa4():
+    if _SOURCE is not None:  # another FA4 (an engine's copy, a tree): its own modules
+        import importlib
+
+        from fa4aot.fa4 import sources
+
+        interface = sources.load(_SOURCE)
+        if _CONFIGURED is not None:
+            _cross_hardware_info(_CONFIGURED[1])
+        return importlib.import_module(_SOURCE.prefix), interface
     import flash_attn.cute as fa  # noqa: PLC0415 (heavy: ~6 s; only builders pay it)
     from flash_attn.cute import interface
 
@@ -215,6 +239,10 @@ def trace(call: Call, compiles: list | None = None) -> dict[str, list[tuple[Any,
     FA4's in-process caches are cleared first, so what lands there is exactly this call's set.
     compiles: a list that receives the (args, kwargs) of every cute.compile FA4 makes.
     """
+    if _SOURCE is not None and _SOURCE.abi == "vllm":
+        from fa4aot.fa4 import vllm_copy
+
+        return vllm_copy.trace(_fa4()[1], call, compiles)
     import cutlass.cute as cute
 
     caches = _caches()

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fa4aot.fa4 import cubin
+from fa4aot.fa4 import cubin, driver
 from fa4aot.fa4.driver import trace
 from fa4aot.fa4.forwards import trace_chunk_modes, trace_combine, trace_tma_page, trace_wide_fold
 from fa4aot.fa4.kernels import trace_chunk_meta, trace_merge, trace_packed_meta
@@ -29,6 +29,11 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
     runtime's feature model and FA4's compile key would then disagree, and shipping it would
     risk calling the wrong kernel.
     """
+    src = driver.source()
+    if src is not None and src.abi == "vllm":  # (its own calls, key names and parts)
+        from fa4aot.fa4 import vllm_copy
+
+        return vllm_copy.compile_variant(driver._fa4()[1], call, variant, outdir)
     t0 = time.perf_counter()
     compiles: list = []
     got = trace(call, compiles)

@@ -168,6 +168,17 @@ def resolve(spec: str | None = None, *, root: str | Path | None = None) -> Fa4So
                      content_hash(cute), detect_abi(cute / "interface.py"))
 
 
+def resolve_for_build(spec: str | None) -> Fa4Source | None:
+    """`resolve(spec)` for a build, checked buildable (Fa4SourceError otherwise); None for
+    upstream where flash-attn-4 is not installed (a stub build, or the builder's own "needs FA4"
+    refusal, decides then)."""
+    if spec in (None, DEFAULT) and _top_dir(NAMED[DEFAULT][2]) is None:
+        return None
+    src = resolve(spec)
+    src.require_modelled()
+    return src
+
+
 # -- importing a source ----------------------------------------------------------------------------
 
 _LOADED: Fa4Source | None = None

@@ -40,6 +40,7 @@ DEFAULT_LAYOUTS = ("dense", "varlen", "paged")
 SINK_DTYPES = ("float32", "bfloat16", "float16")
 PHASES = ("decode", "prefill")
 LSE_CHOICES = (False, True, "both")
+KV_CACHE_DTYPES = ("auto", "float8_e4m3fn")
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ class Attention:
 # Attention fields added after specs were first stored: left out of a spec's identity at their
 # defaults, so stores built before them keep their spec index (build refuses a changed spec).
 _NEW_ATTENTION_DEFAULTS = {"sink_dtype": "float32", "softcap": None, "qv": None}
-_NEW_SERVING_DEFAULTS = {"archs": None}  # likewise for [serving]
+_NEW_SERVING_DEFAULTS = {"archs": None, "kv_cache_dtypes": ("auto",)}  # likewise, [serving]
 # The one absorbed-MLA shape FA4 (4.0.0b36) compiles: `_flash_attn_fwd` asserts head_dim_v == 512
 # and head_dim == 64 with qv (and no local window, no softcap).
 MLA_LATENT_DIM, MLA_ROPE_DIM = 512, 64
@@ -104,6 +105,10 @@ class Serving:
     # family runs (FP8 Q/K/V: Blackwell) builds nothing elsewhere instead of reporting every
     # layer unsupported there.
     archs: tuple[str, ...] | None = None
+    # the KV cache dtypes the engine may run each layer with: "auto" (the layer's dtype) and
+    # "float8_e4m3fn" (an FP8 cache under a bf16/fp16 Q: FP8-KV dequant, built from vLLM's
+    # FA4 copy on sm90 only, paged at page == tile_n; constraints.kv_dtype_reason)
+    kv_cache_dtypes: tuple[str, ...] = ("auto",)
 
     def for_arch(self, arch: str) -> bool:
         return self.archs is None or arch in self.archs
@@ -295,8 +300,12 @@ def _serving(src: str, d: Any, attention: tuple[Attention, ...]) -> Serving:
     if "archs" in d:
         archs = _list(src, "serving.archs", d["archs"],
                       lambda f, x: _choice(src, f, x, tuple(ARCHS)))
+    kv = _list(src, "serving.kv_cache_dtypes",
+               d.get("kv_cache_dtypes", list(dflt.kv_cache_dtypes)),
+               lambda f, x: _choice(src, f, x, KV_CACHE_DTYPES))
     return Serving(
-        tp, layouts, phases, max_batch, max_context, pages, spec_len, lse, fold, split, archs
+        tp, layouts, phases, max_batch, max_context, pages, spec_len, lse, fold, split, archs,
+        kv,
     )
 
 

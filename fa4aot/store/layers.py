@@ -57,7 +57,7 @@ from fa4aot.store.records import (
     parse_record,
     seal_record,
 )
-from fa4aot.store.toolchain import fingerprint_dir, mismatches, read_toolchain
+from fa4aot.store.toolchain import fingerprint_dir, mismatches, read_toolchain, store_value
 
 
 def default_roots(wheels: bool = True) -> list[Path]:
@@ -393,7 +393,7 @@ def find_serving_store(roots: list[Path], expected: dict[str, Any]) -> list[Stor
         broken += bad
         near = None
         for s in stores:
-            diff = [k for k, v in expected.items() if s.toolchain.get(k) != v]
+            diff = [k for k, v in expected.items() if store_value(s.toolchain, k) != v]
             if not diff:
                 found.append(s)
                 break
@@ -410,6 +410,9 @@ def find_serving_store(roots: list[Path], expected: dict[str, Any]) -> list[Stor
             + "\nrebuild with: fa4aot build --arch {a} --num-sms {n} --python {p}".format(
                 a=expected.get("arch"), n=expected.get("num_sms"), p=expected.get("python")
             )
+            + ("\n(a store built from another FA4 source, `fa4aot build --fa4`, is served with "
+               "FA4AOT_KERNEL_SOURCE set to that source, e.g. FA4AOT_KERNEL_SOURCE=vllm)"
+               if any("fa4_abi" in line for line in skew) else "")
         )
     return found
 
