@@ -27,6 +27,7 @@ from fa4aot.model.specs import resolve_specs
 from fa4aot.model.variants import Variant
 from fa4aot.policy.select import choose
 from fa4aot.store.doctor import format_text, report
+from fa4aot.store.toolchain import source_label
 
 
 def compiler_missing() -> str | None:
@@ -99,9 +100,14 @@ def coverage(specs, arch, num_sms, gpu, python, cache, trace, allow_unsupported,
                 "(pip install 'fa4aot[build]' to check them, or pass --no-trace)"
             )
             trace = False
+    fa4 = match.stores[0].toolchain.get("fa4_abi", "upstream") if match.stores else "upstream"
+    if trace and fa4 != "upstream":
+        out.warning(f"--trace skipped: the store is built from {fa4}'s FA4 copy (tests/fa4 "
+                    "check its keys by name)")
+        trace = False
     rows, missing = [], 0
     for spec in spec_list:
-        plan = plan_for([spec], arch, num_sms)
+        plan = plan_for([spec], arch, num_sms, fa4)
         needs = list(plan.variants().values())
         traced = None
         if trace and needs:
@@ -139,11 +145,14 @@ def coverage(specs, arch, num_sms, gpu, python, cache, trace, allow_unsupported,
         counts=counts,
         corrupt=corrupt,
         stores=[str(s.dir) for s in match.stores],
+        fa4_sources=[source_label(s.toolchain) for s in match.stores],
         trace="skipped: " + trace_skipped if trace_skipped else trace,
         not_run=not_run,
     )
     for c in corrupt:
         out.text(f"corrupt: {c['id']}: {c['error']}")
+    out.text("FA4 source: " + ("; ".join(source_label(s.toolchain) for s in match.stores)
+                               or "no store"))
     out.text(
         f"{counts['hit']} hit, {counts['padding']} by padding, {counts['missing']} missing, "
         f"{counts['unsupported']} unsupported by FA4, {counts['corrupt']} corrupt"

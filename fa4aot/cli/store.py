@@ -17,6 +17,7 @@ from fa4aot.policy.blocks import block_size_rows
 from fa4aot.store.layers import Layer, build_root, stores_at, verify_root
 from fa4aot.store.prune import execute, parse_size
 from fa4aot.store.prune import plan as make_plan
+from fa4aot.store.toolchain import source_label
 
 
 def _all_artifacts(layers: list[Layer]):
@@ -63,6 +64,8 @@ def ls_cmd(cache, out):
                 "regime": f"{v.layout}/{v.phase}" + ("/b>256" if v.cu_hint else ""),
                 "page": ("tile_n=" + str(v.tile.n) if v.paged_tma else "other") if v.paged else "",
                 "lse": "yes" if v.return_lse else "",
+                "kv": v.kv_dtype or "",
+                "fa4": source_label(s.toolchain),
                 "size": a.size,
                 "store": s.dir.name,
                 "layer": str(layer.root),
@@ -72,7 +75,8 @@ def ls_cmd(cache, out):
         rows.append(row)
     blocks = [r for layer in existing(layers) for r in block_size_rows(layer.root)]
     columns = ["id", "arch", "spec", "dtype", "head_dims", "ratio", "mask", "regime", "page"]
-    columns += ["lse", "size"] + (["status", "error"] if any("error" in r for r in rows) else [])
+    columns += ["lse", "kv", "fa4", "size"]
+    columns += ["status", "error"] if any("error" in r for r in rows) else []
     if len({r["layer"] for r in rows}) > 1:
         columns.append("layer")
     out.table(rows, columns, block_sizes=blocks)

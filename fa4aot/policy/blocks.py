@@ -93,6 +93,7 @@ def _block_sizes(
     window: int | None,
     sink_dtype: str | None,
     softcap: float | None = None,
+    kv_dtype: str | None = None,
 ) -> BlockSizes:
     head_dim_v = head_dim_v or head_dim
     causal_r, local, _, _ = C.resolve_window(causal, window, 0 if causal else None)
@@ -109,6 +110,7 @@ def _block_sizes(
             v.causal,
             v.sink_dtype,
             v.softcap,
+            v.kv_dtype,
         ) != (
             arch,
             dtype,
@@ -119,6 +121,7 @@ def _block_sizes(
             causal_r,
             sink_dtype,
             softcap,
+            kv_dtype,
         ) or v.pack_gqa is not None:
             continue
         if v.paged_tma:
@@ -181,6 +184,7 @@ def supported_block_sizes(
     cache=None,
     num_sms: int | None = None,
     qv: int | None = None,
+    kv_dtype: str | None = None,
 ) -> BlockSizes:
     """KV page sizes this process can serve for this attention config: answered from the
     stores the runtime would use for (arch, `num_sms`; default: the arch's; sm103 has none and
@@ -190,7 +194,11 @@ def supported_block_sizes(
     qv: an absorbed-MLA layer's latent dim (head_dim is then the rope part; qhead_per_kvhead
     its query heads per latent head). Raises UnsupportedVariant off Blackwell; on Blackwell
     answered from the stored MLA kernels (_mla_block_sizes), with a `note` on FA4's per-call
-    route."""
+    route. kv_dtype: the KV cache's dtype where it is not `dtype` ("float8_e4m3fn": FP8-KV
+    dequant, built from vLLM's FA4 copy on sm90; its kernel loads pages of its tile_n only, 64
+    at head dim 512, as vLLM's `_get_sm90_fa4_fp8_kv_block_size` says)."""
+    if kv_dtype in (None, "auto", dtype):
+        kv_dtype = None
     if qv is not None and not C.is_blackwell(arch):
         raise UnsupportedVariant(C.mla_reason(arch))
     if num_sms is None and arch in C.ARCHS:
@@ -211,6 +219,7 @@ def supported_block_sizes(
         causal,
         window,
         sink_dtype,
+        kv_dtype=kv_dtype,
     )
 
 

@@ -30,6 +30,7 @@ from fa4aot.model.constraints import (
 )
 from fa4aot.policy import split as S
 from fa4aot.runtime import blackwell as B
+from fa4aot.runtime import fp8kv as FK
 from fa4aot.runtime import mla as M
 from fa4aot.runtime import pad as X
 from fa4aot.runtime import plan as P
@@ -211,6 +212,7 @@ def flash_attn_varlen_func(
     k_descale: torch.Tensor | None = None,
     v_descale: torch.Tensor | None = None,
     qv: torch.Tensor | None = None,
+    fp8_kv_dequant: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Varlen / paged forward with FA4's calling convention.
 
@@ -229,7 +231,17 @@ def flash_attn_varlen_func(
     qv (absorbed MLA, Blackwell): q (total_q, h, 64) rope part with cu_seqlens_q, qv (total_q,
     h, 512) latent part, one latent K/V head packed or paged; LSE (total_q, h), heads last.
     Head ratios FA4's kernel refuses are padded (runtime/mla.py); never split.
+    fp8_kv_dequant (vLLM's FA4 copy's name; None: inferred): a bf16/fp16 q over paged e4m3
+    k/v with k_descale / v_descale float32 (batch, num_kv_heads), dequantized in the kernel;
+    served from a store built with `fa4aot build --fa4 vllm` (sm90, pages of the kernel's
+    tile_n: 64 at head dim 512); out in q's dtype (runtime/fp8kv.py).
     """
+    if FK.is_fp8_kv(q, k, v, fp8_kv_dequant):
+        return FK.varlen(
+            _DEFAULT or default_runtime(), q, k, v, cu_seqlens_q, max_seqlen_q, seqused_k,
+            page_table, softmax_scale, causal, window_size, learnable_sink, return_lse, out,
+            lse, k_descale, v_descale,
+        )  # fmt: skip
     if qv is not None:
         return M.varlen(
             _DEFAULT or default_runtime(), q, k, v, qv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,

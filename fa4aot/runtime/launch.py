@@ -182,6 +182,38 @@ def _no_blocks_to_batch(kernel: Any) -> None:
     return None
 
 
+def _vllm_sm90_fwd(kernel: Any, guard: bool = True) -> Callable:
+    """vLLM's FA4 copy's sm90 forward (21 slots: runtime/vllm_abi.py): the same arch-neutral
+    form as _sm90_fwd, plus the FP8-KV descales (q, k, v) as a keyword. The copy's TMA paged path
+    reads page_table[b, -1] as upstream's does: the same guard (GUARD_ALIGN)."""
+
+    def fwd(
+        q, k, v, out, lse, scale, cu_seqlens_q=None, cu_seqlens_k=None, seqused_q=None,
+        seqused_k=None, page_table=None, window_left=None, window_right=None,
+        learnable_sink=None, cu_total_m_blocks=None, descales=None,
+    ):
+        if page_table is not None and guard:
+            ptr = page_table.data_ptr()
+            if ptr and not ptr % GUARD_ALIGN:
+                page_table = guard_page_table(page_table)
+        kernel(
+            q, k, v, out, lse, scale, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, None,
+            page_table, window_left, window_right, learnable_sink, None, _NO_AUX, descales,
+            None, cu_total_m_blocks, None,
+        )
+
+    return fwd
+
+
+def _vllm_combine(kernel: Any) -> Callable:
+    """vLLM's copy's combine: upstream's nine slots and an output scale (None)."""
+
+    def combine(out_partial, lse_partial, out, lse):
+        kernel(out_partial, lse_partial, out, lse, None, None, None, None, None, None)
+
+    return combine
+
+
 @dataclass(frozen=True)
 class Abi:
     """How one arch's artifacts are called: each field binds a loaded part to its launcher."""
@@ -199,6 +231,9 @@ SM90 = Abi(_sm90_fwd, _sm90_tile_cumsum, _sm90_combine)
 SM100 = Abi(_sm100_fwd, _sm90_tile_cumsum, _sm90_combine, _blocks_to_batch, blackwell=True,
             mla_fwd=_sm100_mla_fwd)
 _ABIS: dict[str, Abi] = {"sm90": SM90, "sm100": SM100, "sm103": SM100}
+# stores built from vLLM's FA4 copy (toolchain fa4_abi "vllm"; its tile cumsum takes upstream's)
+SM90_VLLM = Abi(_vllm_sm90_fwd, _sm90_tile_cumsum, _vllm_combine)
+_SOURCE_ABIS: dict[tuple[str, str], Abi] = {("sm90", "vllm"): SM90_VLLM}
 
 
 def register(arch: str, abi: Abi) -> None:
@@ -206,7 +241,15 @@ def register(arch: str, abi: Abi) -> None:
     _ABIS[arch] = abi
 
 
-def abi_for(arch: str) -> Abi:
+def abi_for(arch: str, fa4_abi: str = "upstream") -> Abi:
+    """How `arch`'s artifacts built from an FA4 source of ABI `fa4_abi` (the store's toolchain)
+    are called."""
+    if fa4_abi != "upstream":
+        try:
+            return _SOURCE_ABIS[arch, fa4_abi]
+        except KeyError:
+            raise UnsupportedVariant(
+                f"the fa4aot runtime knows no {fa4_abi} FA4 kernel ABI for {arch}") from None
     try:
         return _ABIS[arch]
     except KeyError:

@@ -28,7 +28,7 @@ from typing import Any, Callable
 import torch
 
 from fa4aot import settings
-from fa4aot.errors import ArtifactMissing, UnsupportedVariant
+from fa4aot.errors import ArtifactMissing, CorruptArtifact, UnsupportedVariant
 from fa4aot.model import constraints as C
 from fa4aot.model.compile_keys import features, split_kernel_variant
 from fa4aot.model.variants import MlaRefused, Variant
@@ -266,6 +266,7 @@ class Runtime:
         self._split_runs: dict[tuple, Any] = {}
         self._split_scratch = 0  # SplitRuns (scratch holders) in _split_runs
         self._stores: dict[tuple[str, int], list[Store]] = {}
+        self._fa4_abis: dict[Path, str] = {}  # store directory -> its toolchain's fa4_abi
         self._modules: dict[str, tuple[Any, Any, Artifact]] = {}
         self._plans: dict[tuple, Plan] = {}
         # Blackwell native split-KV: split kernels' plans by variant id, float32 partials
@@ -278,6 +279,28 @@ class Runtime:
         if key not in self._stores:
             self._stores[key] = find_serving_store(self.roots, runtime_expectation(arch, num_sms))
         return self._stores[key]
+
+    def fa4_abi(self, arch: str, num_sms: int) -> str:
+        """The FA4 ABI of the stores serving (arch, num_sms): their first's ("upstream" with
+        none). What FA4 can run here follows it (constraints: hd512 and FP8-KV from vLLM's)."""
+        stores = self.stores_for(arch, num_sms)
+        return stores[0].toolchain.get("fa4_abi", "upstream") if stores else "upstream"
+
+    def abi_of(self, art: Artifact) -> str:
+        """The FA4 ABI `art` was built for: its store's toolchain's (read once per store)."""
+        d = art.dir.parent.parent  # <fingerprint dir>/artifacts/<id>
+        got = self._fa4_abis.get(d)
+        if got is None:
+            known = [s for ss in self._stores.values() for s in ss if s.dir == d]
+            if known:
+                got = known[0].toolchain.get("fa4_abi", "upstream")
+            else:
+                try:
+                    got = read_toolchain(d).get("fa4_abi", "upstream")
+                except CorruptArtifact:  # (not in a store: a stand-in artifact, upstream's)
+                    got = "upstream"
+            self._fa4_abis[d] = got
+        return got
 
     def find(self, variant: Variant, num_sms: int) -> Artifact | None:
         for store in self.stores_for(variant.arch, num_sms):
@@ -378,7 +401,7 @@ class Runtime:
                         combine,
                         int(comb.get("max_splits", S.MAX_SLOTS)),
                         art,
-                        L.abi_for(arch),
+                        L.abi_for(arch, self.abi_of(art)),
                         fa4aot_merge=name == "merge",
                         meta=meta,
                         q_broadcast=bool(art.record["parts"]["fwd"].get("q_broadcast")),
@@ -434,7 +457,7 @@ class Runtime:
             art = self.find(variant, num_sms)
             if art is None:
                 return None
-            abi = L.abi_for(variant.arch)
+            abi = L.abi_for(variant.arch, self.abi_of(art))
             if not abi.blackwell:
                 if art.id not in self._modules:
                     fwd, helper = self._load(art, "fwd", "tile_cumsum")
@@ -522,7 +545,8 @@ def resolve(rt: Runtime, key: tuple, call: Call) -> Plan | None:
         variant, why = _mla_variant(arch, sms, feat)
     else:
         variant = features(arch=arch, **feat)
-        why = C.unsupported_reason(arch, feat["dtype"], call.head_dim, call.head_dim_v)
+        why = C.unsupported_reason(arch, feat["dtype"], call.head_dim, call.head_dim_v,
+                                   fa4=rt.fa4_abi(arch, sms))
     plan = None if why else rt.plan(variant, sms)
     # FP8 (Blackwell only: refused above elsewhere) pads and folds as bf16 does: both keep the
     # batch and the KV heads, so the (batch, num_kv_heads) descales pass on unchanged, and the

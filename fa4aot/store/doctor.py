@@ -22,7 +22,13 @@ from fa4aot.store.layers import (
     scan_root,
 )
 from fa4aot.store.runtime_lib import find_runtime_lib
-from fa4aot.store.toolchain import _cutlass_libs, _version, mismatches, runtime_expectation
+from fa4aot.store.toolchain import (
+    _cutlass_libs,
+    _version,
+    mismatches,
+    runtime_expectation,
+    source_label,
+)
 
 PACKAGES = ("torch", "apache-tvm-ffi", "nvidia-cutlass-dsl", "flash-attn-4", "platformdirs")
 
@@ -100,6 +106,7 @@ def report(layers: list[Layer] | None = None) -> dict[str, Any]:
                     "arch": s.toolchain.get("arch"),
                     "num_sms": s.toolchain.get("num_sms"),
                     "python": s.toolchain.get("python"),
+                    "fa4_source": source_label(s.toolchain),
                     "artifacts": sum(not isinstance(a, Exception) for _, a in arts),
                     "unreadable": sum(isinstance(a, Exception) for _, a in arts),
                     "corrupt": [f"{d}: {e}" for d, e in corrupt],
@@ -198,7 +205,8 @@ def format_text(r: dict[str, Any]) -> str:
         lines.append(f"  {layer['root']}  [{', '.join(flags)}]")
         for s in layer["stores"]:
             ok = "compatible" if s["compatible"] else "incompatible: " + "; ".join(s["mismatches"])
-            lines.append(f"    {s['dir']}: {s['artifacts']} artifacts, {ok}")
+            lines.append(f"    {s['dir']}: {s['artifacts']} artifacts, FA4 {s['fa4_source']}, "
+                         f"{ok}")
             if s.get("not_run"):
                 lines.append(f"    note: {s['not_run']}")
             if s.get("superseded"):
