@@ -55,8 +55,9 @@ class _Art:
 
 def _calls(pkg):
     """(name, function, args, kwargs) per path, and the variants the stand-in store holds."""
-    feats = pkg.variants.features
-    split_v = pkg.variants.split_kernel_variant
+    keys = getattr(pkg, "variants", None) or pkg.model.compile_keys  # flat layout or stages
+    feats = keys.features
+    split_v = keys.split_kernel_variant
     g = torch.Generator().manual_seed(0)
 
     def r(*s):
@@ -141,8 +142,11 @@ def _calls(pkg):
 def setup(pkg_name: str):
     """Import `pkg_name` (fa4aot or fa4aot_base), point its runtime at the stand-in store."""
     pkg = importlib.import_module(pkg_name)
-    for m in ("variants", "runtime", "split"):
-        importlib.import_module(f"{pkg_name}.{m}")
+    for m in ("model.compile_keys", "runtime", "policy.split", "variants", "split"):
+        try:  # the modules of either layout (flat, or one folder per stage)
+            importlib.import_module(f"{pkg_name}.{m}")
+        except ModuleNotFoundError:
+            pass
     R = pkg.runtime
     cases, have = _calls(pkg)
     ids = {v.id for v in have}

@@ -144,7 +144,7 @@ class _Installed:
             arch, num_sms = _device_arch()
         self.arch = arch
         sms = num_sms
-        for store in find_serving_store(roots, runtime_expectation(arch, sms)):
+        for store in find_serving_store(roots, runtime_expectation(arch, sms, compiler=True)):
             for _, art in store.iter_artifacts():
                 if isinstance(art, Exception) or art.record.get("stub"):
                     continue

@@ -38,6 +38,7 @@ from fa4aot.runtime import splitkv as SK
 from fa4aot.runtime import validate as V
 from fa4aot.runtime.plan import Runtime
 from fa4aot.runtime.validate import _prep
+from fa4aot.runtime.vllm_abi import FP8_KV as _FP8_KV
 
 # The decode/prefill choice depends on the query length only up to the largest tile_m (192):
 # plan-cache keys clamp it there, so prefill calls of every length share one entry.
@@ -236,7 +237,10 @@ def flash_attn_varlen_func(
     served from a store built with `fa4aot build --fa4 vllm` (sm90, pages of the kernel's
     tile_n: 64 at head dim 512); out in q's dtype (runtime/fp8kv.py).
     """
-    if FK.is_fp8_kv(q, k, v, fp8_kv_dequant):
+    # is_fp8_kv only where it can be: a call per decode step costs host time
+    if (fp8_kv_dequant or getattr(k, "dtype", None) in _FP8_KV) and FK.is_fp8_kv(
+        q, k, v, fp8_kv_dequant
+    ):
         return FK.varlen(
             _DEFAULT or default_runtime(), q, k, v, cu_seqlens_q, max_seqlen_q, seqused_k,
             page_table, softmax_scale, causal, window_size, learnable_sink, return_lse, out,

@@ -222,3 +222,22 @@ print(fa4aot.supported_block_sizes('sm90', 'bfloat16', 128))
     _run(runtime, f"python -c {shlex.quote(check)}", rt_env)
     _run(runtime, "fa4aot doctor --json > /dev/null || test $? -eq 1", rt_env)
     assert log.read_text() == "", f"the runtime stage imported the compiler:\n{log.read_text()}"
+
+
+def test_vllm_dockerfile_builds_in_the_engine_image_from_its_fa4_copy():
+    """docs/container/Dockerfile.vllm: the engine's image is both stages (its pins build the
+    store that it serves), the build compiles from vLLM's FA4 copy, and the serving stage never
+    compiles. The `--fa4 vllm` build itself is tested in tests/fa4/test_fa4_source_build.py."""
+    text = (ROOT / "docs" / "container" / "Dockerfile.vllm").read_text()
+    froms = re.findall(r"^FROM (\S+) AS (\w+)$", text, re.MULTILINE)
+    assert froms == [("${VLLM_IMAGE}", "build"), ("${VLLM_IMAGE}", "runtime")]
+    assert re.search(r"^ARG VLLM_IMAGE=vllm/vllm-openai:v0\.33\.0$", text, re.MULTILINE)
+    st = stages(text)
+    (build_cmd,) = [a for i, a in st["build"] if i == "RUN" and a.startswith("fa4aot build")]
+    assert "--fa4 vllm" in build_cmd and "--arch sm90" in build_cmd
+    pips = [a for s in st.values() for i, a in s if i == "RUN" and "pip install" in a]
+    # fa4aot alone: the image's torch, tvm-ffi and CuTe DSL stay (pyproject's ranges admit them)
+    assert pips and all("[build]" not in a and "torch" not in a for a in pips)
+    env = dict(a.split("=", 1) for i, a in st["runtime"] if i == "ENV")
+    assert env["FA4AOT_ON_MISS"] == "error"
+    assert not any(i == "RUN" and a.startswith("fa4aot build") for i, a in st["runtime"])

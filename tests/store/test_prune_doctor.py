@@ -21,11 +21,11 @@ N_TINY = 8
 def root(tmp_path, monkeypatch):
     spec = write_spec(tmp_path)
     store, _ = build_stub(tmp_path / "root", spec, monkeypatch)
-    # a store of another toolchain (an older FA4) next to it
+    # a store of another toolchain (tvm-ffi of another ABI series) next to it
     import fa4aot.build.builder as B
 
     real = B.build_toolchain
-    monkeypatch.setattr(B, "build_toolchain", lambda *a: dict(real(*a), fa4="4.0.0b1"))
+    monkeypatch.setattr(B, "build_toolchain", lambda *a, **k: dict(real(*a, **k), tvm_ffi="0.2.0"))
     old, _ = build_stub(tmp_path / "root", spec, monkeypatch)
     monkeypatch.setattr(B, "build_toolchain", real)
     assert old.dir != store.dir
@@ -51,7 +51,7 @@ def test_keep_current_removes_other_toolchains(root):
     r, store, old = root
     actions = P.plan(r, keep=["CURRENT"])
     assert [(a.kind, a.path) for a in actions] == [("store", str(old.dir))]
-    assert "fa4=4.0.0b1" in actions[0].reason and actions[0].bytes > 0
+    assert "tvm_ffi=0.2.0" in actions[0].reason and actions[0].bytes > 0
     rows = P.execute(r, actions)
     assert [x["status"] for x in rows] == ["removed"]
     assert [s.dir for s in stores_at(r)] == [store.dir]
@@ -171,7 +171,7 @@ def test_doctor_reports_layers_and_compatibility(root, tmp_path):
     assert by_dir[store.dir.name]["compatible"] is True
     assert by_dir[store.dir.name]["artifacts"] == N_TINY
     assert by_dir[old.dir.name]["compatible"] is False
-    assert any("fa4" in m for m in by_dir[old.dir.name]["mismatches"])
+    assert any("tvm_ffi" in m for m in by_dir[old.dir.name]["mismatches"])
     assert doc["layers"][1]["exists"] is False
     assert res.returncode == (1 if doc["problems"] else 0)
     text = cli("doctor", env=env)

@@ -644,7 +644,11 @@ def test_runtime_expectation_names_every_installed_version(monkeypatch):
         "apache-tvm-ffi": "0.1.15.post2",
     }
     monkeypatch.setattr(S, "_version", vers.get)
+    # fa4aot's runtime imports neither FA4 nor the compiler: only tvm-ffi's ABI series counts
     exp = S.runtime_expectation("sm90", 114)
+    assert "fa4" not in exp and "cutlass_dsl" not in exp and "tvm_ffi" not in exp
+    assert exp["tvm_ffi_abi"] == "0.1" and exp["cutlass_libs"] == "cu13"
+    exp = S.runtime_expectation("sm90", 114, compiler=True)  # install(): FA4's own compiles
     assert {k: exp[k] for k in ("fa4", "cutlass_dsl", "cutlass_libs", "tvm_ffi", "num_sms")} == {
         "fa4": "4.0.0b36",
         "cutlass_dsl": "4.8.1",
