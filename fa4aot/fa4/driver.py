@@ -17,7 +17,7 @@ from typing import Any
 
 from fa4aot.build.mla import MlaCall
 from fa4aot.fa4 import cubin
-from fa4aot.fa4.keys import _record_softcaps, key_repr
+from fa4aot.fa4.keys import _record_softcaps, key_repr, trace_caches
 from fa4aot.model import constraints as C
 from fa4aot.model.compile_keys import Call
 from fa4aot.store import runtime_lib
@@ -243,24 +243,7 @@ def trace(call: Call, compiles: list | None = None) -> dict[str, list[tuple[Any,
         from fa4aot.fa4 import vllm_copy
 
         return vllm_copy.trace(_fa4()[1], call, compiles)
-    import cutlass.cute as cute
-
-    caches = _caches()
-    for c in caches.values():
-        c.clear()
-    real = cute.compile
-    if compiles is not None:
-        def spy(*a, **k):
-            compiles.append((a, k))
-            return real(*a, **k)
-
-        cute.compile = spy
-    try:
-        fake_call(call)
-    finally:
-        cute.compile = real
-    return {n: list(c.cache.items()) for n, c in caches.items()}
-
+    return trace_caches(_caches(), lambda: fake_call(call), compiles)
 
 
 def runtime_library_dirs() -> list[str]:

@@ -155,3 +155,24 @@ def _combine_fields(rendered: str):
     return (*f[:4], *f[5:7], *f[8:]), int(f[7])
 
 
+def trace_caches(caches: dict, run, compiles: list | None = None) -> dict[str, list]:
+    """Clear FA4's compile `caches` ({name: cached function}), call `run()` (an entry point
+    driven under FakeTensorMode), and return {name: [(key, compiled fn)]} of what it compiled.
+    compiles: receives the (args, kwargs) of every cute.compile meanwhile."""
+    import cutlass.cute as cute
+
+    for c in caches.values():
+        c.clear()
+    real = cute.compile
+    if compiles is not None:
+        def spy(*a, **kw):
+            compiles.append((a, kw))
+            return real(*a, **kw)
+
+        cute.compile = spy
+    try:
+        run()
+    finally:
+        cute.compile = real
+    return {n: list(c.cache.items()) for n, c in caches.items()}
+

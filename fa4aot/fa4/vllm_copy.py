@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from fa4aot.fa4 import cubin
-from fa4aot.fa4.keys import _CUTE_DTYPES, key_repr
+from fa4aot.fa4.keys import _CUTE_DTYPES, key_repr, trace_caches
 from fa4aot.model import constraints as C
 from fa4aot.model.abis import ABIS, KeyFields
 from fa4aot.model.variants import Variant
@@ -98,23 +98,7 @@ def fake_call(I, call) -> None:
 def trace(I, call, compiles: list | None = None) -> dict[str, list[tuple[Any, Any]]]:
     """What the copy compiles for `call`: {cache: [(key, compiled fn)]} (caches cleared
     first). compiles: receives the (args, kwargs) of every cute.compile."""
-    import cutlass.cute as cute
-
-    cs = caches(I)
-    for c in cs.values():
-        c.clear()
-    real = cute.compile
-    if compiles is not None:
-        def spy(*a, **k):
-            compiles.append((a, k))
-            return real(*a, **k)
-
-        cute.compile = spy
-    try:
-        fake_call(I, call)
-    finally:
-        cute.compile = real
-    return {n: list(c.cache.items()) for n, c in cs.items()}
+    return trace_caches(caches(I), lambda: fake_call(I, call), compiles)
 
 
 def variant_from_key(key: tuple, arch: str) -> Variant | None:
