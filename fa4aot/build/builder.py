@@ -28,7 +28,8 @@ from fa4aot.build.enumerate import enumerate_variants, merge
 from fa4aot.errors import BuildError, CorruptArtifact
 from fa4aot.model import constraints as C
 from fa4aot.model.compile_keys import Call
-from fa4aot.model.needs import Plan
+from fa4aot.model.abis import ABIS
+from fa4aot.model.needs import Plan, Unsupported
 from fa4aot.model.specs import Spec
 from fa4aot.model.variants import Variant
 from fa4aot.policy.split import MAX_SLOTS
@@ -56,7 +57,27 @@ def plan_for(specs: list[Spec], arch: str, num_sms: int | None = None,
              fa4: str = "upstream") -> Plan:
     """num_sms: the target's SM count (absorbed MLA's route reads it; None: the arch's); fa4:
     the FA4 source's ABI (enumerate_variants)."""
-    return merge([enumerate_variants(s, arch, num_sms, fa4) for s in specs])
+    return _source_limits(merge([enumerate_variants(s, arch, num_sms, fa4) for s in specs]), fa4)
+
+
+def _source_limits(plan: Plan, fa4: str) -> Plan:
+    """`plan` less the needs the source's forward refuses outright (model/abis.py: SGLang's
+    copy asserts bf16 sinks), each such layer reported unsupported once."""
+    sinks = ABIS[fa4].sink_dtypes if fa4 in ABIS else None
+    if sinks is None:
+        return plan
+    keep, seen = [], set()
+    for n in plan.needs:
+        sd = n.variant.sink_dtype
+        if sd is None or sd in sinks:
+            keep.append(n)
+        elif (n.spec, n.layer) not in seen:
+            seen.add((n.spec, n.layer))
+            plan.unsupported.append(Unsupported(
+                n.spec, n.layer, f"{sd} sinks: the {fa4} FA4 source's forward takes "
+                f"{'/'.join(sinks)} sinks only (sink_dtype in the spec)"))
+    plan.needs = keep
+    return plan
 
 
 def _link(obj: Path, so: Path, lib_dirs: list[str]) -> None:
@@ -504,7 +525,9 @@ def superseded(art) -> bool:
     forwards.trace_wide_fold) or, for a packed K, without the wide split kernel (part
     `fwd_wide_split`: constraints.wide_split) or, paged on FA4's cp.async path, without the TMA
     page kernel (part `fwd_tma`: constraints.tma_page), or, paged on sm90, without the
-    packed-rows metadata kernel (part `packed_meta`: kernels.trace_packed_meta), or whose
+    packed-rows metadata kernel (part `packed_meta`: kernels.trace_packed_meta), or, on sm90,
+    without the ragged step's kernels at C.RAGGED_VERSION (parts `ragged_meta`, `ragged_merge`:
+    kernels.trace_ragged), or whose
     kernels are not programmatic dependent launches (parts.fwd.pdl:
     forwards._pdl_secondary), i.e. built before them.
     `fa4aot build` replaces it, as it does a corrupt copy; until then the runtime serves it with
@@ -532,6 +555,10 @@ def superseded(art) -> bool:
     if merge == "merge" and parts.get("merge", {}).get("version") != C.MERGE_VERSION:
         return True  # fa4aot's merge as an earlier fa4aot compiled it (C.MERGE_VERSION)
     want = {merge, "chunk_meta"} | ({"packed_meta"} if v.paged and v.arch == "sm90" else set())
+    if v.arch == "sm90" and merge == "merge" and v.head_dim % 8 == 0:  # (kernels.trace_ragged)
+        if parts.get("ragged_meta", {}).get("version") != C.RAGGED_VERSION:
+            return True
+        want.add("ragged_merge")
     return not want <= set(rec["parts"])
 
 

@@ -1,9 +1,9 @@
-"""fa4aot's own CuTe-DSL kernels: the split-KV merge, the chunk metadata and the packed-rows
-metadata kernels. Their classes are made on first use (`cutlass` loads only then)."""
+"""Tracing fa4aot's own CuTe-DSL kernels (their classes: fa4/cute_kernels.py, imported when
+one compiles, so `cutlass` loads only then): the split-KV merge, the chunk metadata and the
+packed-rows metadata kernels, and the ragged step's metadata and merge."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from fa4aot.fa4.forwards import COMBINE_LOG_MAX_SPLITS
@@ -13,7 +13,6 @@ from fa4aot.model.variants import Variant
 # fa4aot's merge kernel: its key is (name, version, dtype, head dim v, max splits, threads);
 # bump the version (C.MERGE_VERSION, which build.superseded reads) when its code changes
 MERGE_KEY = ("fa4aot_merge", C.MERGE_VERSION)
-_MERGE_CLASS = None
 
 
 def trace_merge(variant: Variant, pdl: bool = True) -> list[tuple[Any, Any]]:
@@ -49,6 +48,8 @@ def trace_merge(variant: Variant, pdl: bool = True) -> list[tuple[Any, Any]]:
     import cutlass.cute as cute
     from quack.compile_utils import make_fake_tensor
 
+    from fa4aot.fa4 import cute_kernels as K
+
     dt = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}[variant.dtype]
     key = (*MERGE_KEY, variant.dtype, dv, max_splits, threads)
     sym = cute.sym_int
@@ -61,7 +62,7 @@ def trace_merge(variant: Variant, pdl: bool = True) -> list[tuple[Any, Any]]:
         make_fake_tensor(dt, (batch, seqlen, nh, dv), divisibility=div),
         make_fake_tensor(f32, (batch, seqlen, nh), divisibility=1, leading_dim=None),
     )
-    kernel = _merge_class()(dt, dv, max_splits, threads, pdl)
+    kernel = K.SplitMerge(dt, dv, max_splits, threads, pdl)
     fn = cute.compile(
         kernel, *args, cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
         options="--enable-tvm-ffi",
@@ -69,115 +70,9 @@ def trace_merge(variant: Variant, pdl: bool = True) -> list[tuple[Any, Any]]:
     return [(key, fn)]
 
 
-def _merge_class():
-    """The merge kernel's class, defined on first use (cutlass is imported only here)."""
-    global _MERGE_CLASS
-    if _MERGE_CLASS is not None:
-        return _MERGE_CLASS
-
-    import cutlass
-    import cutlass.cute as cute
-    from cutlass import Float32
-
-    log2_e = math.log2(math.e)
-    vec = 8  # columns per thread: one 16-byte load of 2-byte partials
-
-    class SplitMerge:
-        def __init__(self, dtype, dv: int, max_splits: int, threads: int, pdl: bool):
-            self.dtype, self.dv, self.max_splits, self.threads = dtype, dv, max_splits, threads
-            self.pdl = pdl
-            self.lanes = dv // vec
-            self.groups = threads // self.lanes
-            self.warps = threads // 32
-
-        def smem_bytes(self) -> int:
-            return 4 * (self.max_splits + 2 * self.warps + self.dv * self.groups) + 64
-
-        @cute.jit
-        # (no annotations: under `from __future__ import annotations` the DSL would evaluate
-        # "cute.Tensor" in this module's globals, where cute is not imported)
-        def __call__(self, mOp, mLp, mO, mLSE, stream):
-            self.kernel(mOp, mLp, mO, mLSE).launch(
-                grid=[mO.shape[2], mO.shape[1], mO.shape[0]], block=[self.threads, 1, 1],
-                smem=self.smem_bytes(), stream=stream, use_pdl=self.pdl,
-            )
-
-        @cute.jit
-        def block_reduce(self, x, sbuf, tidx, is_max: cutlass.Constexpr):
-            """The max (is_max) or the sum of x over the CTA's threads: each warp's, through
-            shared memory (sbuf: one slot per warp), combined in warp order by every thread."""
-            warp, lane = tidx // 32, tidx % 32
-            if cutlass.const_expr(is_max):
-                w = cute.arch.warp_reduction_max(x)
-            else:
-                w = cute.arch.warp_reduction_sum(x)
-            if lane == 0:
-                sbuf[warp] = w
-            cute.arch.sync_threads()
-            r = sbuf[0]
-            for i in cutlass.range_constexpr(1, self.warps):
-                if cutlass.const_expr(is_max):
-                    r = cute.arch.fmax(r, sbuf[i])
-                else:
-                    r = r + sbuf[i]
-            return r
-
-        @cute.kernel
-        def kernel(self, mOp, mLp, mO, mLSE):
-            if cutlass.const_expr(self.pdl):  # launched early: wait for the chunks' grid
-                cute.arch.griddepcontrol_wait()
-            tidx, _, _ = cute.arch.thread_idx()
-            h, m, b = cute.arch.block_idx()  # one CTA per (head, query row, batch)
-            n = mOp.shape[0]
-            smem = cutlass.memory.SmemAllocator()
-            sScale = smem.allocate_tensor(Float32, cute.make_layout(self.max_splits),
-                                          byte_alignment=16)
-            sMax = smem.allocate_tensor(Float32, cute.make_layout(self.warps), byte_alignment=16)
-            sSum = smem.allocate_tensor(Float32, cute.make_layout(self.warps), byte_alignment=16)
-            sAcc = smem.allocate_tensor(Float32, cute.make_layout((self.dv, self.groups)),
-                                        byte_alignment=16)
-            # 1. the row's LSE over its chunks, each chunk's scale exp(lse_s - lse)
-            lse = -Float32.inf
-            if tidx < n:
-                lse = mLp[tidx, b, m, h]
-            mx = self.block_reduce(lse, sMax, tidx, True)
-            mx_cur = 0.0 if mx == -Float32.inf else mx  # every chunk empty
-            e = cute.math.exp2(lse * log2_e - mx_cur * log2_e, fastmath=True)
-            tot = self.block_reduce(e, sSum, tidx, False)
-            inv = 0.0 if (tot == 0.0 or tot != tot) else 1.0 / tot
-            if tidx < n:
-                sScale[tidx] = e * inv
-            if tidx == 0:
-                mLSE[b, m, h] = cute.math.log(tot, fastmath=True) + mx
-            cute.arch.sync_threads()
-            # 2. thread (group g, lane l): columns [8l, 8l + 8) of chunks g, g + groups, ...
-            lane_c = tidx % self.lanes
-            g = tidx // self.lanes
-            acc = cute.make_rmem_tensor((vec,), Float32)
-            acc.fill(0.0)
-            frag = cute.make_rmem_tensor((vec,), self.dtype)
-            for s in cutlass.range(g, n, self.groups, unroll=4):
-                sc = sScale[s]
-                cute.autovec_copy(cute.local_tile(mOp[s, b, m, h, None], (vec,), (lane_c,)), frag)
-                if sc > 0.0:  # (an empty chunk's partial is not read into the sum)
-                    acc.store(acc.load() + sc * frag.load().to(Float32))
-            for i in cutlass.range_constexpr(vec):
-                sAcc[lane_c * vec + i, g] = acc[i]
-            cute.arch.sync_threads()
-            # 3. the groups' sums, a column per thread (dv may exceed the threads)
-            for c in cutlass.range(tidx, self.dv, self.threads):
-                o = sAcc[c, 0]
-                for j in cutlass.range_constexpr(1, self.groups):
-                    o = o + sAcc[c, j]
-                mO[b, m, h, c] = o.to(self.dtype)
-
-    _MERGE_CLASS = SplitMerge
-    return SplitMerge
-
 
 # fa4aot's chunk metadata kernel: (name, version, form); bump the version when its code changes
 CHUNK_META_KEY = ("fa4aot_chunk_meta", 1)
-_CHUNK_META_CLASS = None
 
 
 def trace_chunk_meta(variant: Variant) -> list[tuple[Any, Any]]:
@@ -199,6 +94,8 @@ def trace_chunk_meta(variant: Variant) -> list[tuple[Any, Any]]:
     import cutlass.cute as cute
     from quack.compile_utils import make_fake_tensor
 
+    from fa4aot.fa4 import cute_kernels as K
+
     form = "lengths" if variant.paged else "bounds"
     sym = cute.sym_int
     i32 = cutlass.Int32
@@ -207,63 +104,15 @@ def trace_chunk_meta(variant: Variant) -> list[tuple[Any, Any]]:
     dst = make_fake_tensor(i32, (b if variant.paged else sym(), m), divisibility=1,
                            leading_dim=None)
     fn = cute.compile(
-        _chunk_meta_class()(variant.paged), src, dst, i32(0), i32(0), i32(0), i32(0),
+        K.ChunkMeta(variant.paged), src, dst, i32(0), i32(0), i32(0), i32(0),
         cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True), options="--enable-tvm-ffi",
     )
     return [((*CHUNK_META_KEY, form), fn)]
 
 
-def _chunk_meta_class():
-    """The chunk metadata kernel's class, defined on first use (cutlass is imported only here)."""
-    global _CHUNK_META_CLASS
-    if _CHUNK_META_CLASS is not None:
-        return _CHUNK_META_CLASS
-    import cutlass
-    import cutlass.cute as cute
-
-    class ChunkMeta:
-        threads = 128
-
-        def __init__(self, lengths: bool):
-            self.lengths = lengths
-
-        # (no annotations: see _merge_class)
-        @cute.jit
-        def __call__(self, mSrc, mDst, chunk, slots, rows, causal, stream):
-            total = mDst.shape[0] * mDst.shape[1]
-            self.kernel(mSrc, mDst, chunk, slots, rows, causal).launch(
-                grid=[cute.ceil_div(total, self.threads), 1, 1], block=[self.threads, 1, 1],
-                stream=stream,
-            )
-
-        @cute.kernel
-        def kernel(self, mSrc, mDst, chunk, slots, rows, causal):
-            tidx, _, _ = cute.arch.thread_idx()
-            bidx, _, _ = cute.arch.block_idx()
-            idx = bidx * self.threads + tidx
-            m = mDst.shape[1]
-            if idx < mDst.shape[0] * m:
-                i = idx // m
-                t = idx - i * m
-                if cutlass.const_expr(self.lengths):
-                    r = t // slots
-                    off = (t - r * slots) * chunk
-                    if causal != 0:
-                        off = off + rows - 1 - r
-                    mDst[i, t] = cutlass.max(cutlass.min(mSrc[i] - off, chunk), 0)
-                else:
-                    v = mSrc[i] + t * chunk
-                    if i < mDst.shape[0] - 1:
-                        v = cutlass.min(v, mSrc[i + 1])
-                    mDst[i, t] = v
-
-    _CHUNK_META_CLASS = ChunkMeta
-    return ChunkMeta
-
 
 # fa4aot's packed-rows metadata kernel: (name, version); bump the version when its code changes
 PACKED_META_KEY = ("fa4aot_packed_meta", 1)
-_PACKED_META_CLASS = None
 
 
 def trace_packed_meta(variant: Variant) -> list[tuple[Any, Any]]:
@@ -283,6 +132,8 @@ def trace_packed_meta(variant: Variant) -> list[tuple[Any, Any]]:
     import cutlass.cute as cute
     from quack.compile_utils import make_fake_tensor
 
+    from fa4aot.fa4 import cute_kernels as K
+
     if not variant.paged:
         raise RuntimeError("the packed-rows metadata kernel is for a paged K's split kernel")
     sym = cute.sym_int
@@ -293,51 +144,76 @@ def trace_packed_meta(variant: Variant) -> list[tuple[Any, Any]]:
         return make_fake_tensor(i32, shape, divisibility=1, leading_dim=None)  # (any stride)
 
     fn = cute.compile(
-        _packed_meta_class()(), t(b), t(b, sym()), t(b), t(m, 2), t(m), i32(0), i32(0),
+        K.PackedMeta(), t(b), t(b, sym()), t(b), t(m, 2), t(m), i32(0), i32(0),
         cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True), options="--enable-tvm-ffi",
     )
     return [(PACKED_META_KEY, fn)]
 
 
-def _packed_meta_class():
-    """The packed-rows metadata kernel's class, defined on first use (cutlass is imported only
-    here)."""
-    global _PACKED_META_CLASS
-    if _PACKED_META_CLASS is not None:
-        return _PACKED_META_CLASS
+# the ragged step's kernels (policy/ragged.py): (name, version, ...); bump the version when
+# their code changes (build.superseded reads C.RAGGED_VERSION)
+RAGGED_META_KEY = ("fa4aot_ragged_meta", C.RAGGED_VERSION)
+RAGGED_MERGE_KEY = ("fa4aot_ragged_merge", C.RAGGED_VERSION)
+
+
+def trace_ragged(variant: Variant) -> dict[str, list[tuple[Any, Any]]]:
+    """Compile the ragged step's metadata kernel and merge for `variant` (an sm90 split chunk
+    kernel whose head dim fa4aot's merge has a thread layout for), as parts `ragged_meta` and
+    `ragged_merge`; {} otherwise. The runtime (runtime/ragged.py) calls them as
+
+    - `ragged_meta(lengths, table, q, q_v, out_v, table_v, first, n, align, page)`: paged K:
+      lengths the caller's seqused_k (b,), table its page table (b, P), out_v (entries,) each
+      entry's keys, table_v (entries, pages); packed K: lengths its cu_seqlens_k (b + 1,),
+      out_v (entries + 1,) the entries' bounds, table and table_v None; q (b, hq, d) with
+      16-byte aligned rows, q_v (entries, hq, d), first (b + 1,): int32 tensors (any strides
+      but q's last), then three int32s;
+    - `ragged_merge(out_partial, lse_partial, first, sink, out, lse)`: partials (entries,
+      rows, heads, dv) in the variant's dtype and (entries, rows, heads) float32, first
+      (b + 1,) int32, sink (rows, heads) float32 (-inf: none), out (b, rows, heads, dv), lse
+      (b, rows, heads) float32; any strides but a contiguous dv."""
+    v = variant
+    max_splits = 1 << COMBINE_LOG_MAX_SPLITS
+    threads = C.merge_threads(v.head_dim_v, max_splits)
+    if v.arch != "sm90" or threads is None or v.head_dim % 8:
+        return {}
     import cutlass
     import cutlass.cute as cute
+    from quack.compile_utils import make_fake_tensor
 
-    class PackedMeta:
-        threads = 128
+    from fa4aot.fa4 import cute_kernels as K
 
-        # (no annotations: see _merge_class)
-        @cute.jit
-        def __call__(self, mUsed, mTable, mUsedA, mTT, mTL, rows, page, stream):
-            self.kernel(mUsed, mTable, mUsedA, mTT, mTL, rows, page).launch(
-                grid=[cute.ceil_div(mTL.shape[0], self.threads), 1, 1],
-                block=[self.threads, 1, 1], stream=stream,
-            )
+    dt = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}[v.dtype]
+    sym, i32, f32 = cute.sym_int, cutlass.Int32, cutlass.Float32
+    div = 128 // dt.width  # 16-byte aligned rows
 
-        @cute.kernel
-        def kernel(self, mUsed, mTable, mUsedA, mTT, mTL, rows, page):
-            tidx, _, _ = cute.arch.thread_idx()
-            bidx, _, _ = cute.arch.block_idx()
-            idx = bidx * self.threads + tidx
-            if idx < mTL.shape[0]:
-                i = idx // rows
-                t = idx - i * rows
-                x = mUsed[i] - (rows - 1)
-                pg = cutlass.max(x, 0) // page
-                tu = pg * page
-                if t == 0:
-                    mUsedA[i] = tu
-                last = mTable.shape[1] - 1
-                mTT[idx, 0] = mTable[i, cutlass.min(pg, last)]
-                mTT[idx, 1] = mTable[i, cutlass.min(pg + 1, last)]
-                mTL[idx] = cutlass.max(x + t - tu, 0)
+    def ints(*shape):
+        return make_fake_tensor(i32, shape, divisibility=1, leading_dim=None)
 
-    _PACKED_META_CLASS = PackedMeta
-    return PackedMeta
-
-
+    b, w, hq = sym(), sym(), sym()
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    if v.paged:
+        lens, table, out_v, table_v = ints(b), ints(b, sym()), ints(w), ints(w, sym())
+    else:
+        lens, table, out_v, table_v = ints(sym()), None, ints(sym()), None
+    meta = cute.compile(
+        K.RaggedMeta(bool(v.paged), dt, v.head_dim), lens, table,
+        make_fake_tensor(dt, (b, hq, v.head_dim), divisibility=div),
+        make_fake_tensor(dt, (w, hq, v.head_dim), divisibility=div), out_v, table_v,
+        ints(sym()), i32(0), i32(0), i32(0), stream, options="--enable-tvm-ffi",
+    )
+    dv = v.head_dim_v
+    e, bb, m, h = sym(), sym(), sym(), sym()
+    merge = cute.compile(
+        K.RaggedMerge(dt, dv, max_splits, threads),
+        make_fake_tensor(dt, (e, m, h, dv), divisibility=div),
+        make_fake_tensor(f32, (e, m, h), divisibility=1, leading_dim=None),
+        ints(sym()), make_fake_tensor(f32, (m, h), divisibility=1, leading_dim=None),
+        make_fake_tensor(dt, (bb, m, h, dv), divisibility=div),
+        make_fake_tensor(f32, (bb, m, h), divisibility=1, leading_dim=None),
+        stream, options="--enable-tvm-ffi",
+    )
+    form = "paged" if v.paged else "packed"
+    return {
+        "ragged_meta": [((*RAGGED_META_KEY, form, v.dtype, v.head_dim), meta)],
+        "ragged_merge": [((*RAGGED_MERGE_KEY, v.dtype, dv, max_splits, threads), merge)],
+    }

@@ -426,6 +426,9 @@ MERGE_MAX_THREADS = 256
 # merge: build.superseded). 2: launched as a programmatic dependent launch, so it launches
 # while the chunk kernel drains and waits in griddepcontrol.wait
 MERGE_VERSION = 2
+# the version of the ragged step's metadata kernel and merge (kernels.trace_ragged; recorded
+# as parts.ragged_meta.version: build.superseded replaces an artifact with another)
+RAGGED_VERSION = 1
 
 
 def merge_threads(head_dim_v: int, max_splits: int) -> int | None:

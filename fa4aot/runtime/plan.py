@@ -13,8 +13,7 @@ no split kernel runs unsplit (`split_kernel` is None).
 
 Plans are cached in `Runtime._plans` by the entry points' key tuples (host-known values only:
 dtypes, dims, head ratio, mask, layout flags, a clamped query length, the device), so a call
-builds its `validate.Call` description and consults the store only the first time its key is
-seen. Split decisions are cached by `Runtime.split_for`; their scratch by `splitkv`.
+builds its `CallFeatures` and consults the store only the first time its key is seen. Split decisions are cached by `Runtime.split_for`; their scratch by `splitkv`.
 """
 
 from __future__ import annotations
@@ -30,13 +29,16 @@ import torch
 from fa4aot import settings
 from fa4aot.errors import ArtifactMissing, CorruptArtifact, UnsupportedVariant
 from fa4aot.model import constraints as C
-from fa4aot.model.compile_keys import features, split_kernel_variant
+from fa4aot.model.compile_keys import CallFeatures, split_kernel_variant
 from fa4aot.model.variants import MlaRefused, Variant
 from fa4aot.policy import split as S
-from fa4aot.policy.select import _call_features, choose, fold_from_env, mla_padded_ratio, nearest
+from fa4aot.policy.ragged import ragged_parts
+from fa4aot.policy.select import (
+    choose, fold_from_env, mla_padded_ratio, nearest, padded_features,
+)
 from fa4aot.runtime import launch as L
 from fa4aot.runtime.blackwell import refusal
-from fa4aot.runtime.validate import DTYPES, Call
+from fa4aot.runtime.validate import DTYPES
 from fa4aot.settings import ON_MISS
 from fa4aot.store import runtime_lib
 from fa4aot.store.layers import Store, default_roots, find_serving_store
@@ -90,6 +92,10 @@ class SplitKernel:
     # a paged K's packed-rows metadata kernel (part `packed_meta`: kernels.trace_packed_meta,
     # runtime/splitruns.PackedRun), None in older artifacts and for a packed K
     packed_meta: Any = None
+    # the ragged step's metadata kernel and merge (parts `ragged_meta`, `ragged_merge`:
+    # kernels.trace_ragged, runtime/ragged.py), None in older artifacts; called as they are
+    ragged_meta: Any = None
+    ragged_merge: Any = None
     launch: Callable = field(init=False)
     merge: Callable = field(init=False)
     chunk_meta: Callable | None = field(init=False)
@@ -143,7 +149,8 @@ class Plan:
     blocks_to_batch: Any = None
     combine: Any = None
     facts: Any = None
-    feat: dict | None = None  # the features of the call that made the plan (split variants)
+    # the features of the call that made the plan (Blackwell's split variants)
+    feat: CallFeatures | None = None
     launch: Callable = field(init=False)  # fwd bound to its ABI (launch.py)
     tile: Callable | None = field(init=False)  # tile_cumsum bound, or None
     b2b: Callable | None = field(init=False)  # blocks_to_batch bound, or None
@@ -386,15 +393,17 @@ class Runtime:
                     tma = S.tma_part(art.record["parts"], page_size)
                     ws = S.wide_part(art.record["parts"], v)
                     bp = S.bounds_part(art.record["parts"])
+                    rg = ("ragged_meta", "ragged_merge") if ragged_parts(
+                        art.record["parts"]) else (None, None)
                     if art.id in self._modules:  # the decode fold loaded it (same tile)
-                        combine, meta, bounds, wide, wide1, tma, ws, pm = self._load(
+                        combine, meta, bounds, wide, wide1, tma, ws, pm, rm, rc = self._load(
                             art, name, "chunk_meta", bp, "fwd_wide", "fwd_wide1", tma,
-                            ws, "packed_meta")
+                            ws, "packed_meta", *rg)
                     else:
-                        fwd, helper, combine, meta, bounds, wide, wide1, tma, ws, pm = (
+                        fwd, helper, combine, meta, bounds, wide, wide1, tma, ws, pm, rm, rc = (
                             self._load(art, "fwd", "tile_cumsum", name, "chunk_meta",
                                        bp, "fwd_wide", "fwd_wide1", tma, ws,
-                                       "packed_meta"))
+                                       "packed_meta", *rg))
                         self._modules[art.id] = (fwd, helper, art)
                     got = SplitKernel(
                         self._modules[art.id][0],
@@ -413,6 +422,8 @@ class Runtime:
                         fwd_wide_split=ws,
                         paged_tma=v.paged_tma is not False,
                         packed_meta=pm,
+                        ragged_meta=rm,
+                        ragged_merge=rc,
                     )
         self._split_kernels[key] = got
         return got
@@ -521,58 +532,57 @@ def hd256_class(rt: Runtime, dev: int, batch: int, hq: int, hk: int) -> int:
     return 1 + (2 * batch * hq <= sms) + 2 * (2 * batch * hk <= sms)
 
 
-def resolve(rt: Runtime, key: tuple, call: Call) -> Plan | None:
-    """The plan serving `call` (exact, else the best fold or padding select.choose finds),
-    cached under `key`; None when nothing serves it (the caller applies the miss policy).
-    Raises UnsupportedVariant for an arch the runtime does not serve, or a call FA4 cannot
-    run that no padded variant serves."""
+def resolve(rt: Runtime, key: tuple, dev: int, padding: bool, feat: CallFeatures) -> Plan | None:
+    """The plan serving the call `feat` on CUDA device `dev` (exact, else, when `padding`
+    allows it, the best fold or padding select.choose finds), cached under `key`; None when
+    nothing serves it (the caller applies the miss policy). Raises UnsupportedVariant for an
+    arch the runtime does not serve, or a call FA4 cannot run that no padded variant serves."""
     plan = rt._plans.get(key)
     if plan is not None:
         return plan
-    arch, sms = rt.device(call.device)
+    arch, sms = rt.device(dev)
     why = C.runtime_unsupported_reason(arch)
     if why:
         raise UnsupportedVariant(why)
-    feat = call.features()
-    if C.is_blackwell(arch):
-        feat["num_sms"] = sms  # hd256 (and MLA's route): FA4's choice reads the SM count
-    fp8 = call.dtype not in DTYPES
-    if fp8 or C.is_blackwell(arch):
-        why = refusal(arch, call, feat)
+    if C.is_blackwell(arch) or feat.qv is not None:
+        # hd256 and MLA's route: FA4's choice reads the SM count
+        feat = replace(feat, num_sms=sms)
+    if feat.dtype not in _PLAIN_DTYPES or C.is_blackwell(arch):
+        why = refusal(arch, feat)
         if why:
             raise UnsupportedVariant(why)
-    if call.qv is not None:
-        variant, why = _mla_variant(arch, sms, feat)
+    if feat.qv is not None:
+        variant, why = _mla_variant(arch, feat)
     else:
-        variant = features(arch=arch, **feat)
-        why = C.unsupported_reason(arch, feat["dtype"], call.head_dim, call.head_dim_v,
+        variant = feat.variant(arch)
+        why = C.unsupported_reason(arch, feat.dtype, feat.head_dim, feat.head_dim_v,
                                    fa4=rt.fa4_abi(arch, sms))
     plan = None if why else rt.plan(variant, sms)
     # FP8 (Blackwell only: refused above elsewhere) pads and folds as bf16 does: both keep the
     # batch and the KV heads, so the (batch, num_kv_heads) descales pass on unchanged, and the
     # bf16 O is cropped like any other (pad.padded, pad.folded)
-    if plan is None and call.padding:
+    if plan is None and padding:
         choices = choose(arch, feat, rt.available(arch, sms), allow_fold=rt.fold)
         if choices:
             inner = rt.plan(choices[0].variant, sms)
             if inner is not None:
                 plan = replace(inner, pad=choices[0])
                 log.debug(
-                    "fa4aot: %s served by %s", _describe(variant, call),
-                    choices[0].describe(variant, call.num_heads // call.num_heads_kv),
+                    "fa4aot: %s served by %s", _describe(variant, feat),
+                    choices[0].describe(variant, feat.ratio),
                 )
     if plan is None and why:
-        if variant is None and call.padding:
+        if variant is None and padding:
             return None  # an MLA ratio FA4 refuses: the miss names the padded kernel (_wanted)
         if variant is None:
-            r = call.num_heads // call.num_heads_kv
-            why += (f"; padding {r} -> {mla_padded_ratio(r)[0]} query heads per latent head "
-                    "would serve it, but padding is denied (padding=False or FA4AOT_PADDING=deny)")
-        raise UnsupportedVariant(f"{_describe(variant, call)}: {why}")
+            why += (f"; padding {feat.ratio} -> {mla_padded_ratio(feat.ratio)[0]} query heads "
+                    "per latent head would serve it, but padding is denied (padding=False or "
+                    "FA4AOT_PADDING=deny)")
+        raise UnsupportedVariant(f"{_describe(variant, feat)}: {why}")
     if plan is None:
         return None  # caller decides (miss policy)
     _, _, plan.window_left, plan.window_right = C.resolve_window(
-        call.causal, call.window_left, call.window_right
+        feat.causal, feat.window_left, feat.window_right
     )
     if plan.abi.blackwell and plan.pad is None:
         plan.feat = feat
@@ -580,55 +590,58 @@ def resolve(rt: Runtime, key: tuple, call: Call) -> Plan | None:
     return plan
 
 
-def _mla_variant(arch: str, sms: int, feat: dict) -> tuple[Variant | None, str | None]:
-    """An absorbed-MLA call's own variant (its route reads the device's SM count, which `feat`
-    gets here, for select.choose too) and, when FA4 refuses the call at its head ratio
-    (MlaRefused: the 2CTA kernel takes ratios dividing 128), (None, FA4's reason): padding
-    serves it. Raises UnsupportedVariant for an MLA call fa4aot does not model (head dims,
-    latent heads, layouts, FP8, windows, sinks...)."""
-    feat["num_sms"] = sms
+# q/k/v dtypes with no FP8 contract to check (validate.DTYPES' names)
+_PLAIN_DTYPES = frozenset(DTYPES.values())
+
+
+def _mla_variant(arch: str, feat: CallFeatures) -> tuple[Variant | None, str | None]:
+    """An absorbed-MLA call's own variant (its route reads feat.num_sms, the device's SM count)
+    and, when FA4 refuses the call at its head ratio (MlaRefused: the 2CTA kernel takes ratios
+    dividing 128), (None, FA4's reason): padding serves it. Raises UnsupportedVariant for an MLA
+    call fa4aot does not model (head dims, latent heads, layouts, FP8, windows, sinks...)."""
     try:
-        return features(arch=arch, **feat), None
+        return feat.variant(arch), None
     except MlaRefused as e:
         return None, str(e)
     except ValueError as e:
         raise UnsupportedVariant(str(e)) from None
 
 
-def _describe(variant: Variant | None, call: Call) -> str:
+def _describe(variant: Variant | None, feat: CallFeatures) -> str:
     if variant is not None:
         return variant.describe()
-    return (f"absorbed MLA, {call.num_heads // call.num_heads_kv} query heads per latent head "
-            f"(hd{call.head_dim}/{call.head_dim_v})")
+    return (f"absorbed MLA, {feat.ratio} query heads per latent head "
+            f"(hd{feat.head_dim}/{feat.head_dim_v})")
 
 
-def _wanted(arch: str, sms: int, call: Call) -> Variant:
+def _wanted(arch: str, sms: int, feat: CallFeatures) -> Variant:
     """The variant a miss asks for: the call's own, or for an MLA call FA4 refuses at its
     ratio, the padded one the builder makes (select.mla_padded_ratio: 20 -> 32, 10 -> 16)."""
-    feat = call.features()
-    if call.qv is None:
-        return features(arch=arch, num_sms=sms, **feat)
-
-    variant, why = _mla_variant(arch, sms, feat)
+    feat = replace(feat, num_sms=sms)
+    if feat.qv is None:
+        return feat.variant(arch)
+    variant, why = _mla_variant(arch, feat)
     if variant is None:
-        r2, _ = mla_padded_ratio(call.num_heads // call.num_heads_kv)
+        r2, _ = mla_padded_ratio(feat.ratio)
         try:
-            variant = features(
-                arch=arch, **_call_features(feat, r2, call.head_dim, call.head_dim_v)
-            )
+            variant = padded_features(feat, r2, feat.head_dim, feat.head_dim_v).variant(arch)
         except MlaRefused:
             raise UnsupportedVariant(why) from None
     return variant
 
 
-def on_miss(rt: Runtime, call: Call, jit_fn: str, args, kwargs, out=None, lse=None):
-    """The miss policy: error raises ArtifactMissing (logged to the miss log); warn and jit
-    log the miss and run FA4's JIT (`fa4.driver.jit_*`), writing the caller's buffers if given."""
-    arch, sms = rt.device(call.device)
-    variant = _wanted(arch, sms, call)
+def on_miss(
+    rt: Runtime, dev: int, padding: bool, feat: CallFeatures, jit_fn: str, args, kwargs,
+    out=None, lse=None,
+):  # fmt: skip
+    """The miss policy for the call `feat` on device `dev`: error raises ArtifactMissing (logged
+    to the miss log); warn and jit log the miss and run FA4's JIT (`fa4.driver.jit_*`), writing
+    the caller's buffers if given."""
+    arch, sms = rt.device(dev)
+    variant = _wanted(arch, sms, feat)
     if rt.on_miss == "error":
-        rt.miss(variant, sms, call.padding)
-    if call.descales:
+        rt.miss(variant, sms, padding)
+    if feat.descales:
         raise UnsupportedVariant(
             f"{variant.describe()}: no artifact, and FA4AOT_ON_MISS={rt.on_miss} cannot compile "
             "it: FA4's public entry points take no descales. Build it: fa4aot build --arch "

@@ -31,6 +31,7 @@ import torch
 
 from fa4aot.model import constraints as C
 from fa4aot.policy import split as S
+from fa4aot.runtime import ragged as RR
 from fa4aot.runtime.launch import guard_page_table
 from fa4aot.runtime.splitruns import (
     FoldRun,
@@ -126,11 +127,19 @@ def split_step(
     if run is None:
         fold = not S.fold_refusal(arch=rt.device(dev)[0], head_dim=d, head_dim_v=dv,
                                   ratio=hq // hk, rows=rows, sink=sink is not None)
-        sp = rt.split_for(dev, q.dtype, b * rows * hk, seqlen_k, d, dv, page_size,
-                          sink is not None, b * rows, fold=fold, one_row=rows == 1)
+        # a batch of one row a sequence over a paged or packed K: split by its real lengths
+        # (policy/ragged.py), where the store has the kernels and the bounds say it matters
+        rk = rows == 1 and kind != "dense" and rt.split_kernel(dev, q.dtype, d, dv, page_size)
+        rg = rk and RR.plan(rt, dev, q.dtype, b, hk, d, dv, S.plan_bucket(seqlen_k), page_size,
+                            sink is not None, rk)
+        sp = None if rg else rt.split_for(
+            dev, q.dtype, b * rows * hk, seqlen_k, d, dv, page_size, sink is not None,
+            b * rows, fold=fold, one_row=rows == 1)
         pk = rows > 1 and _packed_plan(rt, dev, q.dtype, b, rows, hq, hk, d, dv, seqlen_k,
                                        page_size, causal, sink is not None, sp, not dense_pages)
-        if pk:
+        if rg:
+            run = RR.RaggedRun(rk, q, b, hq, hk, d, dv, rg, page_size, varlen_q, ffi=q.is_cuda)
+        elif pk:
             # a graph being captured runs the tail on a side stream (TAIL_STREAM)
             side = TAIL_STREAM and q.is_cuda and _is_capturing()
             run = PackedRun(rt, dev, q, b, rows, hq, hk, d, dv, pk, page_size, causal,
@@ -161,6 +170,9 @@ def split_step(
             k, v = k.view(*run.k_shape), v.view(*run.v_shape)
         except RuntimeError:
             return None  # K/V strided across batch and sequence: no packed view
+    if run.ragged:
+        return RR.ragged_step(run, q, k, v, cu_seqlens_k, seqused_k, page_table, sink,
+                              softmax_scale, out, lse, return_lse)
     if run.packed:
         return _packed_step(run, rt, dev, q, k, v, cu_seqlens_k, seqused_k, page_table,
                             dense_pages, b, seqlen_k, softmax_scale, sink, out, lse, return_lse,

@@ -61,7 +61,7 @@ class FoldRun:
     or a chunk kernel with FA4's own tile (head dims over 128, Blackwell)."""
 
     fold = True
-    packed = False
+    packed = ragged = False
     __slots__ = ("launch", "wide", "scale", "r", "q4", "o4", "k_shape", "v_shape", "cu_k",
                  "cu_k_f", "kl_shape", "kl_stride", "lse_as_is", "lse_scratch", "lse_scratch_f",
                  "lse_rows", "out_shape", "lse_shape")
@@ -110,8 +110,7 @@ class SplitRun:
     scratch buffers, the kernel-facing views of them and every shape the step uses, made once
     per (device, stream, shape) and reused by later steps (see the module docstring)."""
 
-    fold = False
-    packed = False
+    fold = packed = ragged = False
 
     __slots__ = (
         "sp", "chunk", "launch", "merge", "scale", "r", "one_row", "q_broadcast", "q_rows_shape",
@@ -287,6 +286,7 @@ class PackedRun:
 
     fold = False
     packed = True
+    ragged = False
     __slots__ = (
         "bounds", "cu_main_size", "cu_tail_size", "cu_main_f", "cu_tail_f", "k_shape",
         "v_shape",

@@ -1,0 +1,355 @@
+"""fa4aot's own CuTe-DSL kernels (the classes; fa4/kernels.py traces and compiles them): the
+split-KV merge, the chunk and packed-rows metadata kernels, and the ragged step's metadata and
+merge (policy/ragged.py). Imported only by fa4/kernels.py, when it compiles: this module imports
+cutlass."""
+
+from __future__ import annotations
+
+import math
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+
+LOG2_E = math.log2(math.e)
+VEC = 8  # columns per thread: one 16-byte load of 2-byte values
+
+# (no annotations on the jit functions: under `from __future__ import annotations` the DSL
+# would evaluate them as strings)
+
+class SplitMerge:
+    def __init__(self, dtype, dv: int, max_splits: int, threads: int, pdl: bool):
+        self.dtype, self.dv, self.max_splits, self.threads = dtype, dv, max_splits, threads
+        self.pdl = pdl
+        self.lanes = dv // VEC
+        self.groups = threads // self.lanes
+        self.warps = threads // 32
+
+    def smem_bytes(self) -> int:
+        return 4 * (self.max_splits + 2 * self.warps + self.dv * self.groups) + 64
+
+    @cute.jit
+    def __call__(self, mOp, mLp, mO, mLSE, stream):
+        self.kernel(mOp, mLp, mO, mLSE).launch(
+            grid=[mO.shape[2], mO.shape[1], mO.shape[0]], block=[self.threads, 1, 1],
+            smem=self.smem_bytes(), stream=stream, use_pdl=self.pdl,
+        )
+
+    @cute.jit
+    def block_reduce(self, x, sbuf, tidx, is_max: cutlass.Constexpr):
+        """The max (is_max) or the sum of x over the CTA's threads: each warp's, through
+        shared memory (sbuf: one slot per warp), combined in warp order by every thread."""
+        warp, lane = tidx // 32, tidx % 32
+        if cutlass.const_expr(is_max):
+            w = cute.arch.warp_reduction_max(x)
+        else:
+            w = cute.arch.warp_reduction_sum(x)
+        if lane == 0:
+            sbuf[warp] = w
+        cute.arch.sync_threads()
+        r = sbuf[0]
+        for i in cutlass.range_constexpr(1, self.warps):
+            if cutlass.const_expr(is_max):
+                r = cute.arch.fmax(r, sbuf[i])
+            else:
+                r = r + sbuf[i]
+        return r
+
+    @cute.kernel
+    def kernel(self, mOp, mLp, mO, mLSE):
+        if cutlass.const_expr(self.pdl):  # launched early: wait for the chunks' grid
+            cute.arch.griddepcontrol_wait()
+        tidx, _, _ = cute.arch.thread_idx()
+        h, m, b = cute.arch.block_idx()  # one CTA per (head, query row, batch)
+        n = mOp.shape[0]
+        smem = cutlass.memory.SmemAllocator()
+        sScale = smem.allocate_tensor(Float32, cute.make_layout(self.max_splits),
+                                      byte_alignment=16)
+        sMax = smem.allocate_tensor(Float32, cute.make_layout(self.warps), byte_alignment=16)
+        sSum = smem.allocate_tensor(Float32, cute.make_layout(self.warps), byte_alignment=16)
+        sAcc = smem.allocate_tensor(Float32, cute.make_layout((self.dv, self.groups)),
+                                    byte_alignment=16)
+        # 1. the row's LSE over its chunks, each chunk's scale exp(lse_s - lse)
+        lse = -Float32.inf
+        if tidx < n:
+            lse = mLp[tidx, b, m, h]
+        mx = self.block_reduce(lse, sMax, tidx, True)
+        mx_cur = 0.0 if mx == -Float32.inf else mx  # every chunk empty
+        e = cute.math.exp2(lse * LOG2_E - mx_cur * LOG2_E, fastmath=True)
+        tot = self.block_reduce(e, sSum, tidx, False)
+        inv = 0.0 if (tot == 0.0 or tot != tot) else 1.0 / tot
+        if tidx < n:
+            sScale[tidx] = e * inv
+        if tidx == 0:
+            mLSE[b, m, h] = cute.math.log(tot, fastmath=True) + mx
+        cute.arch.sync_threads()
+        # 2. thread (group g, lane l): columns [8l, 8l + 8) of chunks g, g + groups, ...
+        lane_c = tidx % self.lanes
+        g = tidx // self.lanes
+        acc = cute.make_rmem_tensor((VEC,), Float32)
+        acc.fill(0.0)
+        frag = cute.make_rmem_tensor((VEC,), self.dtype)
+        for s in cutlass.range(g, n, self.groups, unroll=4):
+            sc = sScale[s]
+            cute.autovec_copy(cute.local_tile(mOp[s, b, m, h, None], (VEC,), (lane_c,)), frag)
+            if sc > 0.0:  # (an empty chunk's partial is not read into the sum)
+                acc.store(acc.load() + sc * frag.load().to(Float32))
+        for i in cutlass.range_constexpr(VEC):
+            sAcc[lane_c * VEC + i, g] = acc[i]
+        cute.arch.sync_threads()
+        # 3. the groups' sums, a column per thread (dv may exceed the threads)
+        for c in cutlass.range(tidx, self.dv, self.threads):
+            o = sAcc[c, 0]
+            for j in cutlass.range_constexpr(1, self.groups):
+                o = o + sAcc[c, j]
+            mO[b, m, h, c] = o.to(self.dtype)
+
+
+class ChunkMeta:
+    threads = 128
+
+    def __init__(self, lengths: bool):
+        self.lengths = lengths
+    @cute.jit
+    def __call__(self, mSrc, mDst, chunk, slots, rows, causal, stream):
+        total = mDst.shape[0] * mDst.shape[1]
+        self.kernel(mSrc, mDst, chunk, slots, rows, causal).launch(
+            grid=[cute.ceil_div(total, self.threads), 1, 1], block=[self.threads, 1, 1],
+            stream=stream,
+        )
+
+    @cute.kernel
+    def kernel(self, mSrc, mDst, chunk, slots, rows, causal):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        idx = bidx * self.threads + tidx
+        m = mDst.shape[1]
+        if idx < mDst.shape[0] * m:
+            i = idx // m
+            t = idx - i * m
+            if cutlass.const_expr(self.lengths):
+                r = t // slots
+                off = (t - r * slots) * chunk
+                if causal != 0:
+                    off = off + rows - 1 - r
+                mDst[i, t] = cutlass.max(cutlass.min(mSrc[i] - off, chunk), 0)
+            else:
+                v = mSrc[i] + t * chunk
+                if i < mDst.shape[0] - 1:
+                    v = cutlass.min(v, mSrc[i + 1])
+                mDst[i, t] = v
+
+
+class PackedMeta:
+    threads = 128
+    @cute.jit
+    def __call__(self, mUsed, mTable, mUsedA, mTT, mTL, rows, page, stream):
+        self.kernel(mUsed, mTable, mUsedA, mTT, mTL, rows, page).launch(
+            grid=[cute.ceil_div(mTL.shape[0], self.threads), 1, 1],
+            block=[self.threads, 1, 1], stream=stream,
+        )
+
+    @cute.kernel
+    def kernel(self, mUsed, mTable, mUsedA, mTT, mTL, rows, page):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        idx = bidx * self.threads + tidx
+        if idx < mTL.shape[0]:
+            i = idx // rows
+            t = idx - i * rows
+            x = mUsed[i] - (rows - 1)
+            pg = cutlass.max(x, 0) // page
+            tu = pg * page
+            if t == 0:
+                mUsedA[i] = tu
+            last = mTable.shape[1] - 1
+            mTT[idx, 0] = mTable[i, cutlass.min(pg, last)]
+            mTT[idx, 1] = mTable[i, cutlass.min(pg + 1, last)]
+            mTL[idx] = cutlass.max(x + t - tu, 0)
+
+
+class RaggedMerge(SplitMerge):
+    """The ragged step's merge (policy/ragged.py): SplitMerge's arithmetic over a variable
+    number of entries a sequence, entries first[b] .. first[b + 1] - 1 of partials laid out
+    (entry, rows, heads, dv) / (entry, rows, heads), and sink (rows, heads): one more LSE
+    term with no output (a learnable sink's logit, counted once as FA4 does; -inf: none).
+    Threads >= max_splits > a sequence's entries."""
+
+    def __init__(self, dtype, dv: int, max_splits: int, threads: int):
+        super().__init__(dtype, dv, max_splits, threads, pdl=False)
+
+    @cute.jit
+    def __call__(self, mOp, mLp, mFirst, mSink, mO, mLSE, stream):
+        self.kernel(mOp, mLp, mFirst, mSink, mO, mLSE).launch(
+            grid=[mO.shape[2], mO.shape[1], mO.shape[0]], block=[self.threads, 1, 1],
+            smem=self.smem_bytes(), stream=stream,
+        )
+
+    @cute.kernel
+    def kernel(self, mOp, mLp, mFirst, mSink, mO, mLSE):
+        tidx, _, _ = cute.arch.thread_idx()
+        h, m, b = cute.arch.block_idx()  # one CTA per (head, query row, sequence)
+        s0 = mFirst[b]
+        n = mFirst[b + 1] - s0
+        smem = cutlass.memory.SmemAllocator()
+        sScale = smem.allocate_tensor(Float32, cute.make_layout(self.max_splits),
+                                      byte_alignment=16)
+        sMax = smem.allocate_tensor(Float32, cute.make_layout(self.warps), byte_alignment=16)
+        sSum = smem.allocate_tensor(Float32, cute.make_layout(self.warps), byte_alignment=16)
+        sAcc = smem.allocate_tensor(Float32, cute.make_layout((self.dv, self.groups)),
+                                    byte_alignment=16)
+        lse = -Float32.inf
+        if tidx < n:
+            lse = mLp[s0 + tidx, m, h]
+        if tidx == n:
+            lse = mSink[m, h]
+        mx = self.block_reduce(lse, sMax, tidx, True)
+        mx_cur = 0.0 if mx == -Float32.inf else mx  # no entry (and no sink)
+        e = cute.math.exp2(lse * LOG2_E - mx_cur * LOG2_E, fastmath=True)
+        tot = self.block_reduce(e, sSum, tidx, False)
+        inv = 0.0 if (tot == 0.0 or tot != tot) else 1.0 / tot
+        if tidx < n:
+            sScale[tidx] = e * inv
+        if tidx == 0:
+            mLSE[b, m, h] = cute.math.log(tot, fastmath=True) + mx
+        cute.arch.sync_threads()
+        lane_c = tidx % self.lanes
+        g = tidx // self.lanes
+        acc = cute.make_rmem_tensor((VEC,), Float32)
+        acc.fill(0.0)
+        frag = cute.make_rmem_tensor((VEC,), self.dtype)
+        for s in cutlass.range(g, n, self.groups, unroll=4):
+            sc = sScale[s]
+            cute.autovec_copy(cute.local_tile(mOp[s0 + s, m, h, None], (VEC,), (lane_c,)), frag)
+            if sc > 0.0:  # (an empty entry's partial is not read into the sum)
+                acc.store(acc.load() + sc * frag.load().to(Float32))
+        for i in cutlass.range_constexpr(VEC):
+            sAcc[lane_c * VEC + i, g] = acc[i]
+        cute.arch.sync_threads()
+        for c in cutlass.range(tidx, self.dv, self.threads):
+            o = sAcc[c, 0]
+            for j in cutlass.range_constexpr(1, self.groups):
+                o = o + sAcc[c, j]
+            mO[b, m, h, c] = o.to(self.dtype)
+
+
+class RaggedMeta:
+    """The ragged step's metadata (policy/ragged.py: its docstring and entry_map are this
+    kernel's arithmetic): one CTA per entry v, each reading every length (b of them) to find
+    the chunk and its own (sequence, chunk); it writes the entry's keys (paged: lengths[v];
+    packed: its first key, cu_v[v], the entries tiling the packed K in order) and page-table
+    row (paged), copies its sequence's q row, and CTA 0 writes first[]."""
+
+    threads = 256
+    warps = threads // 32
+
+    def __init__(self, paged: bool, dtype, head_dim: int):
+        self.paged, self.dtype, self.vecs = paged, dtype, head_dim // VEC
+
+    @cute.jit
+    def __call__(self, mLen, mTable, mQ, mQv, mOut, mTableV, mFirst, n, align, page, stream):
+        self.kernel(mLen, mTable, mQ, mQv, mOut, mTableV, mFirst, n, align, page).launch(
+            grid=[mQv.shape[0], 1, 1], block=[self.threads, 1, 1], stream=stream,
+        )
+
+    @cute.jit
+    def seq_len(self, mLen, i):
+        """Sequence i's keys (negative lengths read as 0)."""
+        if cutlass.const_expr(self.paged):
+            x = mLen[i]
+        else:
+            x = mLen[i + 1] - mLen[i]
+        return cutlass.max(x, 0)
+
+    @cute.jit
+    def block_scan(self, x, sbuf, tidx):
+        """(exclusive prefix sum of x over the CTA's threads in thread order, their total)."""
+        lane, warp = tidx % 32, tidx // 32
+        inc = x
+        for k in cutlass.range_constexpr(5):
+            y = cute.arch.shuffle_sync_up(inc, 1 << k)
+            if lane >= (1 << k):
+                inc = inc + y
+        if lane == 31:
+            sbuf[warp] = inc
+        cute.arch.sync_threads()
+        base = Int32(0)
+        total = Int32(0)
+        for w in cutlass.range_constexpr(self.warps):
+            s = sbuf[w]
+            if w < warp:
+                base = base + s
+            total = total + s
+        cute.arch.sync_threads()  # (sbuf is reused)
+        return base + inc - x, total
+
+    @cute.kernel
+    def kernel(self, mLen, mTable, mQ, mQv, mOut, mTableV, mFirst, n, align, page):
+        tidx, _, _ = cute.arch.thread_idx()
+        v, _, _ = cute.arch.block_idx()
+        entries = mQv.shape[0]
+        smem = cutlass.memory.SmemAllocator()
+        sbuf = smem.allocate_tensor(Int32, cute.make_layout(self.warps), byte_alignment=16)
+        sres = smem.allocate_tensor(Int32, cute.make_layout(2), byte_alignment=16)
+        b = mFirst.shape[0] - 1
+        if tidx == 0:
+            sres[0] = -1
+            sres[1] = 0
+        # each thread owns a contiguous run of sequences, so prefix sums follow thread order
+        per = (b + self.threads - 1) // self.threads
+        lo = cutlass.min(tidx * per, b)
+        hi = cutlass.min(lo + per, b)
+        keys = Int32(0)
+        for i in cutlass.range(lo, hi):
+            keys = keys + self.seq_len(mLen, i)
+        _, total = self.block_scan(keys, sbuf, tidx)
+        c = (total + n - 1) // n
+        c = cutlass.max((c + align - 1) // align * align, align)
+        if cutlass.const_expr(self.paged):
+            c = cutlass.min(c, mTableV.shape[1] * page)  # (lengths over the host's bound)
+        cnt = Int32(0)
+        for i in cutlass.range(lo, hi):
+            cnt = cnt + (self.seq_len(mLen, i) + c - 1) // c
+        f, used = self.block_scan(cnt, sbuf, tidx)
+        for i in cutlass.range(lo, hi):
+            k = (self.seq_len(mLen, i) + c - 1) // c
+            if v == 0:
+                mFirst[i] = cutlass.min(f, entries)
+            if v >= f and v < f + k:
+                sres[0] = i
+                sres[1] = v - f
+            f = f + k
+        if v == 0 and tidx == 0:
+            mFirst[b] = cutlass.min(used, entries)
+        cute.arch.sync_threads()
+        seq = sres[0]
+        start = sres[1] * c
+        if seq >= 0:
+            keys_v = cutlass.min(self.seq_len(mLen, seq) - start, c)
+            if cutlass.const_expr(self.paged):
+                if tidx == 0:
+                    mOut[v] = keys_v
+                # the pages of the entry's 128-key tiles (what the chunk kernel may read)
+                col0 = start // page
+                last = mTable.shape[1] - 1
+                ncol = cutlass.min((keys_v + 127) // 128 * 128 // page, mTableV.shape[1])
+                for t in cutlass.range(tidx, ncol, self.threads):
+                    mTableV[v, t] = mTable[seq, cutlass.min(col0 + t, last)]
+            else:
+                if tidx == 0:
+                    mOut[v] = mLen[seq] + start
+            frag = cute.make_rmem_tensor((VEC,), self.dtype)
+            for e in cutlass.range(tidx, mQ.shape[1] * self.vecs, self.threads):
+                h = e // self.vecs
+                col = e - h * self.vecs
+                cute.autovec_copy(cute.local_tile(mQ[seq, h, None], (VEC,), (col,)), frag)
+                cute.autovec_copy(frag, cute.local_tile(mQv[v, h, None], (VEC,), (col,)))
+        else:
+            if tidx == 0:
+                if cutlass.const_expr(self.paged):
+                    mOut[v] = 0
+                else:
+                    mOut[v] = mLen[b]
+        if cutlass.const_expr(not self.paged):
+            if v == entries - 1 and tidx == 0:
+                mOut[entries] = mLen[b]  # (the last entry's end)

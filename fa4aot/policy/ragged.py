@@ -1,0 +1,108 @@
+"""The length-aware split of a ragged decode batch: equal chunks of keys over the whole batch.
+
+The uniform plan (split.py) picks one chunk count per sequence from the batch size and the
+longest length, so in a ragged batch the long sequence gets too few chunks and the short ones
+get empty ones. Here the host fixes only bounds: `n` chunks of the batch's total keys, hence at
+most `entries` = n + batch pieces (a sequence's last piece may be short), each at most
+`pages * page_size` keys. The metadata kernel (fa4/kernels.trace_ragged_meta) then reads the
+real lengths on the GPU, sets the chunk to the total over n (rounded up to `align`), maps each
+entry to its (sequence, first key, keys), gathers its q row and page-table row, and writes each
+sequence's first entry; the chunk kernel runs the entries as its batch, and the ragged merge
+(trace_ragged_merge) merges a sequence's entries by LSE, a learnable sink counted once. The
+grid depends on the bounds alone, so a CUDA graph captured once replays for any lengths under
+them.
+
+`entry_map` is the metadata kernel's arithmetic in Python: the CPU tests' stand-in and the
+GPU tests' reference.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from fa4aot.model import constraints as C
+
+# The chunk kernel's CTAs a ragged step aims at, per SM (n = this * SMs / KV heads): enough
+# equal chunks that the pieces cut at sequence ends leave no long tail (docs/design.md, Tuned
+# thresholds).
+RAGGED_CTAS_PER_SM = 4
+# K/V bytes (at the host's bound on every length) under which a step keeps the uniform plan:
+# there its launches, not the stream, set the time.
+RAGGED_MIN_BYTES = 64 << 20
+# Keys of the shortest chunk: one 128-key tile of the chunk kernel.
+MIN_CHUNK = 128
+
+
+@dataclass(frozen=True)
+class Ragged:
+    """A ragged step's bounds: n chunks over the batch, entries (n + batch) pieces, chunks a
+    multiple of align keys, each piece's page-table row `pages` columns (paged K; 0 packed)."""
+
+    n: int
+    entries: int
+    align: int
+    pages: int
+
+    def describe(self) -> str:
+        return (f"ragged split-KV: the batch's keys in {self.n} equal chunks (multiples of "
+                f"{self.align} keys, set on the GPU from the real lengths), at most "
+                f"{self.entries} pieces, merged by LSE per sequence")
+
+
+def ragged_parts(parts: dict) -> bool:
+    """Whether a split chunk kernel's artifact (its record's parts) holds the ragged step's
+    kernels at the version this fa4aot calls (constraints.RAGGED_VERSION)."""
+    rec = parts.get("ragged_meta", {})
+    return rec.get("version") == C.RAGGED_VERSION and "ragged_merge" in parts
+
+
+def plan_ragged(
+    *, batch: int, rows: int, kv_heads: int, seqlen_k: int, bytes_per_key: int,
+    page_size: int | None, sink: bool, num_sms: int, setting: int, max_slots: int,
+    max_entries: int = 65535,
+) -> Ragged | None:
+    """The ragged plan of a decode step, or None (the uniform plan decides): one query row a
+    sequence, at least two sequences (one has no raggedness), the automatic split setting (a
+    forced count keeps its meaning: that many chunks a sequence), and K/V of at least
+    RAGGED_MIN_BYTES at the bound seqlen_k. Shared by the runtime and `fa4aot explain`."""
+    if setting != -1 or rows != 1 or batch < 2:
+        return None
+    if batch * kv_heads * seqlen_k * bytes_per_key < RAGGED_MIN_BYTES:
+        return None
+    # a sequence holds at most n entries (each >= total / n keys), and the merge reads one
+    # more LSE, the sink's (-inf without one): n + 1 <= max_slots
+    n = min(-(-RAGGED_CTAS_PER_SM * num_sms // kv_heads), max_slots - 1)
+    entries = n + batch
+    if n < 2 or entries > max_entries:
+        return None
+    align = MIN_CHUNK if page_size is None else math.lcm(MIN_CHUNK, page_size)
+    pages = 0
+    if page_size is not None:
+        pages = chunk_bound(batch * seqlen_k, n, align) // page_size
+    return Ragged(n, entries, align, pages)
+
+
+def chunk_bound(total: int, n: int, align: int) -> int:
+    """The chunk of n chunks over `total` keys: ceil(total / n) rounded up to align, at least
+    align (what the metadata kernel computes from the real total)."""
+    c = -(-max(total, 1) // n)
+    return max(-(-c // align) * align, align)
+
+
+def entry_map(lengths: list[int], rg: Ragged, page_size: int | None = None):
+    """The metadata kernel's map for these lengths: (first, entries), first[i] the first entry
+    of sequence i (first[batch]: the entries used, each at most rg.entries), entries a list
+    of (sequence, first key, keys) per entry, (-1, 0, 0) where unused."""
+    chunk = chunk_bound(sum(lengths), rg.n, rg.align)
+    if page_size is not None:
+        chunk = min(chunk, rg.pages * page_size)
+    first, out = [], []
+    for i, n in enumerate(lengths):
+        first.append(min(len(out), rg.entries))
+        for j in range(-(-n // chunk)):
+            out.append((i, j * chunk, min(n - j * chunk, chunk)))
+    first.append(min(len(out), rg.entries))
+    out = out[: rg.entries]
+    out += [(-1, 0, 0)] * (rg.entries - len(out))
+    return first, out, chunk

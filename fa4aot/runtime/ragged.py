@@ -1,0 +1,115 @@
+"""Ragged decode steps at run time (policy/ragged.py: the plan): the metadata kernel maps the
+batch's keys to equal entries on the GPU, the chunk kernel runs the entries as its batch, the
+ragged merge writes the caller's out and LSE. Three launches, no host sync, and every size the
+launches take comes from the plan's bounds, so a captured CUDA graph replays for any lengths
+under them."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from fa4aot.policy import ragged as RG
+from fa4aot.runtime.splitruns import _to_ffi
+
+
+class RaggedRun:
+    """What a ragged step of one shape needs besides its inputs, made once per (device,
+    stream, shape) like SplitRun: the bound kernels, the entries' scratch (q rows, lengths or
+    bounds, page-table rows, partials, each sequence's first entry) and their kernel-facing
+    views. GQA folded: the r query heads of a KV head are r rows of the 1:1 chunk kernel."""
+
+    fold = packed = False
+    ragged = True
+    __slots__ = ("rg", "launch", "meta", "merge", "scale", "r", "paged", "meta_args", "qv",
+                 "kq", "ko", "kl", "op_m", "lp_m", "first", "out_v", "table_v", "no_sink",
+                 "lse_scratch", "out_shape", "lse_shape", "o4", "l3")
+
+    def __init__(self, kern, q, b, hq, hk, d, dv, rg: RG.Ragged, page_size, varlen_q, ffi):
+        r, w, dvc = hq // hk, rg.entries, q.device
+        self.rg, self.r, self.paged = rg, r, page_size is not None
+        self.launch, self.meta, self.merge = kern.launch_split, kern.ragged_meta, kern.ragged_merge
+        self.scale = float(1.0 / math.sqrt(d))
+        self.meta_args = (rg.n, rg.align, page_size or 0)
+        i32, f32 = torch.int32, torch.float32
+        qv = q.new_empty((w, hq, d))
+        op = q.new_empty((w, hq, dv))
+        kl = torch.empty((w, hk, r), dtype=f32, device=dvc)
+        self.first = torch.zeros(b + 1, dtype=i32, device=dvc)
+        self.table_v = None
+        if self.paged:
+            self.out_v = torch.zeros(w, dtype=i32, device=dvc)
+            # zeros: a valid page for rows the metadata kernel leaves unwritten; 16 readable
+            # bytes before the first entry, as the TMA paged path needs (launch.GUARD_ALIGN)
+            g = torch.zeros(4 + w * max(rg.pages, 1), dtype=i32, device=dvc)
+            self.table_v = g[4:].view(w, max(rg.pages, 1))
+        else:
+            self.out_v = torch.zeros(w + 1, dtype=i32, device=dvc)
+        self.no_sink = torch.full((r, hk), float("-inf"), dtype=f32, device=dvc)
+        self.lse_scratch = torch.empty((b, r, hk), dtype=f32, device=dvc)
+        self.out_shape = (b, hq, dv) if varlen_q else (b, 1, hq, dv)
+        self.lse_shape = (hq, b) if varlen_q else (b, hq, 1)
+        self.o4, self.l3 = (b, r, hk, dv), (b, r, hk)
+        conv = _to_ffi if ffi else (lambda t: t)
+        self.qv = conv(qv)
+        self.kq = conv(qv.view(w, hk, r, d).transpose(1, 2))  # (w, r, hk, d)
+        self.ko = conv(op.view(w, hk, r, dv).transpose(1, 2))
+        self.kl = conv(kl)
+        self.op_m = self.ko  # the merge's (entry, rows, heads, dv): the same view
+        self.lp_m = conv(kl.permute(0, 2, 1))  # (w, r, hk)
+        self.first, self.out_v = conv(self.first), conv(self.out_v)
+        self.table_v = None if self.table_v is None else conv(self.table_v)
+        self.no_sink, self.lse_scratch = conv(self.no_sink), self.lse_scratch
+
+
+def plan(rt, dev, dtype, b, hk, d, dv, seqlen_k, page_size, sink, kern):
+    """The ragged plan of a one-row decode step on split kernel `kern` (None: the store lacks
+    it or its ragged parts; the uniform plan then decides)."""
+    if kern is None or kern.ragged_meta is None:
+        return None
+    _, sms = rt.device(dev)
+    return RG.plan_ragged(
+        batch=b, rows=1, kv_heads=hk, seqlen_k=seqlen_k, bytes_per_key=(d + dv) * dtype.itemsize,
+        page_size=page_size, sink=sink, num_sms=sms, setting=rt.split,
+        max_slots=kern.max_slots,
+    )
+
+
+def ragged_step(run: RaggedRun, q, k, v, cu_seqlens_k, seqused_k, page_table, sink,
+                softmax_scale, out, lse, return_lse):
+    """Serve a one-row decode step on its RaggedRun; None where q's rows are not 16-byte
+    aligned (the metadata kernel copies them 16 bytes at a time: the caller runs it
+    unsplit). q: (b, 1, hq, d) or (b, hq, d); out / lse: the caller's or None."""
+    q3 = q if q.dim() == 3 else q[:, 0]
+    if q3.stride(0) % 8 or q3.stride(1) % 8:
+        return None
+    if run.paged:
+        run.meta(seqused_k, page_table, q3, run.qv, run.out_v, run.table_v, run.first,
+                 *run.meta_args)
+        kv = (None, None, None, run.out_v, run.table_v)
+    else:
+        run.meta(cu_seqlens_k, None, q3, run.qv, run.out_v, None, run.first, *run.meta_args)
+        kv = (None, run.out_v, None, None, None)
+    run.launch(run.kq, k, v, run.ko, run.kl,
+               run.scale if softmax_scale is None else float(softmax_scale), *kv)
+    if out is None:
+        out = q.new_empty(*run.out_shape)
+    if return_lse and lse is None:
+        lse = q.new_empty(*run.lse_shape, dtype=torch.float32)
+    r, oh = run.r, out.stride(-2)
+    out_m = torch.as_strided(out, run.o4, (out.stride(0), oh, r * oh, 1))
+    if lse is None:
+        lse_m = run.lse_scratch
+    elif lse.dim() == 2:  # a packed q's (hq, b)
+        s0, s1 = lse.stride()
+        lse_m = torch.as_strided(lse, run.l3, (s1, s0, r * s0))
+    else:  # (b, hq, 1)
+        lse_m = torch.as_strided(lse, run.l3, (lse.stride(0), lse.stride(1), r * lse.stride(1)))
+    if sink is None:
+        sk = run.no_sink
+    else:
+        s = sink if sink.dtype == torch.float32 else sink.float()
+        sk = torch.as_strided(s, (r, s.numel() // r), (s.stride(0), r * s.stride(0)))
+    run.merge(run.op_m, run.lp_m, run.first, sk, out_m, lse_m)
+    return out, lse

@@ -1,0 +1,128 @@
+"""The ragged split (policy/ragged.py, runtime/ragged.py) on a CPU through the public entry
+points: stand-in kernels (tests/fakes.py) compute what the chunk kernel, the metadata kernel
+and the ragged merge compute, so the runtime's views, scratch and launches are checked end to
+end against fp32 attention, sequence by sequence, on batches with empty, one-key and long
+sequences."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from fakes import fake_combine, fake_fwd, fake_ragged_merge, fake_ragged_meta
+from reference import attention_ref, paged_kv, rel_err
+from stub_store import serve_variants
+
+import fa4aot.runtime as R
+from fa4aot.model import constraints as C
+from fa4aot.model.compile_keys import split_kernel_variant
+from fa4aot.policy import ragged as RG
+from fa4aot.runtime import ragged as RR
+
+BF16 = torch.bfloat16
+LENS = [0, 1, 700, 5000, 77, 1024, 129, 3000]
+
+
+def _parts(variant):
+    return {"fwd": {}, "merge": {"partial_dtype": "bfloat16", "max_splits": 128, "threads": 256},
+            "ragged_meta": {"version": C.RAGGED_VERSION}, "ragged_merge": {"max_splits": 128}}
+
+
+@pytest.fixture
+def serve(monkeypatch, tmp_path, knobs):
+    knobs(cache_dir=str(tmp_path / "cache"), padding=None)
+    monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0)
+    monkeypatch.setattr(RG, "RAGGED_MIN_BYTES", 0)  # (CPU-sized batches)
+    calls = []
+
+    def load(self, art, *names):
+        got = {"fwd": fake_fwd, "merge": fake_combine, "ragged_meta": fake_ragged_meta,
+               "ragged_merge": fake_ragged_merge}
+
+        def counted(name):
+            fn = got[name]
+            return lambda *a: calls.append(name) or fn(*a)
+
+        return [counted(n) if n in got else None for n in names]
+
+    def make(page, parts=_parts):
+        v = split_kernel_variant("sm90", "bfloat16", 64, 64, page)
+        rt = serve_variants(monkeypatch, tmp_path / "cache", [v], load, "sm90", 132, parts)
+        rt.calls = calls
+        return rt
+
+    yield make
+    R.reset(roots=[tmp_path / "cache"])
+
+
+def _batch(lens, hq, hk, d=64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    b, mx = len(lens), max(lens)
+    q = torch.randn(b, hq, d, generator=g).to(BF16)
+    k = torch.randn(b, mx, hk, d, generator=g).to(BF16)
+    v = torch.randn(b, mx, hk, d, generator=g).to(BF16)
+    return q, k, v
+
+
+def _reference(q, k, v, lens, sink=None):
+    b = len(lens)
+    o, lse = attention_ref(q[:, None], k, v, torch.ones(b), torch.tensor(lens), causal=True,
+                           sink=sink)
+    return o[:, 0], lse
+
+
+@pytest.mark.parametrize("page", [16, 64, None])
+@pytest.mark.parametrize("sink", [False, True])
+def test_a_ragged_batch_is_split_by_its_real_lengths(serve, page, sink):
+    """A one-row step over a paged (pages of 16 and 64) or packed K with an empty, a one-key
+    and long sequences: served by the ragged plan (metadata, chunk kernel, ragged merge: three
+    launches), out and LSE the reference's, a learnable sink counted once."""
+    rt = serve(page)
+    hq, hk = 8, 2
+    q, k, v = _batch(LENS, hq, hk)
+    s = torch.randn(hq) if sink else None
+    b = len(LENS)
+    cu_q = torch.arange(b + 1, dtype=torch.int32)
+    kw = dict(cu_seqlens_q=cu_q, max_seqlen_q=1, max_seqlen_k=max(LENS), causal=True,
+              learnable_sink=s, return_lse=True)
+    if page is None:
+        cu_k = torch.tensor([0, *torch.tensor(LENS).cumsum(0).tolist()], dtype=torch.int32)
+        kk = torch.cat([k[i, :n] for i, n in enumerate(LENS)])
+        vv = torch.cat([v[i, :n] for i, n in enumerate(LENS)])
+        o, lse = R.flash_attn_varlen_func(q, kk, vv, cu_seqlens_k=cu_k, **kw)
+    else:
+        kp, vp, table = paged_kv(k, v, LENS, page, shuffle=True, extra_cols=3)
+        used = torch.tensor(LENS, dtype=torch.int32)
+        o, lse = R.flash_attn_varlen_func(q, kp, vp, seqused_k=used, page_table=table, **kw)
+    ro, rl = _reference(q, k, v, LENS, s)
+    assert rel_err(o, ro) < 1e-2
+    assert torch.allclose(lse, rl.reshape(b, hq).t(), atol=1e-3)
+    assert o[0].abs().max() == 0  # the empty sequence: out 0
+    runs = [r for r in rt._split_runs.values() if r]
+    assert len(runs) == 1 and isinstance(runs[0], RR.RaggedRun)
+    assert rt.calls == ["ragged_meta", "fwd", "ragged_merge"]
+    assert runs[0].rg.entries == runs[0].rg.n + b
+
+
+def test_a_forced_split_count_one_sequence_or_an_old_store_keep_the_uniform_plan(serve):
+    """FA4AOT_SPLIT_KV=N means N chunks a sequence (the uniform plan); one sequence has no
+    raggedness; an artifact without the ragged parts splits as before."""
+    q, k, v = _batch(LENS, 8, 2)
+    kp, vp, table = paged_kv(k, v, LENS, 64)
+    used = torch.tensor(LENS, dtype=torch.int32)
+    b = len(LENS)
+
+    def step(rt, n):
+        rt._split_runs.clear()
+        R.flash_attn_varlen_func(q[:n], kp, vp, cu_seqlens_q=torch.arange(n + 1, dtype=torch.int32),
+                                 max_seqlen_q=1, max_seqlen_k=max(LENS), seqused_k=used[:n],
+                                 page_table=table[:n], causal=True)
+        return [type(r).__name__ for r in rt._split_runs.values() if r]
+
+    rt = serve(64)
+    assert step(rt, b) == ["RaggedRun"]
+    rt.split = 3
+    assert step(rt, b) == ["SplitRun"]
+    rt.split = -1
+    assert "RaggedRun" not in step(rt, 1)
+    old = serve(64, lambda v: {k: p for k, p in _parts(v).items() if not k.startswith("ragged")})
+    assert "RaggedRun" not in step(old, b)
