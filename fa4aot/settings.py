@@ -131,7 +131,7 @@ class Settings:
     )
     cache_wheels = _Setting(True, _flag, "0 or 1", "add installed cache wheels' stores as layers")
     kernel_source = _Setting(
-        "auto", _choice("auto", "upstream", "vllm"), "auto, upstream or vllm",
+        "auto", _choice("auto", "upstream", "vllm", "sglang"), "auto, upstream, vllm or sglang",
         "the FA4 source whose stores the runtime serves (auto: upstream where flash-attn-4 is "
         "installed, else any)",
     )

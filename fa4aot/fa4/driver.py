@@ -243,6 +243,10 @@ def trace(call: Call, compiles: list | None = None) -> dict[str, list[tuple[Any,
         from fa4aot.fa4 import vllm_copy
 
         return vllm_copy.trace(_fa4()[1], call, compiles)
+    if _SOURCE is not None and _SOURCE.abi == "sglang":
+        from fa4aot.fa4 import sglang_copy
+
+        return sglang_copy.trace(_fa4()[1], call, compiles)
     return trace_caches(_caches(), lambda: fake_call(call), compiles)
 
 

@@ -228,6 +228,10 @@ def load(source: Fa4Source):
                              f"{source.describe()} needs another process")
     if source.name != "upstream":
         stub_parents(source.prefix, source.cute_dir)
+    if source.abi == "sglang":  # (the SGLang modules it imports from outside its package)
+        from fa4aot.fa4 import sglang_copy
+
+        sglang_copy.stand_ins()
     mod = importlib.import_module(source.prefix + ".interface")
     got = Path(mod.__file__).resolve().parent
     if got != source.cute_dir.resolve():

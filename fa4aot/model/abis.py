@@ -65,7 +65,9 @@ VLLM_FWD_KEY = (
     "out_torch_dtype", "decode_splits",
 )  # fmt: skip
 
-# SGLang 0.5.23 (recognised only, to refuse it by name: its ABI is not modelled)
+# SGLang 0.5.23 (sglang/kernels/ops/attention/flash_attn/cute/interface.py 1283-1349): no
+# persistent-scheduler, cu_total or split-count fields (its sm90 forward has none); the sink by
+# presence (bf16 only); its sm120 host's config and plan keys, bias, block-scaled FP8 fields added
 SGLANG_FWD_KEY = (
     "dtype", "head_dim", "head_dim_v", "qhead_per_kvhead", "causal", "score_mod_hash",
     "mask_mod_hash", "use_block_sparsity", "block_sparse_broadcast_pattern",
@@ -87,6 +89,13 @@ SGLANG_FWD_KEY = (
     "sfq.ndim if sfq is not None else None", "sfk.ndim if sfk is not None else None",
     "sfv.ndim if sfv is not None else None", "batch_invariant", "tmem_load_red_max",
     "fa_logging.get_fa_log_level()",
+)  # fmt: skip
+
+# SGLang: `_fwd_combine_compile_key`'s returned tuple (no arch, num_head or dynamic-split fields)
+SGLANG_COMBINE_KEY = (
+    "torch2cute_dtype_map[out.dtype]", "torch2cute_dtype_map[out_partial.dtype]", "head_dim",
+    "tile_m", "k_block_size", "log_max_splits", "cu_seqlens is not None", "seqused is not None",
+    "lse is not None", "varlen_batch_idx is not None",
 )  # fmt: skip
 
 UPSTREAM_COMBINE_KEY = (
@@ -126,11 +135,22 @@ VLLM_SM90_FWD = (
     "cu_total_m_blocks", "cu_total_splits_m_blocks",
 )  # fmt: skip
 
+# SGLang 0.5.23 interface.py 1731-1770 (arch 9): upstream's list through the aux data, then the
+# relative-attention bias (mBias); no cu_total slots (its sm90 scheduler takes none)
+SGLANG_SM90_FWD = (
+    "q", "k", "v", "out", "lse", "softmax_scale",
+    "cu_seqlens_q", "cu_seqlens_k", "seqused_q", "seqused_k", "page_table",
+    "window_left", "window_right", "learnable_sink",
+    "block_sparse", "aux",
+    "bias",
+)  # fmt: skip
+
 UPSTREAM_COMBINE = (
     "out_partial", "lse_partial", "out", "lse", "cu_seqlens", "seqused",
     "num_splits_dynamic", "virtual_batch_idx", "semaphore_to_reset",
 )  # fmt: skip
 VLLM_COMBINE = UPSTREAM_COMBINE + ("output_scale",)
+SGLANG_COMBINE = UPSTREAM_COMBINE
 
 
 @dataclass(frozen=True)
@@ -144,22 +164,26 @@ class Abi:
     combine: tuple[str, ...] | None
     buildable: bool
     note: str = ""
+    # the function whose compile-key tuple is the combine's (SGLang builds it in a helper)
+    combine_key_func: str = "_flash_attn_fwd_combine"
+    # learnable-sink dtypes its forward takes (None: any FA4 takes)
+    sink_dtypes: tuple[str, ...] | None = None
 
 
 ABIS: dict[str, Abi] = {
     "upstream": Abi("upstream", UPSTREAM_FWD_KEY, UPSTREAM_COMBINE_KEY, UPSTREAM_SM90_FWD,
                     UPSTREAM_COMBINE, True),
     "vllm": Abi("vllm", VLLM_FWD_KEY, VLLM_COMBINE_KEY, VLLM_SM90_FWD, VLLM_COMBINE, True),
-    "sglang": Abi("sglang", SGLANG_FWD_KEY, None, None, None, False,
-                  "SGLang's FA4 copy is recognised but its ABI is not modelled (its sm90 forward "
-                  "takes 17 slots plus a bias and no cu_total slots; its key has 62 fields)"),
+    "sglang": Abi("sglang", SGLANG_FWD_KEY, SGLANG_COMBINE_KEY, SGLANG_SM90_FWD, SGLANG_COMBINE,
+                  True, combine_key_func="_fwd_combine_compile_key", sink_dtypes=("bfloat16",)),
 }
 
 
 def key_field_names(interface: Path, func: str, *, _src: str | None = None,
                     _tree: ast.Module | None = None) -> tuple[str, ...]:
     """The `compile_key = (...)` tuple of `func` in `interface` (interface.py's source text of
-    each element, whitespace collapsed), in order; () when there is none."""
+    each element, whitespace collapsed), in order; else the tuple `func` returns (a key-building
+    helper's); () when there is neither."""
     src = _src if _src is not None else Path(interface).read_text()
     tree = _tree or ast.parse(src)
     lines = src.splitlines(keepends=True)
@@ -180,6 +204,9 @@ def key_field_names(interface: Path, func: str, *, _src: str | None = None,
                         and any(isinstance(t, ast.Name) and t.id == "compile_key"
                                 for t in node.targets)):
                     return tuple(text(e) for e in node.value.elts)
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Return) and isinstance(node.value, ast.Tuple):
+                    return tuple(text(e) for e in node.value.elts)
     return ()
 
 
@@ -189,9 +216,9 @@ def detect_abi(interface: Path) -> str | None:
     src = Path(interface).read_text()
     tree = ast.parse(src)
     fwd = key_field_names(interface, "_flash_attn_fwd", _src=src, _tree=tree)
-    comb = key_field_names(interface, "_flash_attn_fwd_combine", _src=src, _tree=tree)
     for name, abi in ABIS.items():
-        if fwd == abi.fwd_key and (abi.combine_key is None or comb == abi.combine_key):
+        if fwd == abi.fwd_key and (abi.combine_key is None or key_field_names(
+                interface, abi.combine_key_func, _src=src, _tree=tree) == abi.combine_key):
             return name
     return None
 

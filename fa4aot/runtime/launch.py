@@ -214,6 +214,29 @@ def _vllm_combine(kernel: Any) -> Callable:
     return combine
 
 
+def _sglang_sm90_fwd(kernel: Any, guard: bool = True) -> Callable:
+    """SGLang's FA4 copy's sm90 forward (17 slots: runtime/sglang_abi.py): upstream's through
+    the aux data, then its relative-attention bias (None); no cu_total slots, so
+    cu_total_m_blocks is taken and dropped. Its TMA paged path reads page_table[b, -1] as
+    upstream's does: the same guard (GUARD_ALIGN)."""
+
+    def fwd(
+        q, k, v, out, lse, scale, cu_seqlens_q=None, cu_seqlens_k=None, seqused_q=None,
+        seqused_k=None, page_table=None, window_left=None, window_right=None,
+        learnable_sink=None, cu_total_m_blocks=None,
+    ):
+        if page_table is not None and guard:
+            ptr = page_table.data_ptr()
+            if ptr and not ptr % GUARD_ALIGN:
+                page_table = guard_page_table(page_table)
+        kernel(
+            q, k, v, out, lse, scale, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+            page_table, window_left, window_right, learnable_sink, None, _NO_AUX, None,
+        )
+
+    return fwd
+
+
 @dataclass(frozen=True)
 class Abi:
     """How one arch's artifacts are called: each field binds a loaded part to its launcher."""
@@ -233,7 +256,10 @@ SM100 = Abi(_sm100_fwd, _sm90_tile_cumsum, _sm90_combine, _blocks_to_batch, blac
 _ABIS: dict[str, Abi] = {"sm90": SM90, "sm100": SM100, "sm103": SM100}
 # stores built from vLLM's FA4 copy (toolchain fa4_abi "vllm"; its tile cumsum takes upstream's)
 SM90_VLLM = Abi(_vllm_sm90_fwd, _sm90_tile_cumsum, _vllm_combine)
-_SOURCE_ABIS: dict[tuple[str, str], Abi] = {("sm90", "vllm"): SM90_VLLM}
+# stores built from SGLang's copy (fa4_abi "sglang"; its combine takes upstream's nine slots)
+SM90_SGLANG = Abi(_sglang_sm90_fwd, _sm90_tile_cumsum, _sm90_combine)
+_SOURCE_ABIS: dict[tuple[str, str], Abi] = {("sm90", "vllm"): SM90_VLLM,
+                                            ("sm90", "sglang"): SM90_SGLANG}
 
 
 def register(arch: str, abi: Abi) -> None:

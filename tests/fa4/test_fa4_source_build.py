@@ -14,6 +14,7 @@ calls it (CPU; FA4AOT_STUB_COMPILER builds, no compiler).
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -93,12 +94,15 @@ def test_vllm_source_plans_hd512_and_fp8_kv_plain_forwards_only(vllm_dir):
     assert plan.unsupported == []  # (the hd256 layer's FP8 cache is FA3's in vLLM)
 
 
-def test_sglang_is_refused_before_anything_is_planned(tmp_path):
-    spec = parse_spec(GEMMA)
-    cute = engine_root("sglang") / "kernels" / "ops" / "attention" / "flash_attn" / "cute"
-    with settings.scope(stub_compiler="1"), pytest.raises(Fa4SourceError, match="not modelled"):
-        build([spec], arch="sm90", root=tmp_path, fa4=str(cute))
-    assert not any(tmp_path.iterdir())
+def test_an_unmodelled_source_is_refused_before_anything_is_planned(tmp_path):
+    cute = tmp_path / "tree" / "cute"
+    shutil.copytree(engine_root("sglang") / "kernels" / "ops" / "attention" / "flash_attn"
+                    / "cute", cute)
+    iface = cute / "interface.py"  # a compile key of a shape no modelled ABI has
+    iface.write_text(iface.read_text().replace("        batch_invariant,\n", "", 1))
+    with settings.scope(stub_compiler="1"), pytest.raises(Fa4SourceError, match="matches no"):
+        build([parse_spec(GEMMA)], arch="sm90", root=tmp_path / "s", fa4=str(cute))
+    assert not (tmp_path / "s").exists()
 
 
 def _stub_build(root: Path, fa4: str | None):
@@ -212,7 +216,7 @@ def test_cli_build_names_the_source_and_ls_lists_it(tmp_path, vllm_dir):
     r = subprocess.run(run + ["build", "--arch", "sm90", "--spec", str(spec), "--fa4", str(sg),
                               "--cache", str(tmp_path / "s2"), "--dry-run"],
                        capture_output=True, text=True, cwd=ROOT, env=env)
-    assert r.returncode == 2 and "SGLang's FA4 copy is recognised but its ABI is not" in r.stderr
+    assert r.returncode == 0, r.stderr[-2000:]  # (SGLang's copy: tests/fa4/test_sglang_*)
 
 
 def test_missing_fp8_artifact_names_the_build(tmp_path, monkeypatch):
