@@ -525,7 +525,9 @@ def superseded(art) -> bool:
     forwards.trace_wide_fold) or, for a packed K, without the wide split kernel (part
     `fwd_wide_split`: constraints.wide_split) or, paged on FA4's cp.async path, without the TMA
     page kernel (part `fwd_tma`: constraints.tma_page), or, paged on sm90, without the
-    packed-rows metadata kernel (part `packed_meta`: kernels.trace_packed_meta), or whose
+    packed-rows metadata kernel (part `packed_meta`: kernels.trace_packed_meta), or, on sm90,
+    without the ragged step's kernels at C.RAGGED_VERSION (parts `ragged_meta`, `ragged_merge`:
+    kernels.trace_ragged), or whose
     kernels are not programmatic dependent launches (parts.fwd.pdl:
     forwards._pdl_secondary), i.e. built before them.
     `fa4aot build` replaces it, as it does a corrupt copy; until then the runtime serves it with
@@ -553,6 +555,10 @@ def superseded(art) -> bool:
     if merge == "merge" and parts.get("merge", {}).get("version") != C.MERGE_VERSION:
         return True  # fa4aot's merge as an earlier fa4aot compiled it (C.MERGE_VERSION)
     want = {merge, "chunk_meta"} | ({"packed_meta"} if v.paged and v.arch == "sm90" else set())
+    if v.arch == "sm90" and merge == "merge" and v.head_dim % 8 == 0:  # (kernels.trace_ragged)
+        if parts.get("ragged_meta", {}).get("version") != C.RAGGED_VERSION:
+            return True
+        want.add("ragged_merge")
     return not want <= set(rec["parts"])
 
 

@@ -10,7 +10,7 @@ from typing import Any
 from fa4aot.fa4 import cubin, driver
 from fa4aot.fa4.driver import trace
 from fa4aot.fa4.forwards import trace_chunk_modes, trace_combine, trace_tma_page, trace_wide_fold
-from fa4aot.fa4.kernels import trace_chunk_meta, trace_merge, trace_packed_meta
+from fa4aot.fa4.kernels import trace_chunk_meta, trace_merge, trace_packed_meta, trace_ragged
 from fa4aot.fa4.keys import _CUTE_DTYPES, key_repr, variant_from_fa4_key
 from fa4aot.model import constraints as C
 from fa4aot.model.compile_keys import Call
@@ -90,6 +90,7 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
         helpers["chunk_meta"] = trace_chunk_meta(variant)
         if variant.paged and variant.arch == "sm90":  # (split.plan_packed: the chunk modes)
             helpers["packed_meta"] = trace_packed_meta(variant)
+        helpers.update(trace_ragged(variant))  # (policy/ragged.py)
     if variant.split_kv:
         # FA4's native split (Blackwell): its own entry compiled the combine for the call's
         # num_splits (the representative call's is the heuristic's maximum, 128)
@@ -166,6 +167,10 @@ def part_record(name: str, key, arch: str) -> dict:
         rec["form"] = key[2]
     if name == "packed_meta":  # PACKED_META_KEY's fields
         rec["version"] = int(key[1])
+    if name == "ragged_meta":  # RAGGED_META_KEY's fields
+        rec["version"], rec["form"] = int(key[1]), key[2]
+    if name == "ragged_merge":  # RAGGED_MERGE_KEY's fields
+        rec["version"], rec["partial_dtype"], rec["max_splits"] = int(key[1]), key[2], int(key[4])
     return rec
 
 
