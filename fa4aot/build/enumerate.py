@@ -219,7 +219,7 @@ def _fold_calls(spec: Spec, att: Attention, arch: str, lses: list[bool]) -> list
     calls = []
     seen = set()
     for name in spec.serving.layouts:
-        # the fold runs q in batch form over the call's own K/V form (select._fold_features)
+        # the fold runs q in batch form over the call's own K/V form (select.folded_features)
         form = call_layout("batch", layout_forms(name)[1])
         if tuple(form.items()) in seen:
             continue

@@ -170,7 +170,7 @@ def coverage(specs, arch, num_sms, gpu, python, cache, trace, allow_unsupported,
 def _coverage_row(spec, n, arch, avail, keys, traced, corrupt) -> dict:
     """One needed variant's coverage row: hit (and, with `traced`, FA4's keys all stored),
     servable by padding, or missing."""
-    ch = choose(arch, n.call.feature_kwargs(), avail)
+    ch = choose(arch, n.call.features(), avail)
     row = {"spec": spec.name, "layer": n.layer, "id": n.variant.id,
            "variant": n.variant.describe()}
     if ch and ch[0].exact:

@@ -4,6 +4,7 @@ kinds (exact, decode fold, padding, and later split-KV) each add a line here."""
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 import click
 
@@ -19,10 +20,12 @@ from .common import (
 )
 from .output import with_output
 from fa4aot.model import constraints as C
-from fa4aot.model.compile_keys import Call, features, native_split_variant, split_kernel_variant
+from fa4aot.model.compile_keys import Call, native_split_variant, split_kernel_variant
 from fa4aot.model.variants import MlaRefused, Variant
 from fa4aot.policy import split as S
-from fa4aot.policy.select import _call_features, choose, fold_from_env, mla_padded_ratio, nearest
+from fa4aot.policy.select import (
+    choose, fold_from_env, mla_padded_ratio, nearest, padded_features,
+)
 
 
 def _cached_artifacts(layers, arch: str, num_sms: int, python: str | None):
@@ -121,10 +124,9 @@ def explain(
         window_right=None if window is None else (0 if causal else window), return_lse=lse,
         sink_dtype="float32" if sink else None, page_size=page_size, descales=descales,
     )
-    feat = call.feature_kwargs()
-    if C.is_blackwell(arch):
-        feat["num_sms"] = num_sms  # hd256: FA4 picks pack_gqa and 2CTA by batch x heads vs SMs
-    want = features(arch=arch, **feat)
+    # hd256 on Blackwell: FA4 picks pack_gqa and 2CTA by batch x heads vs SMs
+    feat = call.features(num_sms if C.is_blackwell(arch) else None)
+    want = feat.variant(arch)
     settings.check()
     layers = layers_for(cache, out, strict=False)
     arts, corrupt, match = _cached_artifacts(layers, arch, num_sms, None)
@@ -268,9 +270,9 @@ def _explain_mla(
             causal=causal, window_left=None, window_right=None, return_lse=lse,
             sink_dtype=None, page_size=page_size, qv=qv,
         )  # fmt: skip
-        feat = dict(call.feature_kwargs(), num_sms=num_sms)  # the route reads the SM count
+        feat = call.features(num_sms)  # the route reads the SM count
         try:
-            want = features(arch=arch, **feat)
+            want = feat.variant(arch)
         except MlaRefused as e:
             refused = str(e)
         except ValueError as e:
@@ -340,22 +342,22 @@ def _native_split_plan(
         why = "no kernel serves the call (a split runs on the kernel the call is served by)"
     elif c.fold > 1:
         why = "a decode fold runs unsplit"
-    elif feat["cu_seqlens_q"] and batch > C.BIN_BATCH_SEARCH_THRESH:
+    elif feat.cu_seqlens_q and batch > C.BIN_BATCH_SEARCH_THRESH:
         why = ("q packed (cu_seqlens_q) at batch > 256: FA4 would compute per-batch split "
                "counts with its scheduler-metadata kernel, which fa4aot does not ship")
     elif c.variant.head_dim != c.variant.head_dim_v:
         why = "unequal head dims: FA4 re-tiles that split, which fa4aot does not build"
     if why is None:
-        f = feat if c.exact else _call_features(feat, c.ratio, c.head_dim, c.head_dim_v)
-        if f["cu_seqlens_q"]:  # seqlen_q rows per sequence: split as q in batch form
-            f = dict(f, cu_seqlens_q=False)
-        _, _, wl, wr = C.resolve_window(feat["causal"], feat["window_left"], feat["window_right"])
+        f = feat if c.exact else padded_features(feat, c.ratio, c.head_dim, c.head_dim_v)
+        if f.cu_seqlens_q:  # seqlen_q rows per sequence: split as q in batch form
+            f = replace(f, cu_seqlens_q=False)
+        _, _, wl, wr = C.resolve_window(feat.causal, feat.window_left, feat.window_right)
         n, sv = native_split_variant(
             arch, num_sms, c.variant, f, batch, seqlen_q, seqlen_k, wl, wr, setting
         )
         rec = None if sv is None else _record(arts, sv.id)
         if n <= 1:
-            why = (f"{how}: one split ({batch} x {feat['num_heads_kv']} KV heads over "
+            why = (f"{how}: one split ({batch} x {feat.num_heads_kv} KV heads over "
                    f"{seqlen_k} keys on {num_sms} SMs)")
         elif sv is None:
             why = f"{how} says {n} splits, but fa4aot models no split kernel for this call"

@@ -3,8 +3,11 @@
 `features()` derives a Variant from a call's shapes the way
 `flash_attn.cute.interface._flash_attn_fwd` does, so the runtime picks the same kernel FA4 would
 have compiled; the builder checks, for every variant it builds, that FA4's own compile key
-agrees (`fa4.driver.trace`). `Call` is one concrete call, and `representative_call` the
-inverse: a call that compiles exactly a given variant. Pure: no FA4 import.
+agrees (`fa4.driver.trace`). `CallFeatures` is what of a call `features()` reads, frozen: the
+one form in which a call's features travel (the runtime's planning, selection, explain).
+`Call` is one concrete call (shapes and layout; `Call.features()` gives its CallFeatures), and
+`representative_call` the inverse: a call that compiles exactly a given variant. Pure: no FA4
+import.
 """
 
 from __future__ import annotations
@@ -13,6 +16,53 @@ from dataclasses import asdict, dataclass, replace
 
 from fa4aot.model import constraints as C
 from fa4aot.model.variants import DESCALE_SETS, MlaRefused, Variant
+
+
+@dataclass(frozen=True, slots=True)
+class CallFeatures:
+    """A call's static features: what decides the kernel FA4 compiles for it, i.e. the
+    arguments of `features` less the arch (their meanings are there). Built once where a
+    call's features are read (the runtime on a plan-cache miss, `Call.features`, `fa4aot
+    explain`) and passed by name to selection (policy.select), the Blackwell split decision
+    (`native_split_variant`) and the miss log's variant; a changed call is a `replace` of it."""
+
+    dtype: str
+    head_dim: int
+    head_dim_v: int
+    num_heads: int
+    num_heads_kv: int
+    causal: bool
+    window_left: int | None
+    window_right: int | None
+    return_lse: bool
+    sink_dtype: str | None
+    batch: int
+    seqlen_q: int | None
+    total_q: int
+    max_seqlen_q: int | None
+    cu_seqlens_q: bool = False
+    cu_seqlens_k: bool = False
+    seqused_q: bool = False
+    seqused_k: bool = False
+    page_size: int | None = None
+    softcap: float | None = None
+    pack_gqa: bool | None = None
+    descales: str | None = None
+    num_splits: int = 1
+    max_seqlen_k: int | None = None
+    qv: int | None = None
+    num_sms: int | None = None
+    tile_m: int | None = None
+    kv_dtype: str | None = None
+
+    @property
+    def ratio(self) -> int:
+        """Query heads per KV head."""
+        return self.num_heads // self.num_heads_kv
+
+    def variant(self, arch: str) -> Variant:
+        """The Variant FA4 compiles for this call on `arch` (`features`; its ValueErrors)."""
+        return features(arch=arch, **{n: getattr(self, n) for n in self.__slots__})
 
 
 def split_kernel_variant(
@@ -29,7 +79,8 @@ def split_kernel_variant(
 
 
 def native_split_variant(
-    arch: str, num_sms: int, variant: "Variant", feat: dict, batch: int, rows: int, bound: int,
+    arch: str, num_sms: int, variant: Variant, feat: CallFeatures, batch: int, rows: int,
+    bound: int,
     window_left: int | None, window_right: int | None, setting: int,
 ):  # fmt: skip
     """The native split decision for an exact Blackwell call with q in batch form (pure: the
@@ -37,8 +88,8 @@ def native_split_variant(
     -> (num_splits, the split kernel's variant); (1, None) when one split it is, (n, None)
     when fa4aot models no split kernel for the call (it then runs unsplit too). setting: FA4AOT_SPLIT_KV as the runtime holds it (-1: FA4's
     heuristic over the keys the mask loads, as FA4's seqlen_k_loaded; N > 0: N splits, capped
-    at FA4's 128). feat: the call's `features` arguments; rows: its query length; bound: the
-    host bound on its KV lengths."""
+    at FA4's 128). feat: the call's features; rows: its query length; bound: the host bound on
+    its KV lengths."""
     if setting < 0:
         loaded = bound
         if variant.local:  # FA4's seqlen_k_loaded (interface.py 392-407): the window's keys
@@ -46,7 +97,7 @@ def native_split_variant(
             loaded = max(0, min(bound, (bound if wr is None else wr)
                                 + (bound if wl is None else wl) + 1 + variant.tile.m))
         n = C.native_num_splits(
-            arch, batch=batch, num_heads_kv=feat["num_heads_kv"],
+            arch, batch=batch, num_heads_kv=feat.num_heads_kv,
             qhead_per_kvhead=variant.qhead_per_kvhead, seqlen_q=rows, max_seqlen_k=loaded,
             head_dim=variant.head_dim, num_sms=num_sms, pack_gqa=variant.pack_gqa_effective,
         )  # fmt: skip
@@ -54,10 +105,10 @@ def native_split_variant(
         n = min(int(setting), C.MAX_NATIVE_SPLITS)
     if n <= 1:
         return 1, None
-    feat = {k: x for k, x in feat.items() if k not in ("num_splits", "max_seqlen_k")}
-    feat.update(batch=batch, seqlen_q=rows, total_q=batch * rows, max_seqlen_q=None)
+    feat = replace(feat, batch=batch, seqlen_q=rows, total_q=batch * rows, max_seqlen_q=None,
+                   num_splits=n, max_seqlen_k=bound)
     try:
-        return n, features(arch=arch, **feat, num_splits=n, max_seqlen_k=bound)
+        return n, feat.variant(arch)
     except ValueError:
         return n, None
 
@@ -331,10 +382,10 @@ class Call:
             return self.layout in ("paged", "padded")
         return self.seqused_k
 
-    def feature_kwargs(self) -> dict:
-        """The call's static features: `features()` arguments, less the arch."""
+    def features(self, num_sms: int | None = None) -> CallFeatures:
+        """The call's static features (num_sms: the SM count FA4's per-call choices read)."""
         varlen = self.packed_q
-        return dict(
+        return CallFeatures(
             dtype=self.dtype,
             head_dim=self.head_dim,
             head_dim_v=self.head_dim_v,
@@ -358,8 +409,10 @@ class Call:
             pack_gqa=self.pack_gqa,
             descales=self.descales,
             num_splits=self.num_splits,
-            max_seqlen_k=self.max_seqlen_k,
+            # the K bound only where it decides the kernel (a split), as the runtime's features
+            max_seqlen_k=self.max_seqlen_k if self.num_splits > 1 else None,
             qv=self.qv,
+            num_sms=num_sms,
             tile_m=self.tile_m,
             kv_dtype=self.kv_dtype,
         )
@@ -371,7 +424,7 @@ class Call:
         return self.seqlen_k
 
     def variant(self, arch: str, num_sms: int | None = None) -> Variant:
-        return features(arch=arch, num_sms=num_sms, **self.feature_kwargs())
+        return self.features(num_sms).variant(arch)
 
     def to_dict(self) -> dict:
         return asdict(self)

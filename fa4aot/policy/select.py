@@ -15,18 +15,18 @@ FA2's seqlenq_ngroups_swapped does. One query row sees every key whether causal 
 result is the same; the kernel computes the same r rows per KV head as the exact r:1 kernel, and
 q, O and LSE are strided views of the caller's tensors: no padding, no copies (but for a varlen
 call's LSE, whose (heads, tokens) layout the fold transposes).
-The padded call's variant is recomputed with `compile_keys.features` (padding can move a call
-across the decode/prefill boundary or change the tile), never guessed.
+The padded call's variant is recomputed from its CallFeatures (`compile_keys.features`: padding
+can move a call across the decode/prefill boundary or change the tile), never guessed.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable
 
 from fa4aot import settings
 from fa4aot.model import constraints as C
-from fa4aot.model.compile_keys import features
+from fa4aot.model.compile_keys import CallFeatures
 from fa4aot.model.variants import MlaRefused, Variant
 
 
@@ -65,11 +65,13 @@ class Choice:
         )
 
 
-def _call_features(feat: dict, ratio: int, head_dim: int, head_dim_v: int) -> dict:
-    f = dict(feat)
-    hk = f["num_heads_kv"]
-    f.update(num_heads=hk * ratio, head_dim=head_dim, head_dim_v=head_dim_v)
-    return f
+def padded_features(
+    feat: CallFeatures, ratio: int, head_dim: int, head_dim_v: int
+) -> CallFeatures:
+    """The padded call: `ratio` query heads per KV head, head dims `head_dim`/`head_dim_v`."""
+    return replace(
+        feat, num_heads=feat.num_heads_kv * ratio, head_dim=head_dim, head_dim_v=head_dim_v
+    )
 
 
 def fold_from_env() -> bool:
@@ -78,74 +80,68 @@ def fold_from_env() -> bool:
     return settings.decode_fold()  # SettingError (a ValueError) on a bad value
 
 
-def foldable(feat: dict) -> bool:
+def foldable(feat: CallFeatures) -> bool:
     """A decode step the fold can serve: one query row per sequence (batch q with s_q == 1, or
     varlen q with max_seqlen_q == 1 and as many rows as sequences, i.e. cu_seqlens_q == arange),
     GQA, no window, no sinks."""
-    if feat["sink_dtype"] is not None or feat.get("seqused_q") or feat.get("qv") is not None:
+    if feat.sink_dtype is not None or feat.seqused_q or feat.qv is not None:
         return False
-    if feat["window_left"] is not None or feat["window_right"] is not None:
+    if feat.window_left is not None or feat.window_right is not None:
         return False
-    if feat["num_heads"] // feat["num_heads_kv"] < 2:
+    if feat.ratio < 2:
         return False
-    if feat.get("cu_seqlens_q"):
-        return feat["max_seqlen_q"] == 1 and feat["total_q"] == feat["batch"]
-    return feat["seqlen_q"] == 1
+    if feat.cu_seqlens_q:
+        return feat.max_seqlen_q == 1 and feat.total_q == feat.batch
+    return feat.seqlen_q == 1
 
 
-def _fold_features(feat: dict, ratio: int) -> dict:
+def folded_features(feat: CallFeatures, ratio: int) -> CallFeatures:
     """The folded call: ratio' = `ratio` heads per KV head, m = r / ratio' query rows each,
     q in batch form, no mask."""
-    f = dict(feat)
-    m = (f["num_heads"] // f["num_heads_kv"]) // ratio
-    f.update(
-        num_heads=f["num_heads_kv"] * ratio,
-        causal=False,
-        seqlen_q=m,
-        total_q=f["batch"] * m,
-        max_seqlen_q=None,
-        cu_seqlens_q=False,
+    m = feat.ratio // ratio
+    return replace(
+        feat, num_heads=feat.num_heads_kv * ratio, causal=False, seqlen_q=m,
+        total_q=feat.batch * m, max_seqlen_q=None, cu_seqlens_q=False,
     )
-    return f
 
 
 def choose(
     arch: str,
-    feat: dict,
+    feat: CallFeatures,
     available: Iterable[Variant],
     *,
     allow_padding: bool = True,
     allow_fold: bool = True,
 ) -> list[Choice]:
-    """Every way to serve the call `feat` (kwargs of compile_keys.features, minus arch) from
-    `available`, cheapest first. Empty: nothing cached can serve it.
+    """Every way to serve the call `feat` from `available`, cheapest first. Empty: nothing
+    cached can serve it.
 
-    An absorbed-MLA call (feat["qv"]; its route reads feat["num_sms"]) is padded in its head
+    An absorbed-MLA call (feat.qv; its route reads feat.num_sms) is padded in its head
     ratio only, onto MLA kernels (FA4 runs MLA at head dims 64 + 512 alone), as SGLang's
     `_pad_mla_q_heads` does: a ratio FA4's kernel refuses (MlaRefused: 20, 10, 5 on the 2CTA
     kernel) has no exact variant, and the padded ratios FA4 refuses too are skipped."""
     avail = {v.id: v for v in available}
-    mla = feat.get("qv") is not None
+    mla = feat.qv is not None
     try:
-        want = features(arch=arch, **feat)
+        want = feat.variant(arch)
     except MlaRefused:
         want = None
     if want is not None and want.id in avail:
         return [Choice(want, want.qhead_per_kvhead, want.head_dim, want.head_dim_v, 1.0, True)]
     if not allow_padding:
         return []
-    r = feat["num_heads"] // feat["num_heads_kv"]
-    d, dv = feat["head_dim"], feat["head_dim_v"]
+    r = feat.ratio
+    d, dv = feat.head_dim, feat.head_dim_v
     shapes = {
         (v.qhead_per_kvhead, v.head_dim, v.head_dim_v)
         for v in avail.values()
-        if v.arch == arch and v.dtype == feat["dtype"] and (v.mla is not None) == mla
+        if v.arch == arch and v.dtype == feat.dtype and (v.mla is not None) == mla
     }
     out = []
     if allow_fold and foldable(feat):
         for r2, d2, dv2 in shapes:
             if r2 < r and r % r2 == 0 and (d2, dv2) == (d, dv):
-                v = features(arch=arch, **_fold_features(feat, r2))
+                v = folded_features(feat, r2).variant(arch)
                 if v.id in avail:
                     out.append(Choice(v, r2, d, dv, 1.0, False, fold=r // r2))
     for r2, d2, dv2 in shapes:
@@ -154,10 +150,10 @@ def choose(
         if mla:
             if (d2, dv2) != (d, dv):
                 continue
-        elif C.unsupported_reason(arch, feat["dtype"], d2, dv2):
+        elif C.unsupported_reason(arch, feat.dtype, d2, dv2):
             continue
         try:
-            v = features(arch=arch, **_call_features(feat, r2, d2, dv2))
+            v = padded_features(feat, r2, d2, dv2).variant(arch)
         except MlaRefused:
             continue  # FA4 refuses the padded ratio on this call's route too
         if v.id in avail:
@@ -243,6 +239,7 @@ def padded_target_for_unsupported(
 
 
 __all__ = [
-    "Choice", "choose", "crop_heads", "fold_from_env", "foldable", "mla_padded_ratio",
-    "mla_ratio_ok", "nearest", "pad_heads", "padded_target_for_unsupported",
+    "Choice", "choose", "crop_heads", "fold_from_env", "foldable", "folded_features",
+    "mla_padded_ratio", "mla_ratio_ok", "nearest", "pad_heads", "padded_features",
+    "padded_target_for_unsupported",
 ]

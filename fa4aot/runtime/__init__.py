@@ -4,7 +4,8 @@ Never imports `cutlass` or `flash_attn` (unless FA4AOT_ON_MISS=jit and a call mi
 goes validate -> plan -> launch, one module each:
 
 - `validate`: the arguments -> host-known sizes and static features, or a typed refusal;
-  `validate.Call`, the frozen description planning works from, is built on plan-cache misses;
+  the call's `CallFeatures` (model/compile_keys.py), which planning works from, are built on
+  plan-cache misses;
 - `plan`: the `Runtime` (stores, loaded artifacts, caches) and the choice of exact kernel,
   decode fold or padding per call key (`plan.resolve`), and of split-KV (`Runtime.split_for`);
 - `launch`: FA4's kernel ABI per arch, bound to each loaded part;
@@ -25,6 +26,7 @@ from pathlib import Path
 import torch
 
 from fa4aot.errors import Fa4aotError, UnsupportedVariant
+from fa4aot.model.compile_keys import CallFeatures
 from fa4aot.model.constraints import (
     BIN_BATCH_SEARCH_THRESH as _BIN_BATCH,  # varlen: cu_total path above it
 )
@@ -136,14 +138,14 @@ def flash_attn_func(
     plan = rt._plans.get(key)
     if plan is None:
         V.require_cuda(dq, q)
-        call = V.Call(
-            "dense", dq, q.dtype, d, dv, hq, hk, b, sq, b * sq, None, sk, bool(causal), wl, wr,
-            return_lse, sink_dt, cap, pack_gqa, pad_ok, descales=ds,
+        feat = CallFeatures(
+            V.DTYPE_NAMES[q.dtype], d, dv, hq, hk, bool(causal), wl, wr, return_lse, sink_dt,
+            b, sq, b * sq, None, softcap=cap, pack_gqa=pack_gqa, descales=ds,
         )
-        plan = P.resolve(rt, key, call)
+        plan = P.resolve(rt, key, dq, pad_ok, feat)
         if plan is None:
             return P.on_miss(
-                rt, call, "jit_flash_attn_func", (q, k, v),
+                rt, dq, pad_ok, feat, "jit_flash_attn_func", (q, k, v),
                 dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
                      learnable_sink=learnable_sink, return_lse=return_lse, softcap=softcap,
                      pack_gqa=pack_gqa),
@@ -313,16 +315,17 @@ def flash_attn_varlen_func(
     plan = rt._plans.get(key)
     if plan is None:
         V.require_cuda(dev, q)
-        call = V.Call(
-            "varlen", dev, q.dtype, d, dv, hq, hk, batch, sq_dense, total_q, max_seqlen_q,
-            seqlen_k, bool(causal), wl, wr, return_lse, sink_dt, cap, pack_gqa, pad_ok,
-            varlen_q, cu_seqlens_k is not None, seqused_q is not None, seqused_k is not None,
-            page_size, descales=ds,
+        feat = CallFeatures(
+            V.DTYPE_NAMES[q.dtype], d, dv, hq, hk, bool(causal), wl, wr, return_lse, sink_dt,
+            batch, sq_dense, total_q, max_seqlen_q, cu_seqlens_q=varlen_q,
+            cu_seqlens_k=cu_seqlens_k is not None, seqused_q=seqused_q is not None,
+            seqused_k=seqused_k is not None, page_size=page_size, softcap=cap,
+            pack_gqa=pack_gqa, descales=ds,
         )
-        plan = P.resolve(rt, key, call)
+        plan = P.resolve(rt, key, dev, pad_ok, feat)
         if plan is None:
             return P.on_miss(
-                rt, call, "jit_flash_attn_varlen_func", (q, k, v),
+                rt, dev, pad_ok, feat, "jit_flash_attn_varlen_func", (q, k, v),
                 dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                      max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, seqused_q=seqused_q,
                      seqused_k=seqused_k, page_table=page_table, softmax_scale=softmax_scale,

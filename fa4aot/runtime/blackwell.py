@@ -28,13 +28,14 @@ host-known values only (no device sync):
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 import torch
 
 from fa4aot.errors import ContractViolation
 from fa4aot.model import fp8 as F8
-from fa4aot.model.compile_keys import native_split_variant
+from fa4aot.model.compile_keys import CallFeatures, native_split_variant
 from fa4aot.runtime import abi as A
 from fa4aot.runtime import pad as X
 from fa4aot.runtime.validate import descale_set
@@ -45,17 +46,17 @@ _MAX_SCRATCH = 16
 _MAX_DECISIONS = 4096
 
 
-def refusal(arch: str, call, feat: dict) -> str | None:
-    """Why the runtime cannot serve `call` on `arch` (checked when its plan is made), or None:
-    FP8 off Blackwell (FA4 has no FP8 forward there), descales beside non-FP8 inputs. (An hd256
-    call, whose pack_gqa and 2CTA kernel FA4 picks by the batch against the SM count, is
-    modelled: compile_keys.features, Variant.two_cta, plan.hd256_class.)"""
-    dtype = feat["dtype"]
+def refusal(arch: str, feat: CallFeatures) -> str | None:
+    """Why the runtime cannot serve the call `feat` on `arch` (checked when its plan is made),
+    or None: FP8 off Blackwell (FA4 has no FP8 forward there), descales beside non-FP8
+    inputs. (An hd256 call, whose pack_gqa and 2CTA kernel FA4 picks by the batch against the
+    SM count, is modelled: compile_keys.features, Variant.two_cta, plan.hd256_class.)"""
+    dtype = feat.dtype
     why = F8.fp8_mismatch_reason(arch, dtype, dtype)
     if why:
         return why
-    if call.descales and not F8.is_fp8(dtype):
-        return f"descales {call.descales!r} with {dtype} inputs: descales scale FP8 q/k/v only"
+    if feat.descales and not F8.is_fp8(dtype):
+        return f"descales {feat.descales!r} with {dtype} inputs: descales scale FP8 q/k/v only"
     return None
 
 
@@ -238,7 +239,7 @@ def _native_split(rt, plan, dev, batch, rows, bound, batch_form=False):
     if plan.feat is None:
         return 1, None
     arch, sms = rt.device(dev)
-    feat = dict(plan.feat, cu_seqlens_q=False) if batch_form else plan.feat
+    feat = replace(plan.feat, cu_seqlens_q=False) if batch_form else plan.feat
     n, sv = native_split_variant(
         arch, sms, plan.variant, feat, batch, rows, bound, plan.window_left,
         plan.window_right, rt.split,

@@ -34,6 +34,7 @@ from __future__ import annotations
 import torch
 
 from fa4aot.errors import UnsupportedVariant
+from fa4aot.model.compile_keys import CallFeatures
 from fa4aot.policy.select import pad_heads
 from fa4aot.runtime import abi as A
 from fa4aot.runtime import pad as X
@@ -95,16 +96,17 @@ def varlen(
     plan = rt._plans.get(key)
     if plan is None:
         V.require_cuda(dev, q)
-        call = V.Call(
-            "varlen", dev, q.dtype, d, dv, hq, hk, batch, None, total_q, max_seqlen_q, seqlen_k,
-            bool(causal), wl, wr, return_lse, sink_dt, cap, pack_gqa, pad_ok, True,
-            cu_seqlens_k is not None, seqused_q is not None, seqused_k is not None, page_size,
-            descales=ds, qv=dv,
-        )  # fmt: skip
-        plan = P.resolve(rt, key, call)
+        feat = CallFeatures(
+            V.DTYPE_NAMES[q.dtype], d, dv, hq, hk, bool(causal), wl, wr, return_lse, sink_dt,
+            batch, None, total_q, max_seqlen_q, cu_seqlens_q=True,
+            cu_seqlens_k=cu_seqlens_k is not None, seqused_q=seqused_q is not None,
+            seqused_k=seqused_k is not None, page_size=page_size, softcap=cap,
+            pack_gqa=pack_gqa, descales=ds, qv=dv,
+        )
+        plan = P.resolve(rt, key, dev, pad_ok, feat)
         if plan is None:
             return P.on_miss(
-                rt, call, "jit_flash_attn_varlen_func", (q, k, v),
+                rt, dev, pad_ok, feat, "jit_flash_attn_varlen_func", (q, k, v),
                 dict(qv=qv, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                      max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, seqused_k=seqused_k,
                      page_table=page_table, softmax_scale=softmax_scale, causal=causal,

@@ -262,6 +262,9 @@ class Runtime:
         self.fold = fold_from_env()  # serve s_q == 1 decode by folding heads into rows
         split = settings.split_kv()
         self.split = -1 if split == "auto" else split  # -1: the cost model chooses
+        # one-row steps split by their real lengths where the store can (policy/ragged.py);
+        # False: the uniform plan alone (benchmarks/decode_ragged.py compares the two)
+        self.ragged = True
         self._lock = threading.Lock()
         self._devices: dict[int, tuple[str, int]] = {}
         self._models: dict[int, S.CostModel] = {}

@@ -3,13 +3,13 @@
 Every check raises `ContractViolation` (or `UnsupportedVariant` for an FP8 input) naming the
 argument; "not a CUDA tensor" is refused last (`require_cuda`, on a plan-cache miss), so every
 input check is testable on a CPU. `check_dense` / `check_varlen` run on every call and return
-plain tuples (the hot path reads each tensor attribute once and builds no object); `Call`, the
-frozen description planning works from, is built only when a call's plan is not cached yet.
+plain tuples (the hot path reads each tensor attribute once and builds no object); the
+`compile_keys.CallFeatures` planning works from are built only when a call's plan is not
+cached yet.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
@@ -22,71 +22,6 @@ _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 # every dtype a call may have (FP8: Blackwell only, refused at planning elsewhere)
 DTYPE_NAMES = {**DTYPES, torch.float8_e4m3fn: "float8_e4m3fn", torch.float8_e5m2: "float8_e5m2"}
 _SINK_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-
-
-@dataclass(frozen=True, slots=True)
-class Call:
-    """A call as planning sees it: host-known sizes and static features, no tensors.
-
-    entry: "dense" (flash_attn_func) or "varlen"; seqlen_q: the dense query length (None for
-    packed q); seqlen_k: a host bound on the KV length (dense length, packed total, or the paged
-    pool's keys); padding: whether the call may be served by a padded variant."""
-
-    entry: str
-    device: int
-    dtype: torch.dtype
-    head_dim: int
-    head_dim_v: int
-    num_heads: int
-    num_heads_kv: int
-    batch: int
-    seqlen_q: int | None
-    total_q: int
-    max_seqlen_q: int | None
-    seqlen_k: int
-    causal: bool
-    window_left: int | None
-    window_right: int | None
-    return_lse: bool
-    sink_dtype: str | None
-    softcap: float | None
-    pack_gqa: bool | None
-    padding: bool
-    cu_seqlens_q: bool = False
-    cu_seqlens_k: bool = False
-    seqused_q: bool = False
-    seqused_k: bool = False
-    page_size: int | None = None
-    descales: str | None = None  # FP8: which of q/k/v descales the call passes ("qkv"...)
-    qv: int | None = None  # absorbed MLA: qv's latent head dim (head_dim_v); None: no qv
-
-    def features(self) -> dict:
-        """The keyword arguments of `compile_keys.features` (less arch) for this call."""
-        return dict(
-            dtype=DTYPE_NAMES[self.dtype],
-            head_dim=self.head_dim,
-            head_dim_v=self.head_dim_v,
-            num_heads=self.num_heads,
-            num_heads_kv=self.num_heads_kv,
-            causal=self.causal,
-            window_left=self.window_left,
-            window_right=self.window_right,
-            return_lse=self.return_lse,
-            sink_dtype=self.sink_dtype,
-            batch=self.batch,
-            seqlen_q=self.seqlen_q,
-            total_q=self.total_q,
-            max_seqlen_q=self.max_seqlen_q,
-            cu_seqlens_q=self.cu_seqlens_q,
-            cu_seqlens_k=self.cu_seqlens_k,
-            seqused_q=self.seqused_q,
-            seqused_k=self.seqused_k,
-            page_size=self.page_size,
-            softcap=self.softcap,
-            pack_gqa=self.pack_gqa,
-            descales=self.descales,
-            qv=self.qv,
-        )
 
 
 # -- contract checks ------------------------------------------------------------------------

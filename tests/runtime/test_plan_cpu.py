@@ -19,7 +19,6 @@ from fa4aot.runtime import launch as L
 from fa4aot.runtime import plan as P
 from fa4aot.runtime import splitkv as SK
 from fa4aot.runtime import splitruns as SR
-from fa4aot.runtime import validate as V
 from fa4aot.model.compile_keys import features, split_kernel_variant
 
 BF16 = torch.bfloat16
@@ -96,8 +95,8 @@ def _qkv(b, sq, sk, hq, hk, d, seed=0):
 def test_plan_is_cached_per_key_and_the_description_built_once(store, monkeypatch):
     rt = store([_dense_variant(2, 200, 8, 2, 64)])
     built = []
-    real = V.Call
-    monkeypatch.setattr(V, "Call", lambda *a, **kw: built.append(a) or real(*a, **kw))
+    real = R.CallFeatures
+    monkeypatch.setattr(R, "CallFeatures", lambda *a, **kw: built.append(a) or real(*a, **kw))
     q, k, v = _qkv(2, 200, 40, 8, 2, 64)
     for _ in range(3):
         o, _ = R.flash_attn_func(q, k, v, causal=True)

@@ -20,9 +20,8 @@ import fa4aot.runtime as R
 from fa4aot.model import constraints as C
 from fa4aot.errors import ArtifactMissing, ContractViolation, UnsupportedVariant
 from fa4aot.runtime import plan as P
-from fa4aot.runtime import validate as V
-from fa4aot.policy.select import _fold_features
-from fa4aot.model.compile_keys import features
+from fa4aot.policy.select import folded_features
+from fa4aot.model.compile_keys import CallFeatures, features
 
 BF16 = torch.bfloat16
 SMS = 148
@@ -162,9 +161,8 @@ def test_padding_serves_hd72_on_the_hd128_kernel(store):
 
 
 def test_decode_fold_runs_query_heads_as_rows_of_the_one_to_one_kernel(store):
-    call = V.Call("dense", 0, BF16, 64, 64, 8, 2, 3, 1, 3, None, 500, True, None, None, True,
-                  None, None, None, True)  # fmt: skip
-    fv = features(arch="sm100", **_fold_features(call.features(), 1))
+    feat = CallFeatures("bfloat16", 64, 64, 8, 2, True, None, None, True, None, 3, 1, 3, None)
+    fv = folded_features(feat, 1).variant("sm100")
     assert fv.qhead_per_kvhead == 1 and not fv.causal
     rt = store([fv])
     q, k, v = _qkv(3, 1, 500, 8, 2, 64, seed=2)
@@ -395,9 +393,9 @@ def test_fp8_head_dim_padding(fp8_store):
 
 
 def test_fp8_decode_fold_on_the_one_to_one_kernel(fp8_store):
-    call = V.Call("dense", 0, F8, 64, 64, 8, 2, 3, 1, 3, None, 500, True, None, None, True,
-                  None, None, None, True, descales="qkv")  # fmt: skip
-    fv = features(arch="sm100", **_fold_features(call.features(), 1))
+    feat = CallFeatures("float8_e4m3fn", 64, 64, 8, 2, True, None, None, True, None, 3, 1, 3,
+                        None, descales="qkv")
+    fv = folded_features(feat, 1).variant("sm100")
     assert fv.qhead_per_kvhead == 1 and not fv.causal and fv.descales == "qkv"
     rt = fp8_store([fv])
     q, k, v, ds = _fp8_call(3, 1, 500, 8, 2, 64, seed=13)
