@@ -12,12 +12,15 @@ Lengths are drawn per distribution from one seed (the same lengths at every page
   sequence among them;
 - b: one long among short, batch 8: one 131072, one 65536, the rest uniform in [1000, 30000];
 - c: all short, batch 64, uniform in [100, 4000];
-- d: two long, batch 2 at 8:1 heads: 131072 and 100000.
+- d: two long, batch 2 at 8:1 heads: 131072 and 100000;
+- u: uniform, batch 16, all 16384 (no raggedness: what the ragged plan costs there).
 Columns: MB read = sum of min(len, window + s_q) * kv_heads * (d + dv) * 2 bytes, plus q and o;
 limit = those bytes / the copy bandwidth measured at start (a device-to-device copy, bytes read
-+ written over its time; --hbm-tbs to give it); `today` = the call as the runtime plans it;
-`unsplit` = the same call with the runtime's split setting at 0 (FA4AOT_SPLIT_KV=0, set on the
-process runtime's `split` for that column only: FA4's kernel). eager: triton do_bench medians;
++ written over its time; --hbm-tbs to give it); `today` = the call as the runtime plans it (the
+ragged plan, policy/ragged.py, where it applies); `uniform` = the same call with the ragged plan
+off (the runtime's `ragged` False: one chunk count a sequence from the batch size and the
+longest length); `unsplit` = the runtime's split setting at 0 (FA4AOT_SPLIT_KV=0: FA4's
+kernel); each set on the process runtime for its column only. eager: triton do_bench medians;
 graph: each column captured once per case (5 calls, after warm-up), replays timed with CUDA
 events; both columns alternate over --rounds rounds, medians. Rows marked * read >= 256 MB: the
 issue's target (within 1.3x of the limit) applies to them.
@@ -53,6 +56,7 @@ DISTS = {
     "b": "one long among short: b8, 131072 + 65536 + uniform [1000, 30000]",
     "c": "all short: b64, uniform [100, 4000]",
     "d": "two long at 8:1: b2, 131072 + 100000",
+    "u": "uniform: b16, all 16384",
 }
 QUICK = ("b", 64)  # --quick: the issue's headline batch at pages of 64
 
@@ -73,6 +77,8 @@ def lengths(dist: str, seed: int) -> list[int]:
         lens = [rng.randint(100, 4000) for _ in range(64)]
     elif dist == "d":
         lens = [131072, 100000]
+    elif dist == "u":
+        lens = [16384] * 16
     else:
         raise ValueError(f"no distribution {dist!r} (one of {', '.join(DISTS)})")
     return lens
@@ -265,7 +271,14 @@ def run_case(torch, fa4aot, rt, c: Case, seed: int, rounds: int, tbs: float) -> 
         finally:
             rt.split = was
 
-    cols = {"today": today, "unsplit": unsplit}
+    def uniform(o=out):
+        was, rt.ragged = rt.ragged, False
+        try:
+            today(o)
+        finally:
+            rt.ragged = was
+
+    cols = {"today": today, "uniform": uniform, "unsplit": unsplit}
     # correctness first, on these fresh inputs, into NaN-poisoned buffers
     outs = {}
     for name, fn in cols.items():
@@ -335,7 +348,7 @@ def summary(rows: list[dict]) -> dict:
     """The issue's target over the rows that read >= BIG_MB, counted from the rows."""
     big = [r for r in rows if r.get("big") and "today" in r]
     out = {"rows": len(rows), "timed": sum("today" in r for r in rows), "big_rows": len(big)}
-    for col in ("today", "unsplit"):
+    for col in ("today", "uniform", "unsplit"):
         for mode in ("", "_graph"):
             x = [r[col + mode] / r["limit_us"] for r in big]
             key = col + (mode or "_eager")
@@ -349,14 +362,16 @@ def _line(r: dict) -> str:
         return f"{r['case']:34s} skipped: {r['skipped']}"
     lim = r["limit_us"]
     cells = "".join(f" {r[k]:9.1f} {r[k] / lim:5.2f}x" for k in
-                    ("today", "today_graph", "unsplit", "unsplit_graph"))
+                    ("today", "today_graph", "uniform", "uniform_graph", "unsplit",
+                     "unsplit_graph"))
     ck = r["check"]
     return (f"{r['case']:34s} {r['mb_read']:8.1f}{'*' if r['big'] else ' '} {lim:8.1f}{cells}"
             f"  {ck['today']['rel_err']:.1e}/{ck['unsplit']['rel_err']:.1e}")
 
 
 HEADER = (f"{'case':34s} {'MB read':>8s}  {'limit us':>8s} {'today eager':>16s} "
-          f"{'today graph':>16s} {'unsplit eager':>16s} {'unsplit graph':>16s}  err today/unsplit")
+          f"{'today graph':>16s} {'uniform eager':>16s} {'uniform graph':>16s} "
+          f"{'unsplit eager':>16s} {'unsplit graph':>16s}  err today/unsplit")
 
 
 def bench(a, cs: list[Case]) -> dict:
@@ -365,12 +380,19 @@ def bench(a, cs: list[Case]) -> dict:
     import fa4aot
 
     rt = fa4aot.reset()  # the process runtime, settings read now; its `split` is the knob
+    if a.ragged_ctas:
+        from fa4aot.policy import ragged
+
+        ragged.RAGGED_CTAS_PER_SM = a.ragged_ctas
     if a.hbm_tbs:
         tbs, how = a.hbm_tbs, "given (--hbm-tbs)"
     else:
         tbs, how = _copy_tbs(torch), "measured (device-to-device copy, read + written)"
+    from fa4aot.policy.ragged import RAGGED_CTAS_PER_SM
+
     print(f"# {torch.cuda.get_device_name()}; HBM {tbs:.2f} TB/s {how}; runtime split setting "
-          f"{rt.split} (-1: auto); {len(cs)} cases", flush=True)
+          f"{rt.split} (-1: auto); ragged plan {RAGGED_CTAS_PER_SM} CTAs per SM; {len(cs)} "
+          "cases", flush=True)
     if rt.split == 0:
         print("# FA4AOT_SPLIT_KV=0: the `today` column runs unsplit too", flush=True)
     rows = []
@@ -397,8 +419,10 @@ def bench(a, cs: list[Case]) -> dict:
     if s["big_rows"]:
         print(f"rows >= {BIG_MB} MB: {s['big_rows']}; today within {TARGET}x: eager "
               f"{s[f'today_eager_within_{TARGET}x']}, graph {s[f'today_graph_within_{TARGET}x']}"
-              f" (worst {s['today_eager_worst_x']}x / {s['today_graph_worst_x']}x); unsplit "
-              f"worst {s['unsplit_eager_worst_x']}x / {s['unsplit_graph_worst_x']}x")
+              f" (worst {s['today_eager_worst_x']}x / {s['today_graph_worst_x']}x); uniform "
+              f"within: {s[f'uniform_eager_within_{TARGET}x']}, worst "
+              f"{s['uniform_eager_worst_x']}x; unsplit worst {s['unsplit_eager_worst_x']}x / "
+              f"{s['unsplit_graph_worst_x']}x")
     else:
         print(f"no timed row reads >= {BIG_MB} MB")
     for f in bad:
@@ -410,7 +434,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dist", type=_dists, default=list(DISTS),
-                    help="distributions, comma-separated (default a,b,c,d): " + "; ".join(
+                    help="distributions, comma-separated (default a,b,c,d,u): " + "; ".join(
                         f"{k}: {v}" for k, v in DISTS.items()))
     ap.add_argument("--pages", type=_ints, default=[16, 64, 128], help="page sizes (16,64,128)")
     ap.add_argument("--head-dim", type=_ints, default=[128], help="head dims, d = dv (128)")
@@ -426,6 +450,9 @@ def main() -> int:
                     help="HBM bandwidth for the limit, TB/s (default: measured by a copy)")
     ap.add_argument("--quick", action="store_true",
                     help=f"distribution {QUICK[0]} at pages of {QUICK[1]} only")
+    ap.add_argument("--ragged-ctas", type=int, default=None,
+                    help="the ragged plan's CTAs per SM (policy/ragged.RAGGED_CTAS_PER_SM; "
+                         "default: fa4aot's), to tune it")
     ap.add_argument("--json", metavar="PATH", help="write every number here")
     ap.add_argument("--dry", action="store_true",
                     help="no GPU: print the cases (lengths, MB read) and stop")

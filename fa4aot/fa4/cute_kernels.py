@@ -176,17 +176,18 @@ class RaggedMerge(SplitMerge):
     Threads >= max_splits > a sequence's entries."""
 
     def __init__(self, dtype, dv: int, max_splits: int, threads: int):
-        super().__init__(dtype, dv, max_splits, threads, pdl=False)
+        super().__init__(dtype, dv, max_splits, threads, pdl=True)
 
     @cute.jit
     def __call__(self, mOp, mLp, mFirst, mSink, mO, mLSE, stream):
         self.kernel(mOp, mLp, mFirst, mSink, mO, mLSE).launch(
             grid=[mO.shape[2], mO.shape[1], mO.shape[0]], block=[self.threads, 1, 1],
-            smem=self.smem_bytes(), stream=stream,
+            smem=self.smem_bytes(), stream=stream, use_pdl=True,
         )
 
     @cute.kernel
     def kernel(self, mOp, mLp, mFirst, mSink, mO, mLSE):
+        cute.arch.griddepcontrol_wait()  # (launched early, as SplitMerge: wait for the entries)
         tidx, _, _ = cute.arch.thread_idx()
         h, m, b = cute.arch.block_idx()  # one CTA per (head, query row, sequence)
         s0 = mFirst[b]
@@ -249,7 +250,7 @@ class RaggedMeta:
     @cute.jit
     def __call__(self, mLen, mTable, mQ, mQv, mOut, mTableV, mFirst, n, align, page, stream):
         self.kernel(mLen, mTable, mQ, mQv, mOut, mTableV, mFirst, n, align, page).launch(
-            grid=[mQv.shape[0], 1, 1], block=[self.threads, 1, 1], stream=stream,
+            grid=[mQv.shape[0], 1, 1], block=[self.threads, 1, 1], stream=stream, use_pdl=True,
         )
 
     @cute.jit
@@ -285,6 +286,7 @@ class RaggedMeta:
 
     @cute.kernel
     def kernel(self, mLen, mTable, mQ, mQv, mOut, mTableV, mFirst, n, align, page):
+        cute.arch.griddepcontrol_wait()  # (a dependent launch: the lengths' writers done)
         tidx, _, _ = cute.arch.thread_idx()
         v, _, _ = cute.arch.block_idx()
         entries = mQv.shape[0]

@@ -36,6 +36,7 @@ from fa4aot.policy.ragged import ragged_parts
 from fa4aot.policy.select import (
     choose, fold_from_env, mla_padded_ratio, nearest, padded_features,
 )
+from fa4aot.runtime import abi as A
 from fa4aot.runtime import launch as L
 from fa4aot.runtime.blackwell import refusal
 from fa4aot.runtime.validate import DTYPES
@@ -86,7 +87,7 @@ class SplitKernel:
     # artifacts
     fwd_wide_split: Any = None
     # whether its forward (part `fwd`) may take FA4's TMA paged path (its variant's paged_tma:
-    # page size == tile_n), so its launcher guards the page table (launch.GUARD_ALIGN); the
+    # page size == tile_n), so its launcher guards the page table (abi.GUARD_ALIGN); the
     # part fwd_tma does, the wide parts run a paged K on the cp.async path
     paged_tma: bool = True
     # a paged K's packed-rows metadata kernel (part `packed_meta`: kernels.trace_packed_meta,
@@ -116,8 +117,8 @@ class SplitKernel:
         self.launch_wide1 = None if self.fwd_wide1 is None else fwd(self.fwd_wide1, guard=False)
         self.launch_wide_split = (None if self.fwd_wide_split is None  # (cp.async if paged)
                                   else fwd(self.fwd_wide_split, guard=False))
-        self.merge = (L.fa4aot_merge if self.fa4aot_merge else self.abi.combine)(self.combine)
-        self.chunk_meta = None if self.meta is None else L.fa4aot_chunk_meta(self.meta)
+        self.merge = (A.bind_fa4aot_merge if self.fa4aot_merge else self.abi.combine)(self.combine)
+        self.chunk_meta = None if self.meta is None else A.bind_fa4aot_chunk_meta(self.meta)
         self.facts = S.KernelFacts(
             max_slots=self.max_slots, wide_split=self.fwd_wide_split is not None,
             paged_tma=self.paged_tma, tma_part=self.fwd_tma is not None,
@@ -151,7 +152,7 @@ class Plan:
     facts: Any = None
     # the features of the call that made the plan (Blackwell's split variants)
     feat: CallFeatures | None = None
-    launch: Callable = field(init=False)  # fwd bound to its ABI (launch.py)
+    launch: Callable = field(init=False)  # fwd bound to its ABI (an abi.bind_* launcher)
     tile: Callable | None = field(init=False)  # tile_cumsum bound, or None
     b2b: Callable | None = field(init=False)  # blocks_to_batch bound, or None
     # the entry points' one test before the exact sm90 launch: a fold / padding plan, or a

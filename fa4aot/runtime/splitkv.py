@@ -32,7 +32,7 @@ import torch
 from fa4aot.model import constraints as C
 from fa4aot.policy import split as S
 from fa4aot.runtime import ragged as RR
-from fa4aot.runtime.launch import guard_page_table
+from fa4aot.runtime.abi import guard_page_table
 from fa4aot.runtime.splitruns import (
     FoldRun,
     PackedRun,
@@ -120,7 +120,7 @@ def split_step(
     key = (
         kind, dev, stream, q.dtype, b, rows, hq, hk, d, dv,
         seqlen_k if kind == "dense" else -(-seqlen_k // _PLAN_KEYS),
-        page_size, causal, sink is not None, varlen_q, rt.split,
+        page_size, causal, sink is not None, varlen_q, rt.split, rt.ragged,
         dense_pages,  # (a dense K as pages plans its packed rows with no metadata launch)
     )
     run = None if capturing else rt._split_runs.get(key)
@@ -129,7 +129,8 @@ def split_step(
                                   ratio=hq // hk, rows=rows, sink=sink is not None)
         # a batch of one row a sequence over a paged or packed K: split by its real lengths
         # (policy/ragged.py), where the store has the kernels and the bounds say it matters
-        rk = rows == 1 and kind != "dense" and rt.split_kernel(dev, q.dtype, d, dv, page_size)
+        rk = (rows == 1 and kind != "dense" and rt.ragged
+              and rt.split_kernel(dev, q.dtype, d, dv, page_size))
         rg = rk and RR.plan(rt, dev, q.dtype, b, hk, d, dv, S.plan_bucket(seqlen_k), page_size,
                             sink is not None, rk)
         sp = None if rg else rt.split_for(
