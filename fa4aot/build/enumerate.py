@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from fa4aot.build.mla import mla_layer_plan
+from fa4aot.fa4 import vllm_copy
 from fa4aot.model import constraints as C
 from fa4aot.model.compile_keys import Call, call_layout, representative_call, selection_sms
 from fa4aot.model.needs import Need, Plan, Unsupported
@@ -279,6 +280,7 @@ def enumerate_variants(spec: Spec, arch: str, num_sms: int | None = None,
             )
             att = replace(att, head_dim=d2, head_dim_v=dv2)
         seen = set()
+        first = len(plan.needs)
         for call in _probe_calls(spec, att, arch, num_sms, fa4):
             v = call.variant(arch, num_sms)
             if v.id in seen:
@@ -291,6 +293,9 @@ def enumerate_variants(spec: Spec, arch: str, num_sms: int | None = None,
             except ValueError:
                 pass
             plan.needs.append(Need(v, call, spec.name, att.name))
+        if fa4 == "vllm" and spec.serving.split_kv:
+            # long decode steps split on the copy's own split forward and combines
+            plan.needs += vllm_copy.split_needs(plan.needs[first:])
     return plan
 
 

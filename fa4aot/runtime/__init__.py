@@ -40,6 +40,8 @@ from fa4aot.runtime import splitkv as SK
 from fa4aot.runtime import validate as V
 from fa4aot.runtime.plan import Runtime
 from fa4aot.runtime.validate import _prep
+from fa4aot.runtime import vllm_abi as VA
+from fa4aot.runtime.launch import SM90_VLLM as _VLLM
 from fa4aot.runtime.vllm_abi import FP8_KV as _FP8_KV
 
 # The decode/prefill choice depends on the query length only up to the largest tile_m (192):
@@ -246,7 +248,7 @@ def flash_attn_varlen_func(
         return FK.varlen(
             _DEFAULT or default_runtime(), q, k, v, cu_seqlens_q, max_seqlen_q, seqused_k,
             page_table, softmax_scale, causal, window_size, learnable_sink, return_lse, out,
-            lse, k_descale, v_descale,
+            lse, k_descale, v_descale, max_seqlen_k,
         )  # fmt: skip
     if qv is not None:
         return M.varlen(
@@ -371,6 +373,12 @@ def flash_attn_varlen_func(
         return X.empty(out, lse, learnable_sink, varlen=varlen_q)
     if learnable_sink is not None and learnable_sink.stride(0) != 1:
         learnable_sink = learnable_sink.contiguous()
+    if plan.abi is _VLLM and page_table is not None and rt.split:  # the copy's own split-KV
+        got = VA.split_step(rt, plan, dev, q, k, v, out, batch, hk, max_seqlen_k, page_table,
+                            seqused_k, cu_seqlens_q, 1.0 / math.sqrt(d) if softmax_scale is None
+                            else float(softmax_scale))
+        if got is not None:
+            return got, lse
     cu_total = None
     if plan.tile is None:
         pass

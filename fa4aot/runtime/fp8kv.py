@@ -5,8 +5,9 @@ with `kv_dtype`), whose kernel dequantizes K/V itself and computes in fp16.
 The call is vLLM's: q packed (total_q, hq, d) with cu_seqlens_q (or (b, s, hq, d)), K/V
 (num_pages, page_size, hk, d) with page_table and seqused_k, page_size == the kernel's tile_n
 (64 at hd512). The kernel takes K/V as uint8 views and the descales as (ones, k, v)
-(runtime/vllm_abi.fp8_kv_prepare). Unsplit: a split call runs as one (the copy's split kernels
-are not built). Plans are cached per static key, as the other entry points' are.
+(runtime/vllm_abi.fp8_kv_prepare). A long decode step runs the copy's split forward and combine
+where the store has them (vllm_abi.split_step: the count from the batch, the KV heads and
+max_seqlen_k). Plans are cached per static key, as the other entry points' are.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ def is_fp8_kv(q, k, v, fp8_kv_dequant: bool | None) -> bool:
 
 
 def varlen(rt, q, k, v, cu_seqlens_q, max_seqlen_q, seqused_k, page_table, softmax_scale,
-           causal, window_size, learnable_sink, return_lse, out, lse, k_descale, v_descale):
+           causal, window_size, learnable_sink, return_lse, out, lse, k_descale, v_descale,
+           max_seqlen_k=None):
     """flash_attn_varlen_func for an FP8-KV dequant call (see the module doc). -> (out, lse)."""
     if page_table is None or seqused_k is None:
         raise ContractViolation("FP8-KV dequant takes paged K/V: page_table and seqused_k")
@@ -84,7 +86,7 @@ def varlen(rt, q, k, v, cu_seqlens_q, max_seqlen_q, seqused_k, page_table, softm
     if vd.stride(1) != 1:
         vd = vd.contiguous()
     wl, wr = window_size
-    dev = q.device.index if q.is_cuda else -1
+    dev = q.get_device()  # (-1 off CUDA, as validate reads it)
     key = ("fp8kv", q.dtype, d, hq // hk, bool(causal), wl, wr, return_lse, varlen_q, page,
            batch > C.BIN_BATCH_SEARCH_THRESH,
            min(max_seqlen_q if max_seqlen_q is not None else (total_q if varlen_q else sq), 193),
@@ -120,6 +122,12 @@ def varlen(rt, q, k, v, cu_seqlens_q, max_seqlen_q, seqused_k, page_table, softm
     if total_q == 0:
         return out, lse
     k8, v8, descales = VA.fp8_kv_prepare(q, k, v, kd, vd)
+    scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
+    if rt.split and not return_lse:
+        got = VA.split_step(rt, plan, dev, q, k8, v8, out, batch, hk, max_seqlen_k, page_table,
+                            seqused_k, cu_seqlens_q, scale, descales)
+        if got is not None:
+            return got, lse
     cu_total = None
     if plan.tile is not None:  # varlen batch > 256: the tile cumsum helper
         if max_seqlen_q == 1 and plan.helper_cu and plan.decode_blocks:
@@ -127,8 +135,6 @@ def varlen(rt, q, k, v, cu_seqlens_q, max_seqlen_q, seqused_k, page_table, softm
         else:
             cu_total = cu_seqlens_q.new_empty(batch + 1)
             plan.tile(cu_total, cu_seqlens_q if plan.helper_cu else None, None)
-    plan.launch(q, k8, v8, out, lse,
-                1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale),
-                cu_seqlens_q, None, None, seqused_k, page_table, plan.window_left,
-                plan.window_right, None, cu_total, descales=descales)
+    plan.launch(q, k8, v8, out, lse, scale, cu_seqlens_q, None, None, seqused_k, page_table,
+                plan.window_left, plan.window_right, None, cu_total, descales=descales)
     return out, lse

@@ -6,19 +6,29 @@ Differences from upstream's (runtime/abi.py): `dynamic_causal` at slot 10 (the p
 to 11); the FP8-KV descales (`DescaleTensors(q, k, v)`, a plain tuple here: tvm-ffi converts
 both to one Array) at 17 and the fused output scale at 18, before the two cu_total slots; the
 combine takes an output scale last. `tests/fa4/test_vllm_abi.py` checks every list against the
-copy's own calls, slot by slot. Imports torch only.
+copy's own calls, slot by slot. Imports torch (and the split cost model) only.
 
 FP8-KV dequant (`fp8_kv_prepare`): bf16/fp16 Q, e4m3 K/V given to the kernel as uint8 views,
 fp32 (batch, kv_heads) K/V descales with a ones q descale; O in Q's dtype.
+
+Split-KV (`SplitKv`): a long decode step of a paged decode kernel runs the copy's split forward
+(the variant with `split_kv`, built beside it: fa4/vllm_copy.split_twin) into fp32 partials,
+then the copy's combine for the call's query heads and split-count bucket, as the copy's
+`_flash_attn_fwd` does for `num_splits > 1`. The count comes from host-known sizes only
+(batch, KV heads, the KV bound: max_seqlen_k or the page table's capacity) through
+policy/split.choose_splits, so nothing syncs and a captured CUDA graph replays it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
 
 import torch
 
 from fa4aot.model.abis import VLLM_COMBINE, VLLM_SM90_FWD  # noqa: F401 (the tables these spell)
+from fa4aot.policy import split as S
+from fa4aot.runtime import launch as L
 
 AUX_NONE = (None, None)  # AuxData(tensors=None, scalars=None): a compile-time value
 FP8_KV = (torch.float8_e4m3fn,)
@@ -116,3 +126,119 @@ def prepare(q, head_dim_v: int, *, varlen_q: bool, out=None, return_lse: bool = 
     op = torch.empty(num_splits, *rows, h, head_dim_v, dtype=torch.float32, device=q.device)
     lp = torch.empty(num_splits, *lse_shape, dtype=torch.float32, device=q.device)
     return Prep(out, lse, op, lp, num_splits)
+
+
+# the copy's combine asserts at most 256 partials; its smallest bucket at these head dims is 32
+MAX_SPLITS = 256
+
+
+def combine_bucket(n: int) -> int:
+    """The largest split count of the combine the copy compiles for n splits:
+    2**max(ceil(log2 n), 5) (interface.py `_flash_attn_fwd_combine`, tile_m 8 at d > 64)."""
+    return 1 << max((n - 1).bit_length(), 5)
+
+
+@dataclass(slots=True)
+class SplitKv:
+    """A decode variant's split forward built from vLLM's copy (bound by `fwd`, the store's
+    forward binder) and its combines by (query heads, largest split count), as loaded."""
+
+    fwd: Any
+    combines: dict[tuple[int, int], Any]
+    tile_n: int
+    bind: Callable
+    paged_tma: bool = True
+    launch: Callable = field(init=False)
+    _counts: dict = field(init=False, default_factory=dict)
+
+    def __post_init__(self):
+        self.launch = self.bind(self.fwd, guard=self.paged_tma)
+
+    def largest(self, num_head: int) -> int:
+        """The most splits a combine here takes for `num_head` query heads (0: none)."""
+        return max((n for h, n in self.combines if h == num_head), default=0)
+
+    def count(self, *, setting: int, batch: int, hq: int, hk: int, bound: int,
+              bytes_per_key: int, num_sms: int, model: S.CostModel) -> int:
+        """The split count of a decode step (1: unsplit; always at a bound of at most
+        split.NEVER_SPLIT_KEYS keys, as upstream's split). setting: FA4AOT_SPLIT_KV (-1 auto:
+        policy/split.choose_splits over the bound rounded up to split.PLAN_KEYS, with the
+        copy's key block as the chunk alignment and the unsplit step on FA4's own kernel; 0
+        never; k > 0: k); capped by the combines built for hq. Cached per host-known sizes."""
+        key = (setting, batch, hq, hk, S.plan_bucket(bound))
+        n = self._counts.get(key)
+        if n is None:
+            top = min(self.largest(hq), MAX_SPLITS)
+            if setting == 0 or top < 2 or bound <= S.NEVER_SPLIT_KEYS:
+                n = 1
+            elif setting > 0:
+                n = min(setting, top)
+            else:
+                n = S.choose_splits(batch=batch, kv_heads=hk, rows=1, seqlen_k=key[-1],
+                                    bytes_per_key=bytes_per_key, num_sms=num_sms,
+                                    align=self.tile_n, max_splits=top, model=model, fold=False)
+            if len(self._counts) > 4096:
+                self._counts.clear()
+            self._counts[key] = n
+        return n
+
+    def run(self, n: int, q, k, v, out, softmax_scale: float, cu_seqlens_q, seqused_k,
+            page_table, window_left, window_right, descales=None):
+        """The copy's split forward over n splits into fp32 partials, then its combine into
+        `out` (LSE not returned: split_twin builds no LSE twin). -> out."""
+        varlen_q = cu_seqlens_q is not None
+        p = prepare(q, out.shape[-1], varlen_q=varlen_q, out=out, num_splits=n)
+        self.launch(q, k, v, p.kernel_out, p.kernel_lse, softmax_scale, cu_seqlens_q, None,
+                    None, seqused_k, page_table, window_left, window_right, None, None,
+                    descales=descales)
+        self.combines[q.shape[-2], combine_bucket(n)](*p.combine(cu_seqlens_q, None))
+        return out
+
+
+def split_kernels(rt, variant, num_sms: int) -> SplitKv | None:
+    """The split twin of `variant` (the same variant with `split_kv`) from `rt`'s stores, with
+    its combines (parts carrying `max_splits` and `num_head`), loaded once per artifact; None
+    where the stores lack it (the step then runs unsplit)."""
+    if variant is None or variant.split_kv or not variant.paged or variant.return_lse:
+        return None
+    twin = replace(variant, split_kv=True)
+    with rt._lock:
+        art = rt.find(twin, num_sms)
+        if art is None:
+            return None
+        key = ("vllm-split", art.id)
+        got = rt._modules.get(key)
+        if got is None:
+            parts = art.record["parts"]
+            names = [n for n, p in parts.items() if "max_splits" in p and "num_head" in p]
+            fwd, *kernels = rt._load(art, "fwd", *names)
+            combines = {(int(parts[n]["num_head"]), int(parts[n]["max_splits"])): kern
+                        for n, kern in zip(names, kernels)}
+            got = rt._modules[key] = (fwd, combines, int(parts["fwd"].get("tile_n", 64)),
+                                      L.abi_for(twin.arch, rt.abi_of(art)).fwd)
+    fwd, combines, tile_n, bind = got
+    return SplitKv(fwd, combines, tile_n, bind, paged_tma=twin.paged_tma is not False)
+
+
+def split_step(rt, plan, dev: int, q, k, v, out, batch: int, hk: int, max_seqlen_k,
+               page_table, seqused_k, cu_seqlens_q, softmax_scale: float, descales=None):
+    """Serve a paged call of `plan` (a store built from vLLM's copy) split, or return None (run
+    it unsplit): the plan's variant has no split twin in the stores, or SplitKv.count says 1.
+    The KV bound is max_seqlen_k when the caller gives it (its contract: it bounds every
+    sequence's length), else the page table's capacity. The twin is looked up once per plan."""
+    key = ("vllm-split-plan", id(plan))
+    got = rt._modules.get(key)
+    if got is None:  # (the plan is kept beside it, so its id is not reused)
+        got = rt._modules[key] = (plan, split_kernels(rt, plan.variant, rt.device(dev)[1]))
+    sk = got[1]
+    if sk is None or page_table is None:
+        return None
+    bound = (max_seqlen_k if type(max_seqlen_k) is int and max_seqlen_k >= 0
+             else page_table.shape[1] * k.shape[1])
+    n = sk.count(setting=rt.split, batch=batch, hq=q.shape[-2], hk=hk, bound=bound,
+                 bytes_per_key=(k.shape[-1] + v.shape[-1]) * k.element_size(),
+                 num_sms=rt.device(dev)[1], model=rt.cost_model(dev))
+    if n < 2:
+        return None
+    return sk.run(n, q, k, v, out, softmax_scale, cu_seqlens_q, seqused_k, page_table,
+                  plan.window_left, plan.window_right, descales)
