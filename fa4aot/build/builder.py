@@ -28,7 +28,7 @@ from fa4aot.build.enumerate import enumerate_variants, merge
 from fa4aot.errors import BuildError, CorruptArtifact
 from fa4aot.model import constraints as C
 from fa4aot.model.compile_keys import Call
-from fa4aot.model.abis import ABIS
+from fa4aot.model.abis import source_reason
 from fa4aot.model.needs import Plan, Unsupported
 from fa4aot.model.specs import Spec
 from fa4aot.model.variants import Variant
@@ -61,21 +61,16 @@ def plan_for(specs: list[Spec], arch: str, num_sms: int | None = None,
 
 
 def _source_limits(plan: Plan, fa4: str) -> Plan:
-    """`plan` less the needs the source's forward refuses outright (model/abis.py: SGLang's
+    """`plan` less the needs the source's forward refuses outright (abis.source_reason: SGLang's
     copy asserts bf16 sinks), each such layer reported unsupported once."""
-    sinks = ABIS[fa4].sink_dtypes if fa4 in ABIS else None
-    if sinks is None:
-        return plan
     keep, seen = [], set()
     for n in plan.needs:
-        sd = n.variant.sink_dtype
-        if sd is None or sd in sinks:
+        why = source_reason(fa4, sink_dtype=n.variant.sink_dtype, split_kv=n.variant.split_kv)
+        if why is None:
             keep.append(n)
         elif (n.spec, n.layer) not in seen:
             seen.add((n.spec, n.layer))
-            plan.unsupported.append(Unsupported(
-                n.spec, n.layer, f"{sd} sinks: the {fa4} FA4 source's forward takes "
-                f"{'/'.join(sinks)} sinks only (sink_dtype in the spec)"))
+            plan.unsupported.append(Unsupported(n.spec, n.layer, why))
     plan.needs = keep
     return plan
 

@@ -239,7 +239,8 @@ def _build_arch(
 
     plan = plan_for(spec_list, arch, num_sms, source.abi if source else "upstream")
     if misses:
-        todo, refused = plan_misses(read_misses(misses), arch, num_sms)
+        todo, refused = plan_misses(read_misses(misses), arch, num_sms,
+                                    source.abi if source else "upstream")
         plan.needs += [Need(v, call, "miss-log", Path(misses).name) for v, call in todo]
         plan.unsupported += [Unsupported("miss-log", Path(misses).name, r) for r in refused]
     unsup = [

@@ -168,6 +168,8 @@ class Abi:
     combine_key_func: str = "_flash_attn_fwd_combine"
     # learnable-sink dtypes its forward takes (None: any FA4 takes)
     sink_dtypes: tuple[str, ...] | None = None
+    # whether fa4aot builds the source's own split-KV forward and combine (Variant.split_kv)
+    split_kv: bool = True
 
 
 ABIS: dict[str, Abi] = {
@@ -175,8 +177,26 @@ ABIS: dict[str, Abi] = {
                     UPSTREAM_COMBINE, True),
     "vllm": Abi("vllm", VLLM_FWD_KEY, VLLM_COMBINE_KEY, VLLM_SM90_FWD, VLLM_COMBINE, True),
     "sglang": Abi("sglang", SGLANG_FWD_KEY, SGLANG_COMBINE_KEY, SGLANG_SM90_FWD, SGLANG_COMBINE,
-                  True, combine_key_func="_fwd_combine_compile_key", sink_dtypes=("bfloat16",)),
+                  True, combine_key_func="_fwd_combine_compile_key", sink_dtypes=("bfloat16",),
+                  split_kv=False),
 }
+
+
+def source_reason(fa4: str, *, sink_dtype: str | None = None, split_kv: bool = False
+                  ) -> str | None:
+    """Why FA4 source `fa4`'s forward (an ABI name) cannot compile a kernel with these features
+    though upstream's can, or None: SGLang's copy asserts bf16 sinks, and its split-KV kernels
+    are not modelled."""
+    abi = ABIS.get(fa4)
+    if abi is None:
+        return None
+    if sink_dtype is not None and abi.sink_dtypes is not None and sink_dtype not in (
+            abi.sink_dtypes):
+        return (f"{sink_dtype} sinks: the {fa4} FA4 source's forward takes "
+                f"{'/'.join(abi.sink_dtypes)} sinks only (sink_dtype in the spec)")
+    if split_kv and not abi.split_kv:
+        return f"split-KV: fa4aot does not model the {fa4} FA4 source's split kernels"
+    return None
 
 
 def key_field_names(interface: Path, func: str, *, _src: str | None = None,

@@ -17,6 +17,7 @@ from pathlib import Path
 from fa4aot import settings
 from fa4aot.errors import SettingError
 from fa4aot.model import constraints as C
+from fa4aot.model.abis import source_reason
 from fa4aot.model.compile_keys import Call, representative_call
 from fa4aot.model.variants import Variant
 
@@ -79,20 +80,26 @@ def read_misses(path: str | Path) -> list[Variant]:
 
 
 def plan_misses(
-    variants: list[Variant], arch: str, num_sms: int | None = None
+    variants: list[Variant], arch: str, num_sms: int | None = None, fa4: str = "upstream"
 ) -> tuple[list[tuple[Variant, Call]], list[str]]:
     """Logged variants of `arch` -> (variant, call) pairs to build for a GPU of num_sms SMs
     (None: the arch's default; Blackwell hd256 kernels depend on it), and one reason per variant
     refused. A variant is refused only when FA4 itself cannot run it (its reason, with the
     alternative) or no call to FA4 produces it (a hand-edited log): everything the runtime or
-    install() logs is built in one round (issue 13: 43 logged variants could not be)."""
+    install() logs is built in one round (issue 13: 43 logged variants could not be). fa4: the
+    FA4 source's ABI the build compiles from (model/abis.py): what it can run decides."""
     build, refused = [], []
     for v in variants:
         if v.arch != arch:
             continue
         why = C.unsupported_reason(
-            v.arch, v.dtype, v.head_dim, v.head_dim_v, qhead_per_kvhead=v.qhead_per_kvhead
+            v.arch, v.dtype, v.head_dim, v.head_dim_v, qhead_per_kvhead=v.qhead_per_kvhead,
+            fa4=fa4,
         )
+        if not why and v.kv_dtype:
+            why = C.kv_dtype_reason(v.arch, fa4, v.dtype, v.kv_dtype, v.head_dim, v.head_dim_v)
+        if not why:
+            why = source_reason(fa4, sink_dtype=v.sink_dtype, split_kv=v.split_kv)
         if why:
             refused.append(f"{v.id} ({v.describe()}): {why}")
             continue
