@@ -829,16 +829,16 @@ def test_packed_kv_with_seqused_k_is_not_split(monkeypatch):
 @pytest.mark.parametrize("split", [0, 3])
 def test_empty_first_sequence_reads_no_byte_before_the_page_table(monkeypatch, split, page):
     """FA4's TMA-paged kernel reads page_table[0, -1] when sequence 0 has no keys; the runtime
-    hands a table that may start a GPU mapping to the kernel behind a guard (launch.GUARD_ALIGN,
+    hands a table that may start a GPU mapping to the kernel behind a guard (abi.GUARD_ALIGN,
     forced here for every table) on that path only: pages of 16 (and of 64 unsplit) run on
     FA4's cp.async path, which reads no entry before a row, and go unguarded. Under
     `PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer` (`gpu_session.sh sanitize-guard`) this
     test reports no invalid read (without the guard at pages of 128: "4 bytes before the
     nearest allocation"); here: exact against the reference, unsplit and split."""
     import fa4aot
-    from fa4aot.runtime import launch as L
+    from fa4aot.runtime import abi as A
 
-    monkeypatch.setattr(L, "GUARD_ALIGN", 1)
+    monkeypatch.setattr(A, "GUARD_ALIGN", 1)
     hq, hk, d = 8, 2, 128
     lk = [0, 700, 1, 1500]
     b = len(lk)

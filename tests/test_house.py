@@ -27,7 +27,6 @@ LONG_FUNCTIONS: dict[str, str] = {
     "fa4aot.runtime.flash_attn_varlen_func": _HOT,
     "fa4aot.runtime.splitkv.split_step": _HOT,
     "fa4aot.fa4.forwards.trace_chunk_modes": _KERNEL,
-    "fa4aot.fa4.kernels._merge_class": _KERNEL,
 }
 
 _MONTHS = (

@@ -2,8 +2,8 @@
 
 Reached from the entry points through `Plan.special` (set once per plan for a Blackwell
 artifact, so the sm90 exact path tests nothing new). Per call it does what FA4 does before and
-around its kernel (fa4aot/runtime/abi.py: `fwd_prepare` lays the call out, `cu_hint_prepare` sizes the
-batch > 256 helpers' buffers; the bound launchers in launch.py pass the argument lists), with
+around its kernel (runtime/launch.py: `fwd_prepare` lays the call out, `cu_hint_prepare` sizes
+the batch > 256 helpers' buffers; the launchers abi.py binds pass the argument lists), with
 host-known values only (no device sync):
 
 - FP8: the descales are checked (`fp8.check_descales`: the kernel's set, shape (batch, kv
@@ -36,7 +36,7 @@ import torch
 from fa4aot.errors import ContractViolation
 from fa4aot.model import fp8 as F8
 from fa4aot.model.compile_keys import CallFeatures, native_split_variant
-from fa4aot.runtime import abi as A
+from fa4aot.runtime import launch as L
 from fa4aot.runtime import pad as X
 from fa4aot.runtime.validate import descale_set
 
@@ -151,7 +151,7 @@ def run(rt, plan, q, k, v, out, lse, opts: Options, tensors: Tensors, shape: Sha
         rt.split and (not varlen_q or even) and seqused_q is None
         and variant.head_dim == variant.head_dim_v
     ):  # fmt: skip
-        bound = A.max_seqlen_k_bound(v, page_table, max_seqlen_k)
+        bound = L.max_seqlen_k_bound(v, page_table, max_seqlen_k)
         rows = seqlen_q if max_seqlen_q is None else max_seqlen_q
         key = (batch, rows, -(-bound // 128), rt.split)
         got = plan.native.get(key)
@@ -168,7 +168,7 @@ def run(rt, plan, q, k, v, out, lse, opts: Options, tensors: Tensors, shape: Sha
     op = lp = None
     if n > 1:
         op, lp = _partials(rt, dev, q, n, batch, seqlen_q, hq, v.shape[-1])
-    p = A.fwd_prepare(
+    p = L.fwd_prepare(
         variant.arch, q, k, v, varlen_q=varlen_q, max_seqlen_q=max_seqlen_q,
         softmax_scale=softmax_scale, causal=causal, window_left=window_left,
         window_right=window_right, return_lse=return_lse, out=out, lse=lse, num_splits=n,
@@ -177,7 +177,7 @@ def run(rt, plan, q, k, v, out, lse, opts: Options, tensors: Tensors, shape: Sha
     cu_total = b2b = None
     if variant.cu_hint:
         facts = plan.facts
-        h = A.cu_hint_prepare(
+        h = L.cu_hint_prepare(
             batch, total_q, facts["tile_m"], hq // hk, facts["pack_gqa"], q.device
         )
         plan.tile(
@@ -257,7 +257,7 @@ def _native_split(rt, plan, dev, batch, rows, bound, batch_form=False):
 
 def _partials(rt, dev, q, n, batch, seqlen_q, hq, dv):
     """float32 out_partial (n, b, s, h, dv) and lse_partial (n, b, h, s), as FA4 allocates
-    them (abi.fwd_prepare), kept per (device, stream, shape): calls on one stream are ordered,
+    them (launch.fwd_prepare), kept per (device, stream, shape): calls on one stream are ordered,
     so a call never overwrites partials an earlier one's combine still reads; while a CUDA graph
     is captured nothing is reused or kept (the graph gets its own, from its pool)."""
     if q.is_cuda:

@@ -19,8 +19,8 @@ or not; bf16/fp16. LSE is FA4's qv layout, heads last: (total_q, h).
   call runs exactly, and O and LSE are cropped back into the caller's buffers (SGLang's
   `_pad_mla_q_heads` / `_unpad_mla_result`). Heads are independent rows of attention and the
   softmax scale, 1/sqrt(64 + 512), does not depend on them: the crop is the unpadded result;
-- launch: `abi.fwd_prepare` (as FA4 lays the call out) and the plan's MLA launcher (launch.py,
-  `abi.launch_mla`, FA4's 20 slots).
+- launch: `launch.fwd_prepare` (as FA4 lays the call out) and the plan's MLA launcher
+  (`abi.bind_mla_fwd` over `abi.launch_mla`: FA4's 20 slots).
 
 Never split: FA4 splits MLA only on its 1CTA kernel with its own plan (`_mla_fwd_plan`), which
 fa4aot does not build, and its public default is num_splits=1; FA4AOT_SPLIT_KV is not read here.
@@ -36,7 +36,7 @@ import torch
 from fa4aot.errors import UnsupportedVariant
 from fa4aot.model.compile_keys import CallFeatures
 from fa4aot.policy.select import pad_heads
-from fa4aot.runtime import abi as A
+from fa4aot.runtime import launch as L
 from fa4aot.runtime import pad as X
 from fa4aot.runtime import plan as P
 from fa4aot.runtime import validate as V
@@ -127,7 +127,7 @@ def varlen(
         if lse is None and return_lse:
             lse = q.new_empty((total_q, hq), dtype=torch.float32)
         return X.empty(out, lse, None, varlen=True)
-    p = A.fwd_prepare(
+    p = L.fwd_prepare(
         plan.variant.arch, q, k, v, qv=qv, varlen_q=True, max_seqlen_q=max_seqlen_q,
         softmax_scale=softmax_scale, causal=causal, return_lse=return_lse, out=out, lse=lse,
     )  # fmt: skip

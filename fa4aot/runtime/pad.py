@@ -53,7 +53,7 @@ def folded(
     kv_args: (cu_seqlens_k, seqused_k, page_table), passed through. descales: FP8 (Blackwell)
     (q, k, v) descales or None; the fold keeps the batch and the KV heads, so they pass on as
     they are, checked against the kernel's set; FP8 q/k/v go as uint8 views and O is bfloat16,
-    as FA4 lays out an FP8 call (abi.fwd_prepare)."""
+    as FA4 lays out an FP8 call (launch.fwd_prepare)."""
     b, hq, d, dv = q.shape[0], q.shape[-2], q.shape[-1], v.shape[-1]
     m = plan.pad.fold
     h2 = hq // m

@@ -117,7 +117,7 @@ def ours(inp, kw):
     calls, cu_total = [], None
     b = inp["cu_seqlens_q"].shape[0] - 1 if varlen_q else q.shape[0]
     if varlen_q and b > 256:  # the batch > 256 helpers: upstream's slots (runtime/abi.py)
-        from fa4aot.runtime import abi as UA
+        from fa4aot.runtime import launch as UA
 
         ratio = q.shape[-2] // v.shape[-2]
         h = UA.cu_hint_prepare(b, q.shape[0], 64, ratio, ratio > 1, q.device)

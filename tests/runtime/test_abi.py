@@ -1,12 +1,13 @@
-"""fa4aot/runtime/abi.py's argument lists equal what FA4's interface passes its compiled functions.
+"""fa4aot/runtime/abi.py's argument lists (and launch.py's call preparation) equal what FA4's
+interface passes its compiled functions.
 
 FA4's real `_flash_attn_fwd` runs on the CPU under FakeTensorMode, in one subprocess per
 target (configured as compiler.py does: FA4 fixes its arch at import), with `cute.compile`
 replaced by a recording stand-in and FA4's `is_fake_mode` answered False, so that FA4 goes on
 to *call* what it compiled: every call of a forward, combine, tile-cumsum, blocks-to-batch or
 scheduler-prepare kernel is recorded with its positional arguments. The same call is then laid
-out with abi.fwd_prepare / fwd_args / combine_args / the helper builders (what the runtime
-does), and the two call sequences are compared slot by slot: None vs tensor; a tensor by
+out with launch.fwd_prepare / abi.fwd_args / combine_args / the helper builders (what the
+runtime does), and the two call sequences are compared slot by slot: None vs tensor; a tensor by
 storage (the caller's input it aliases, or the order in which FA4-allocated buffers first
 appear, so aliasing between calls is checked too), shape, strides, offset and dtype; scalars by
 type and value; tuples (aux data, descales) member by member.
@@ -32,6 +33,7 @@ import pytest
 import torch
 
 from fa4aot.runtime import abi
+from fa4aot.runtime import launch as L
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,7 +49,7 @@ class _S:
     def __repr__(self):
         return self.name
 
-    def data_ptr(self):  # the sm90 launcher tests a page table's base (launch.GUARD_ALIGN):
+    def data_ptr(self):  # the sm90 launcher tests a page table's base (abi.GUARD_ALIGN):
         return 16  # off any mapping boundary, so the sentinel itself is passed on
 
 
@@ -95,10 +97,8 @@ def test_builders_fill_their_tables_in_order():
 
 
 def test_sm90_fwd_args_are_the_runtimes_launch_order():
-    """The runtime's sm90 launcher (runtime/launch.py, bound per loaded part) passes exactly
+    """The runtime's sm90 launcher (abi.bind_sm90_fwd, bound per loaded part) passes exactly
     abi.fwd_args("sm90", ...)."""
-    from fa4aot.runtime import launch as L
-
     got = []
     pos = [_S(n) for n in _FWD_POS]
     cu_total = _S("cu_total_m_blocks")
@@ -150,7 +150,7 @@ def test_slots_an_arch_lacks_are_refused_not_dropped():
     with pytest.raises(ValueError, match="scheduler metadata"):
         abi.fwd_args("sm100", *pos, qv=torch.empty(1), cu_total_m_blocks=torch.empty(3))
     with pytest.raises(ValueError, match="no split-KV on sm90"):
-        abi.fwd_prepare("sm90", torch.empty(1, 2, 1, 8), torch.empty(1, 2, 1, 8),
+        L.fwd_prepare("sm90", torch.empty(1, 2, 1, 8), torch.empty(1, 2, 1, 8),
                         torch.empty(1, 2, 1, 8), num_splits=2)  # fmt: skip
     with pytest.raises(ValueError, match="no FA4 forward ABI"):
         abi.family("sm80")
@@ -160,7 +160,7 @@ def test_prepare_layouts_on_plain_tensors():
     """fwd_prepare's buffers and scalars, spelled out for one dense and one packed MLA call."""
     q = torch.empty(2, 3, 8, 64, dtype=torch.bfloat16)
     kv = torch.empty(2, 5, 2, 64, dtype=torch.bfloat16)
-    p = abi.fwd_prepare("sm100", q, kv, kv, causal=True, return_lse=True, num_splits=3)
+    p = L.fwd_prepare("sm100", q, kv, kv, causal=True, return_lse=True, num_splits=3)
     assert p.out.shape == (2, 3, 8, 64) and p.lse.shape == (2, 8, 3)
     assert p.out_partial.shape == (3, 2, 3, 8, 64) and p.out_partial.dtype == torch.float32
     assert p.kernel_out is p.out_partial and p.kernel_lse is p.lse_partial
@@ -169,7 +169,7 @@ def test_prepare_layouts_on_plain_tensors():
     assert p.softmax_scale == 1 / 8
     qr, qv = torch.empty(10, 16, 64), torch.empty(10, 16, 512)
     k, v = torch.empty(40, 1, 64), torch.empty(40, 1, 512)
-    m = abi.fwd_prepare("sm100", qr, k, v, qv=qv, varlen_q=True, max_seqlen_q=4,
+    m = L.fwd_prepare("sm100", qr, k, v, qv=qv, varlen_q=True, max_seqlen_q=4,
                         return_lse=True, num_splits=2)  # fmt: skip
     assert m.lse.shape == (10, 16) and m.lse_partial.shape == (2, 16, 10)
     assert m.kernel_lse.shape == (2, 10, 16) and m.lse_combine.shape == (10, 16)
@@ -177,7 +177,7 @@ def test_prepare_layouts_on_plain_tensors():
     assert m.softmax_scale == 1 / 24 and m.max_seqlen_q == 4  # 1/sqrt(64 + 512)
     f8 = torch.empty(1, 4, 2, 128, dtype=torch.float8_e4m3fn)
     d = torch.empty(1, 2)
-    f = abi.fwd_prepare("sm100", f8, f8, f8, q_descale=d)
+    f = L.fwd_prepare("sm100", f8, f8, f8, q_descale=d)
     assert f.q.dtype == torch.uint8 and f.out.dtype == torch.bfloat16
     assert f.descales == (d, None, None)
 
@@ -299,7 +299,7 @@ def _abi_calls(arch: str, c: dict, inp: dict, kw: dict, key) -> tuple[list, obje
     fam = abi.family(arch)
     cq, sq_used = inp.get("cu_seqlens_q"), inp.get("seqused_q")
     q = inp["q"]
-    prep = abi.fwd_prepare(
+    prep = L.fwd_prepare(
         arch, q, inp["k"], inp["v"], qv=inp.get("qv"), varlen_q=cq is not None,
         max_seqlen_q=kw.get("max_seqlen_q"), causal=kw["causal"],
         window_left=kw["window_size_left"], window_right=kw["window_size_right"],
@@ -313,8 +313,8 @@ def _abi_calls(arch: str, c: dict, inp: dict, kw: dict, key) -> tuple[list, obje
     dev = q.device
     calls, sched = [], {}
     if has_dyn:  # split-KV with a varlen q: FA4's scheduler prepare kernel first
-        meta = abi.scheduler_prepare(
-            prep, b, abi.max_seqlen_k_bound(inp["v"], inp.get("page_table"),
+        meta = L.scheduler_prepare(
+            prep, b, L.max_seqlen_k_bound(inp["v"], inp.get("page_table"),
                                             kw.get("max_seqlen_k")),
             cq, inp.get("cu_seqlens_k"), sq_used, inp.get("seqused_k"), semaphore=has_sem,
         )  # fmt: skip
@@ -325,7 +325,7 @@ def _abi_calls(arch: str, c: dict, inp: dict, kw: dict, key) -> tuple[list, obje
         assert not has_dyn  # (FA4 takes the scheduler's cumsum then; no case reaches it)
         total_q = q.shape[0] if cq is not None else q.shape[0] * q.shape[1]
         ratio = q.shape[-2] // inp["v"].shape[-2]
-        hint = abi.cu_hint_prepare(b, total_q, tile_m, ratio, pack_gqa, dev)
+        hint = L.cu_hint_prepare(b, total_q, tile_m, ratio, pack_gqa, dev)
         calls.append(("tile_cumsum", hint.tile_cumsum_args(cq, sq_used)))
         calls.append(("blocks_to_batch", hint.blocks_to_batch_args()))
         assert has_b2b or fam == 9
@@ -436,8 +436,6 @@ def _worker(arch: str) -> dict:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from fa4aot.fa4 import driver
-    from fa4aot.runtime import launch as L
-
     t0 = time.perf_counter()
     driver.configure(arch, _TARGETS[arch])
     _, I = driver._fa4()

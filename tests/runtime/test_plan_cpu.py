@@ -15,6 +15,7 @@ from fakes import dense_ref_kernel, fake_combine, fake_fwd
 
 import fa4aot.runtime as R
 from fa4aot.errors import UnsupportedVariant
+from fa4aot.runtime import abi as A
 from fa4aot.runtime import launch as L
 from fa4aot.runtime import plan as P
 from fa4aot.runtime import splitkv as SK
@@ -37,12 +38,12 @@ def _parts_before_merge(variant):
 
 
 def fake_merge(op, lp, out, lse):
-    """fa4aot's merge kernel: FA4's combine's four tensors, and nothing else (launch.fa4aot_merge)."""
+    """fa4aot's merge kernel: FA4's combine's four tensors, and nothing else (abi.bind_fa4aot_merge)."""
     fake_combine(op, lp, out, lse)
 
 
 def fake_fa4_combine(*args):
-    """FA4's combine in its own ABI: the four tensors, then five Nones (launch._sm90_combine)."""
+    """FA4's combine in its own ABI: the four tensors, then five Nones (abi.bind_combine)."""
     assert len(args) == 9
     fake_combine(*args)
 
@@ -207,18 +208,18 @@ def test_fresh_scratch_keeps_nothing(store):
 def test_a_page_table_at_a_mapping_boundary_goes_behind_a_guard():
     """FA4's TMA-paged sm90 kernel reads page_table[0, -1] for an empty first sequence: a table
     starting at a 64 KiB boundary (where a GPU mapping may start) is passed as a copy with 16
-    readable bytes before it; any other table as it is (launch.GUARD_ALIGN)."""
+    readable bytes before it; any other table as it is (abi.GUARD_ALIGN)."""
     seen = []
     fwd = L.SM90.fwd(lambda *a: seen.append(a[10]))
-    buf = torch.empty(2 * L.GUARD_ALIGN // 4 + 64, dtype=torch.int32)
-    at = (-buf.data_ptr() % L.GUARD_ALIGN) // 4
+    buf = torch.empty(2 * A.GUARD_ALIGN // 4 + 64, dtype=torch.int32)
+    at = (-buf.data_ptr() % A.GUARD_ALIGN) // 4
     aligned = buf[at : at + 12].view(3, 4)
     aligned.copy_(torch.arange(12, dtype=torch.int32).view(3, 4))
     inner = buf[at + 4 : at + 16].view(3, 4)  # 16 bytes past a boundary: mapped before it
     for table in (aligned, inner):
         fwd(None, None, None, None, None, 1.0, page_table=table)
     got, same = seen
-    assert aligned.data_ptr() % L.GUARD_ALIGN == 0
+    assert aligned.data_ptr() % A.GUARD_ALIGN == 0
     assert got.data_ptr() != aligned.data_ptr() and torch.equal(got, aligned)
     assert got.storage_offset() == 4 and got.data_ptr() % 16 == 0
     assert same is inner
@@ -231,10 +232,10 @@ def test_the_guard_is_bound_only_where_the_kernel_may_take_fa4s_tma_paged_path()
     (page == tile_n, the part fwd_tma) and one whose variant is unknown keep the guard."""
     from fa4aot.model import compile_keys as variants
 
-    buf = torch.empty(2 * L.GUARD_ALIGN // 4 + 64, dtype=torch.int32)
-    at = (-buf.data_ptr() % L.GUARD_ALIGN) // 4
+    buf = torch.empty(2 * A.GUARD_ALIGN // 4 + 64, dtype=torch.int32)
+    at = (-buf.data_ptr() % A.GUARD_ALIGN) // 4
     table = buf[at : at + 12].view(3, 4)
-    assert table.data_ptr() % L.GUARD_ALIGN == 0
+    assert table.data_ptr() % A.GUARD_ALIGN == 0
 
     def passed(launch, seen):
         launch(None, None, None, None, None, 1.0, page_table=table)

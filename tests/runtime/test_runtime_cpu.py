@@ -14,7 +14,7 @@ import torch
 import fa4aot
 import fa4aot.runtime as R
 from fa4aot.policy import blocks
-from fa4aot.runtime import launch as L
+from fa4aot.runtime import abi as A
 from fa4aot.build.builder import build
 from fa4aot.errors import ContractViolation
 from fa4aot.model.specs import parse_spec
@@ -722,10 +722,10 @@ def test_decode_fold_plan_passes_views_of_the_callers_tensors():
     q, out = t(b, 40, 64), t(b, 40, 64)
     k, v = t(b * 2, 16, 2, 64), t(b * 2, 16, 2, 64)
     # a table 4 bytes past an allocation's start: never at a multiple of 64 KiB, where the
-    # launcher would pass a guarded copy instead (launch.GUARD_ALIGN; a 1-in-1024 chance for a
+    # launcher would pass a guarded copy instead (abi.GUARD_ALIGN; a 1-in-1024 chance for a
     # fresh 64-byte-aligned CPU tensor, which failed CI once)
     table = torch.arange(b * 2 + 1, dtype=torch.int32)[1:].sub_(1).reshape(b, 2)
-    assert table.data_ptr() % L.GUARD_ALIGN
+    assert table.data_ptr() % A.GUARD_ALIGN
     used = torch.full((b,), 20, dtype=torch.int32)
     o, _ = fa4aot.flash_attn_varlen_func(
         q,
