@@ -1,5 +1,6 @@
-"""What the engine plugins share: counters, the hand-back log, the serve-or-hand-back step, and
-patching a module attribute as soon as its module is imported.
+"""What the engine plugins share: counters, the hand-back log, the serve-or-hand-back step, an
+engine call turned into fa4aot's (`precheck`, `to_fa4aot`), and the plugin's life cycle (`Engine`:
+patching a module attribute as soon as its module is imported, putting it back, the entry point).
 
 A plugin wraps one function of an engine (its FA4 entry point). Each call is either served by
 fa4aot's runtime (a hit) or handed back to the engine's own function, unchanged, with a reason:
@@ -358,3 +359,71 @@ def unpatch(plugin: Plugin, module: str, attr: str) -> None:
     for f in sys.meta_path:
         if isinstance(f, _PatchOnImport):
             f.pending.pop(module, None)
+
+
+# the K/V layout arguments both engines' FA4 entries take: any of them -> flash_attn_varlen_func
+LAYOUT = ("cu_seqlens_q", "cu_seqlens_k", "seqused_q", "seqused_k", "page_table")
+
+
+def precheck(a: dict) -> str | None:
+    """A hand-back reason every plugin gives before converting a call, or None."""
+    if a["q"] is None or a["k"] is None:
+        return "q or k is None"
+    return grad_or_fake(a["q"], a["k"], a["v"], a["qv"], a["learnable_sink"])
+
+
+def to_fa4aot(plugin: Plugin, a: dict, win: tuple, **extra):
+    """An engine call's bound FA4 arguments `a` (the names both copies share; `win`: the window
+    as fa4aot takes it) -> (fa4aot function, kwargs): flash_attn_func without any layout
+    argument, flash_attn_varlen_func with one. extra: more fa4aot keywords. `num_splits` is a
+    scheduling hint fa4aot replaces with its own choice (counted in `overridden`)."""
+    import fa4aot
+
+    kw = dict(
+        q=a["q"], k=a["k"], v=a["v"], softmax_scale=a["softmax_scale"], causal=a["causal"],
+        window_size=win, learnable_sink=a["learnable_sink"], return_lse=a["return_lse"],
+        out=a["out"], softcap=a["softcap"] or 0.0, pack_gqa=a["pack_gqa"], **extra,
+    )
+    for n in ("q_descale", "k_descale", "v_descale", "qv"):
+        if a[n] is not None:
+            kw[n] = a[n]
+    if all(a[n] is None for n in LAYOUT):
+        fn = fa4aot.flash_attn_func
+    else:
+        fn = fa4aot.flash_attn_varlen_func
+        kw.update({n: a[n] for n in LAYOUT}, max_seqlen_q=a["max_seqlen_q"],
+                  max_seqlen_k=a["max_seqlen_k"])
+    if a["num_splits"] not in (0, 1):
+        plugin.counters.overridden["num_splits"] += 1
+    return fn, kw
+
+
+class Engine:
+    """One engine plugin's life cycle: it wraps `module.attr` (the engine's FA4 entry, whose
+    parameters are `params`) with make_wrapper(plugin, params, hand_back, convert, result)."""
+
+    def __init__(self, engine: str, label: str, module: str, attr: str,
+                 params: list[tuple[str, object]], hand_back: tuple[str, ...], convert, result):
+        self.label, self.module, self.attr = label, module, attr
+        self.params, self.hand_back, self.convert, self.result = params, hand_back, convert, result
+        self.plugin = Plugin(engine, f"{module}.{attr}")
+
+    def _patch(self, mod) -> None:
+        patch(self.plugin, mod, self.attr, lambda: make_wrapper(
+            self.plugin, self.params, self.hand_back, self.convert, self.result))
+
+    def install(self) -> Counters:
+        """Wrap the engine's FA4 entry now, or when its module is first imported. Idempotent.
+        Returns the counters."""
+        apply_when_imported(self.module, self._patch)
+        return self.plugin.counters
+
+    def uninstall(self) -> None:
+        unpatch(self.plugin, self.module, self.attr)
+
+    def register(self) -> None:
+        """The engine's plugin entry point: install() unless FA4AOT_ENGINE_PLUGIN=0."""
+        if disabled():
+            log.info("fa4aot: %s plugin off (%s=0)", self.label, ENV_DISABLE)
+            return
+        self.install()

@@ -53,50 +53,24 @@ HAND_BACK = (
     "sfv", "qk_sf_vec_size", "v_sf_vec_size", "rel_bias_prep_cache",
 )
 
-plugin = C.Plugin("sglang", f"{MODULE}.{ATTR}")
-counters = plugin.counters
-
 
 def _convert(a: dict):
     """The FA4 copy's `flash_attn_varlen_func` arguments -> (fa4aot function, kwargs) or a
     hand-back reason."""
-    import fa4aot
-
-    q, k, v = a["q"], a["k"], a["v"]
-    if q is None or k is None:
-        return "q or k is None"
-    why = C.grad_or_fake(q, k, v, a["qv"], a["learnable_sink"])
+    why = C.precheck(a)
     if why:
         return why
     sink = a["learnable_sink"]
     if sink is not None and str(sink.dtype) != "torch.bfloat16":
         return f"learnable_sink dtype {str(sink.dtype).replace('torch.', '')} (SGLang: bf16)"
-    ws = a["window_size"]
     try:
-        left, right = ws
+        left, right = a["window_size"]
     except (TypeError, ValueError):
         return "window_size not a pair"
     win = C.window(left, right)
     if isinstance(win, str):
         return win
-    kw = dict(
-        q=q, k=k, v=v, softmax_scale=a["softmax_scale"], causal=a["causal"], window_size=win,
-        learnable_sink=sink, return_lse=a["return_lse"], out=a["out"],
-        softcap=a["softcap"] or 0.0, pack_gqa=a["pack_gqa"],
-    )
-    for n in ("q_descale", "k_descale", "v_descale", "qv"):
-        if a[n] is not None:
-            kw[n] = a[n]
-    layout = ("cu_seqlens_q", "cu_seqlens_k", "seqused_q", "seqused_k", "page_table")
-    if all(a[n] is None for n in layout):
-        fn = fa4aot.flash_attn_func
-    else:
-        fn = fa4aot.flash_attn_varlen_func
-        kw.update({n: a[n] for n in layout}, max_seqlen_q=a["max_seqlen_q"],
-                  max_seqlen_k=a["max_seqlen_k"])
-    if a["num_splits"] not in (0, 1):
-        counters.overridden["num_splits"] += 1
-    return fn, kw
+    return C.to_fa4aot(plugin, a, win)
 
 
 def _result(out, lse):
@@ -104,28 +78,9 @@ def _result(out, lse):
     return out, lse
 
 
-def _build():
-    return C.make_wrapper(plugin, PARAMS, HAND_BACK, _convert, _result)
-
-
-def _patch(mod) -> None:
-    C.patch(plugin, mod, ATTR, _build)
-
-
-def install() -> C.Counters:
-    """Wrap SGLang's FA4 entry now, or when flash_attention_v4 is first imported. Idempotent.
-    Returns the counters (also `fa4aot.engines.sglang.counters`)."""
-    C.apply_when_imported(MODULE, _patch)
-    return counters
-
-
-def uninstall() -> None:
-    C.unpatch(plugin, MODULE, ATTR)
-
-
-def register() -> None:
-    """The `sglang.srt.plugins` entry point: install() unless FA4AOT_ENGINE_PLUGIN=0."""
-    if C.disabled():
-        C.log.info("fa4aot: SGLang plugin off (%s=0)", C.ENV_DISABLE)
-        return
-    install()
+engine = C.Engine("sglang", "SGLang", MODULE, ATTR, PARAMS, HAND_BACK, _convert, _result)
+plugin = engine.plugin
+counters = plugin.counters
+# install(): wrap SGLang's FA4 entry now, or when flash_attention_v4 is first imported
+# (idempotent; returns the counters); register: the `sglang.srt.plugins` entry point
+install, uninstall, register = engine.install, engine.uninstall, engine.register

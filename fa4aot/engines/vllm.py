@@ -22,11 +22,16 @@ Served: dense, varlen and paged calls with bf16/fp16 (and whatever FP8 the runti
 causal/window, learnable sinks, softcap, `out=`/`lse=` buffers and return_lse, as
 `fa4aot.flash_attn_varlen_func` / `fa4aot.flash_attn_func`. `num_splits` is a scheduling
 hint: fa4aot serves the call with its own split choice (counted in `counters.overridden`).
+vLLM's start-up warm-up (`compile_only=True`, through `compile_flash_attn_varlen_func_from_specs`
+with shape-only tensor specs, flash_attn.py:222) is answered from the store: the kernel the
+matching call runs is loaded (with its split twin for num_splits > 1), nothing is launched, and
+vLLM gets the (out, lse, None, None) it expects (runtime/vllm_abi.warm); a warm-up the store
+cannot serve goes back, and vLLM compiles as it would.
 Handed back to vLLM's `_flash_attn_fwd` with the arguments it was given: mask_mod, score_mod,
-aux tensors/scalars, block sparsity, dynamic_causal, gather_kv_*, output_scale, compile_only,
-scheduler metadata, tuning overrides (tile_mn, ...), fp8_kv_dequant (until fa4aot's runtime
-takes it), q=None, autograd or fake tensors, unknown arguments, and any call fa4aot's runtime
-refuses before launch (ArtifactMissing, UnsupportedVariant, ContractViolation).
+aux tensors/scalars, block sparsity, dynamic_causal, gather_kv_*, output_scale, scheduler
+metadata, tuning overrides (tile_mn, ...), fp8_kv_dequant where fa4aot's runtime lacks it,
+q=None, autograd or fake tensors, unknown arguments, and any call fa4aot's runtime refuses
+before launch (ArtifactMissing, UnsupportedVariant, ContractViolation).
 """
 
 from __future__ import annotations
@@ -62,49 +67,37 @@ HAND_BACK = (
     "min_seqlen_k", "dynamic_causal", "tile_mn", "mma_pv_is_rs", "intra_wg_overlap",
     "num_threads", "_arch", "score_mod", "mask_mod", "block_sparse_tensors", "aux_tensors",
     "aux_tensor_leading_dims", "aux_scalars", "gather_kv_indices", "gather_kv_valid_length",
-    "output_scale", "compile_only", "scheduler_metadata", "seqlen_k_per_split",
-    "disable_scheduler_metadata",
+    "output_scale", "scheduler_metadata", "seqlen_k_per_split", "disable_scheduler_metadata",
 )
-
-plugin = C.Plugin("vllm", f"{MODULE}.{ATTR}")
-counters = plugin.counters
 
 
 def _convert(a: dict):
     """vLLM's `_flash_attn_fwd` arguments -> (fa4aot function, kwargs) or a hand-back reason."""
-    import fa4aot
-
-    q, k, v = a["q"], a["k"], a["v"]
-    if q is None or k is None:
-        return "q or k is None"
-    why = C.grad_or_fake(q, k, v, a["qv"], a["learnable_sink"])
+    why = C.precheck(a)
     if why:
         return why
     win = C.window(a["window_size_left"], a["window_size_right"])
     if isinstance(win, str):
         return win
-    kw = dict(
-        q=q, k=k, v=v, softmax_scale=a["softmax_scale"], causal=a["causal"], window_size=win,
-        learnable_sink=a["learnable_sink"], return_lse=a["return_lse"], out=a["out"],
-        lse=a["lse"], softcap=a["softcap"] or 0.0, pack_gqa=a["pack_gqa"],
-    )
-    for n in ("q_descale", "k_descale", "v_descale", "qv"):
-        if a[n] is not None:
-            kw[n] = a[n]
+    extra = {"lse": a["lse"]}
     if a["fp8_kv_dequant"]:
         if not _takes("fp8_kv_dequant"):
             return "fp8_kv_dequant"
-        kw["fp8_kv_dequant"] = True
-    layout = ("cu_seqlens_q", "cu_seqlens_k", "seqused_q", "seqused_k", "page_table")
-    if all(a[n] is None for n in layout):
-        fn = fa4aot.flash_attn_func
-    else:
-        fn = fa4aot.flash_attn_varlen_func
-        kw.update({n: a[n] for n in layout}, max_seqlen_q=a["max_seqlen_q"],
-                  max_seqlen_k=a["max_seqlen_k"])
-    if a["num_splits"] not in (0, 1):
-        counters.overridden["num_splits"] += 1
+        extra["fp8_kv_dequant"] = True
+    fn, kw = C.to_fa4aot(plugin, a, win, **extra)
+    if a["compile_only"]:
+        if fn.__name__ != "flash_attn_varlen_func":
+            return "compile_only without a varlen or paged layout"
+        return compile_only, {**kw, "num_splits": a["num_splits"]}
     return fn, kw
+
+
+def compile_only(**kw):
+    """vLLM's compile-only call, answered from the store: runtime/vllm_abi.warm (loads what the
+    matching call runs, launches nothing) -> (out, lse) as vLLM passed them."""
+    from fa4aot.runtime import default_runtime, vllm_abi
+
+    return vllm_abi.warm(default_runtime(), **kw)
 
 
 def _takes(name: str) -> bool:
@@ -115,32 +108,13 @@ def _takes(name: str) -> bool:
 
 def _result(out, lse):
     # vLLM's `_flash_attn_fwd` returns (out, lse, p, row_max); p and row_max exist only on
-    # the gather_kv path, which is handed back
+    # the gather_kv path, which is handed back (a compile-only call: the specs it was given)
     return out, lse, None, None
 
 
-def _build():
-    return C.make_wrapper(plugin, PARAMS, HAND_BACK, _convert, _result)
-
-
-def _patch(mod) -> None:
-    C.patch(plugin, mod, ATTR, _build)
-
-
-def install() -> C.Counters:
-    """Wrap vLLM's FA4 entry now, or when `vllm.vllm_flash_attn.cute.interface` is first
-    imported. Idempotent. Returns the counters (also `fa4aot.engines.vllm.counters`)."""
-    C.apply_when_imported(MODULE, _patch)
-    return counters
-
-
-def uninstall() -> None:
-    C.unpatch(plugin, MODULE, ATTR)
-
-
-def register() -> None:
-    """The `vllm.general_plugins` entry point: install() unless FA4AOT_ENGINE_PLUGIN=0."""
-    if C.disabled():
-        C.log.info("fa4aot: vLLM plugin off (%s=0)", C.ENV_DISABLE)
-        return
-    install()
+engine = C.Engine("vllm", "vLLM", MODULE, ATTR, PARAMS, HAND_BACK, _convert, _result)
+plugin = engine.plugin
+counters = plugin.counters
+# install(): wrap vLLM's FA4 entry now, or when vllm.vllm_flash_attn.cute.interface is first
+# imported (idempotent; returns the counters); register: the `vllm.general_plugins` entry point
+install, uninstall, register = engine.install, engine.uninstall, engine.register

@@ -26,7 +26,10 @@ from typing import Any, Callable
 
 import torch
 
+from fa4aot.errors import UnsupportedVariant
+from fa4aot.model import constraints as C
 from fa4aot.model.abis import VLLM_COMBINE, VLLM_SM90_FWD  # noqa: F401 (the tables these spell)
+from fa4aot.model.compile_keys import features
 from fa4aot.policy import split as S
 from fa4aot.runtime import launch as L
 
@@ -242,3 +245,50 @@ def split_step(rt, plan, dev: int, q, k, v, out, batch: int, hk: int, max_seqlen
         return None
     return sk.run(n, q, k, v, out, softmax_scale, cu_seqlens_q, seqused_k, page_table,
                   plan.window_left, plan.window_right, descales)
+
+
+_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def warm(rt, q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+         max_seqlen_k=None, seqused_q=None, seqused_k=None, page_table=None, softmax_scale=None,
+         causal=False, window_size=(None, None), learnable_sink=None, return_lse=False, *,
+         out=None, lse=None, softcap=0.0, pack_gqa=None, num_splits=1, fp8_kv_dequant=None,
+         **descales):
+    """vLLM's compile-only call (flash_attn_varlen_func's arguments as shape-only tensor specs:
+    `.shape`, `.dtype`, no data) answered from `rt`'s stores on the current CUDA device: the
+    kernel a call of these static features runs is loaded (its plan made, as the call would),
+    and for num_splits != 1 its split twin too (split_kernels); nothing is launched.
+    -> (out, lse) as given. ArtifactMissing (the miss recorded, as a call's would be) where the
+    stores lack the kernel; UnsupportedVariant for what the runtime does not serve exactly."""
+    fp8 = k.dtype in FP8_KV
+    if q.dtype not in _DTYPES or (k.dtype != q.dtype and not fp8) or descales or (
+            fp8 and fp8_kv_dequant is False):
+        raise UnsupportedVariant(f"compile-only: q {q.dtype}, k {k.dtype} are not served")
+    dev = torch.cuda.current_device()
+    arch, sms = rt.device(dev)
+    varlen_q = cu_seqlens_q is not None
+    batch = cu_seqlens_q.shape[0] - 1 if varlen_q else q.shape[0]
+    total_q = q.shape[0] if varlen_q else q.shape[0] * q.shape[1]
+    d, dv = q.shape[-1], v.shape[-1]
+    why = C.unsupported_reason(arch, _DTYPES[q.dtype], d, dv, fa4=rt.fa4_abi(arch, sms))
+    if why:
+        raise UnsupportedVariant(why)
+    wl, wr = window_size
+    variant = features(
+        arch=arch, dtype=_DTYPES[q.dtype], head_dim=d, head_dim_v=dv, num_heads=q.shape[-2],
+        num_heads_kv=k.shape[-2], causal=bool(causal), window_left=wl, window_right=wr,
+        return_lse=bool(return_lse or lse is not None),
+        sink_dtype=None if learnable_sink is None else str(learnable_sink.dtype)[6:],
+        batch=batch, seqlen_q=None if varlen_q else q.shape[1], total_q=total_q,
+        max_seqlen_q=max_seqlen_q if varlen_q else None, cu_seqlens_q=varlen_q,
+        cu_seqlens_k=cu_seqlens_k is not None, seqused_q=seqused_q is not None,
+        seqused_k=seqused_k is not None,
+        page_size=None if page_table is None else k.shape[1], softcap=softcap or None,
+        pack_gqa=pack_gqa, kv_dtype=C.FP8_KV if fp8 else None,
+    )
+    if rt.plan(variant, sms) is None:
+        rt.miss(variant, sms, False)  # (raises ArtifactMissing naming the build)
+    if num_splits != 1:
+        split_kernels(rt, variant, sms)
+    return out, lse

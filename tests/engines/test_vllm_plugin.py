@@ -200,7 +200,6 @@ def test_dense_call_goes_to_flash_attn_func(fa4, runtime):
 @pytest.mark.parametrize(
     "over, reason",
     [
-        (dict(compile_only=True), "compile_only"),
         (dict(num_threads=128), "num_threads"),
         (dict(block_sparse_tensors=object()), "block_sparse_tensors"),
         (dict(gather_kv_indices=torch.zeros(1)), "gather_kv_indices"),
@@ -315,3 +314,118 @@ def test_miss_log_lines_do_not_disturb_variant_readers(fa4, runtime, miss_log):
     iface._flash_attn_fwd(*args, **kw)
     assert read_misses(miss_log) == []  # `fa4aot build --from-misses` skips hand-back lines
     assert json.loads(miss_log.read_text())["handback"]["reason"] == "mask_mod"
+
+
+class Spec:
+    """Stands in for the copy's `_CompileOnlyTensorSpec` (interface.py:289): a shape, a dtype,
+    strides and a CUDA device, no data."""
+
+    def __init__(self, shape, dtype, assumed_align=16, stride=None):
+        self.shape, self.dtype, self.requires_grad, self.is_cuda = tuple(shape), dtype, False, True
+        self.device = torch.device("cuda")
+        self._stride = stride
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    def stride(self, dim=None):
+        return self._stride if dim is None else self._stride[dim]
+
+
+def _make_spec(shape, dtype, assumed_align=16, stride=None):
+    return None if shape is None else Spec(shape, dtype, assumed_align, stride)
+
+
+def warmup_call(page=64, splits=32, qhead_per_kvhead=8, dtype=torch.bfloat16):
+    """FA4DenseAttentionKernel.compile's call (vllm/v1/attention/backends/flash_attn.py:205-250)
+    for a Gemma-4 hd512 warm-up key: q_stage 1, not single-batch (batch 2), FA4_DENSE_NUM_BLOCKS
+    256 blocks of K/V (page, 1 KV head, 512) with the cache's strides, FA4_DENSE_MAX_SEQLEN_K
+    8192, causal, no window, num_splits 2 for any split key, keyword for keyword."""
+    d, batch, max_seqlen_q = 512, 2, 1
+    kv_shape = (256, page, 1, d)
+    kv_stride = (2 * page * d, 2 * d, 2 * d, 1)
+    return dict(
+        q_shape=(batch * max_seqlen_q, qhead_per_kvhead, d), k_shape=kv_shape,
+        v_shape=kv_shape, k_stride=kv_stride, v_stride=kv_stride, q_dtype=dtype,
+        cu_seqlens_q_shape=(batch + 1,), seqused_k_shape=(batch,),
+        page_table_shape=(batch, 8192 // page), max_seqlen_q=max_seqlen_q, max_seqlen_k=8192,
+        causal=True, window_size=[-1, -1], softcap=0.0,
+        num_splits=2 if splits > 1 else 1, fa_version=4, return_softmax_lse=False,
+    )
+
+
+@pytest.fixture
+def warm(fa4, monkeypatch):
+    """The copy's spec factory under the stand-in interface, and a recording stand-in for
+    fa4aot's runtime/vllm_abi.warm: (calls, set_error)."""
+    from fa4aot.runtime import vllm_abi
+
+    iface, _ = fa4
+    iface._make_compile_only_tensor_spec = _make_spec
+    calls, state = [], {"error": None}
+
+    def fake_warm(rt, q, k, v, **kw):
+        calls.append(dict(q=q, k=k, v=v, **kw))
+        if state["error"] is not None:
+            raise state["error"]
+        return kw["out"], kw["lse"]
+
+    monkeypatch.setattr(vllm_abi, "warm", fake_warm)
+    return calls, state
+
+
+@pytest.mark.parametrize("splits", [1, 32])
+def test_compile_only_warm_up_served_from_the_store(interface, fa4, runtime, warm, splits):
+    """vLLM's start-up warm-up through the wheel's compile_flash_attn_varlen_func_from_specs:
+    answered by fa4aot (the kernel loaded, nothing launched, no compile by vLLM)."""
+    iface, orig = fa4
+    calls, _ = warm
+    assert interface.compile_flash_attn_varlen_func_from_specs(
+        **warmup_call(splits=splits)) is None
+    assert orig.calls == [] and runtime.calls == [] and P.counters.hits == 1
+    [kw] = calls
+    assert isinstance(kw["q"], Spec) and kw["q"].shape == (2, 8, 512)
+    assert kw["k"].shape == (256, 64, 1, 512) and kw["k"].stride() == (65536, 1024, 1024, 1)
+    assert kw["page_table"].shape == (2, 128) and kw["seqused_k"].shape == (2,)
+    assert kw["cu_seqlens_q"].shape == (3,) and kw["cu_seqlens_k"] is None
+    assert kw["max_seqlen_q"] == 1 and kw["max_seqlen_k"] == 8192 and kw["causal"] is True
+    assert kw["window_size"] == (None, None) and kw["return_lse"] is False
+    assert kw["num_splits"] == (2 if splits > 1 else 1) and kw["lse"] is None
+    assert isinstance(kw["out"], Spec) and kw["out"].shape == (2, 8, 512)
+
+
+def test_compile_only_warm_up_returns_what_vllm_expects(fa4, runtime, warm):
+    """The copy's `_flash_attn_fwd(compile_only=True)` returns (out, lse, None, None) with the
+    specs it was given (interface.py:1867)."""
+    iface, _ = fa4
+    out = Spec((2, 8, 512), torch.bfloat16)
+    got = iface._flash_attn_fwd(
+        q=Spec((2, 8, 512), torch.bfloat16), k=Spec((256, 64, 1, 512), torch.bfloat16),
+        v=Spec((256, 64, 1, 512), torch.bfloat16), cu_seqlens_q=Spec((3,), torch.int32),
+        seqused_k=Spec((2,), torch.int32), page_table=Spec((2, 128), torch.int32),
+        max_seqlen_q=1, max_seqlen_k=8192, causal=True, out=out, compile_only=True)
+    assert got == (out, None, None, None)
+
+
+def test_compile_only_miss_goes_back_and_vllm_compiles(interface, fa4, runtime, warm, miss_log):
+    iface, orig = fa4
+    calls, state = warm
+    state["error"] = fa4aot.errors.ArtifactMissing("no artifact serves it")
+    interface.compile_flash_attn_varlen_func_from_specs(**warmup_call())
+    [(args, kw)] = orig.calls
+    assert kw["compile_only"] is True and isinstance(kw["q"], Spec) and len(calls) == 1
+    assert sum(P.counters.misses.values()) == 1 and P.counters.hits == 0
+    [rec] = _common.read_handbacks(miss_log)
+    assert rec["kind"] == "miss" and rec["call"]["q"]["shape"] == [2, 8, 512]
+    # the same warm-up again: handed back from the refused-call cache, not asked again
+    interface.compile_flash_attn_varlen_func_from_specs(**warmup_call())
+    assert len(orig.calls) == 2 and len(calls) == 1
+
+
+def test_compile_only_dense_goes_back(fa4, runtime, warm):
+    iface, orig = fa4
+    q = Spec((2, 16, 8, 128), torch.bfloat16)
+    iface._flash_attn_fwd(q=q, k=q, v=q, compile_only=True)
+    assert len(orig.calls) == 1 and warm[0] == []
+    assert dict(P.counters.handbacks) == {"compile_only without a varlen or paged layout": 1}

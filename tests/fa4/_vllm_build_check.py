@@ -1,8 +1,10 @@
 """Subprocess of test_vllm_build.py: vLLM's FA4 copy, sm90 cross-compile target. For each
 Gemma-4 call, the copy's forward compile key (compile stubbed unless --compile) read back by
 field name (vllm_copy.variant_from_key) against fa4aot's feature model (Call.variant), and the
-variant's representative call against the same key; with --compile OUTDIR, the named cases are
-compiled and exported (vllm_copy.compile_variant). Prints one JSON object after "@@".
+variant's representative call against the same key; the split twins of the decode cases
+(SPLITS: vllm_copy.split_twin, built from vllm_copy.split_needs's call) likewise; with --compile
+OUTDIR, the named cases are compiled and exported (vllm_copy.compile_variant). Prints one JSON
+object after "@@".
 
     python _vllm_build_check.py VLLM_ROOT [--compile OUTDIR case ...]
 """
@@ -22,6 +24,7 @@ warnings.filterwarnings("ignore")
 from fa4aot.fa4 import sources, vllm_copy  # noqa: E402
 from fa4aot.fa4.driver import _cross_hardware_info  # noqa: E402
 from fa4aot.model.compile_keys import Call, representative_call  # noqa: E402
+from fa4aot.model.needs import Need  # noqa: E402
 
 FP8 = "float8_e4m3fn"
 
@@ -50,11 +53,25 @@ CASES = {
                                   causal=False, wl=1023),
 }
 
+# split twins: case -> the decode case it splits
+SPLITS = {"bf16_p64_split": "bf16_p64_decode", "bf16_p16_split": "bf16_p16_decode",
+          "fp8_p64_split": "fp8_p64_decode", "fp8_p64_split_tp8": "fp8_p64_decode_tp8"}
+
+
+def variant_and_call(name):
+    """(variant, its build call): a case's own, or a split twin's (vllm_copy.split_needs)."""
+    if name in SPLITS:
+        base = CASES[SPLITS[name]].variant("sm90", 132)
+        (need,) = vllm_copy.split_needs([Need(base, representative_call(base, 132), "t", "t")])
+        return need.variant, need.call
+    want = CASES[name].variant("sm90", 132)
+    return want, representative_call(want, 132)
+
 
 def main():
     root = sys.argv[1]
     compile_dir = None
-    names = list(CASES)
+    names = [*CASES, *SPLITS]
     if len(sys.argv) > 2 and sys.argv[2] == "--compile":
         compile_dir, names = Path(sys.argv[3]), sys.argv[4:]
     I = sources.load(sources.resolve("vllm", root=root))
@@ -64,8 +81,8 @@ def main():
     out = {}
     real = cute.compile
     for name in names:
-        call = CASES[name]
-        want = call.variant("sm90", 132)
+        want, rep = variant_and_call(name)
+        call = CASES.get(name, rep)
         row = {"variant": want.describe(), "id": want.id}
         if compile_dir is None:
             cute.compile = lambda *a, **k: (lambda *x, **y: None)
@@ -74,16 +91,16 @@ def main():
                 back = vllm_copy.variant_from_key(got["fwd"][0][0], "sm90")
                 row["key_variant"] = back.describe() if back else None
                 row["match"] = back == want
-                rep = representative_call(want, 132)
                 got2 = vllm_copy.trace(I, rep)
                 row["representative_match"] = (
                     vllm_copy.variant_from_key(got2["fwd"][0][0], "sm90") == want)
+                row["combines"] = len(got2["combine"])
             finally:
                 cute.compile = real
         else:
             d = compile_dir / name
             d.mkdir(parents=True, exist_ok=True)
-            rec = vllm_copy.compile_variant(I, representative_call(want, 132), want, d)
+            rec = vllm_copy.compile_variant(I, rep, want, d)
             row["parts"] = {n: {k: v for k, v in p.items() if k != "object"}
                             | {"bytes": Path(p["object"]).stat().st_size}
                             for n, p in rec["parts"].items()}

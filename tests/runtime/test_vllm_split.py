@@ -7,7 +7,8 @@ does, and writes fp32 partials; the combine merges them by LSE) and record their
 Checked: the count the runtime picks is policy/split.choose_splits's for the host-known sizes
 (FA4AOT_SPLIT_KV forces or disables it; the combines built cap it), the partials and combine
 slots are the copy's, a short step or a store without the twin runs unsplit, and the output
-matches an fp32 reference."""
+matches an fp32 reference; vLLM's compile-only warm-up (vllm_abi.warm) loads the kernels a call
+runs and launches nothing."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from reference import attention_ref, rel_err
 from stub_store import serve_variants
 
 import fa4aot.runtime as R
+from fa4aot.errors import ArtifactMissing
 from fa4aot.fa4 import vllm_copy
 from fa4aot.model.compile_keys import Call
 from fa4aot.policy import split as S
@@ -122,10 +124,11 @@ def serve(monkeypatch, tmp_path, knobs):
     monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0)
     monkeypatch.setattr(P.Runtime, "fa4_abi", lambda self, arch, sms: "vllm")
     monkeypatch.setattr(P.Runtime, "abi_of", lambda self, art: "vllm")
-    log: list = []
+    log, loads = [], []
 
     def load(self, art, *names):
         parts = art.record["parts"]
+        loads.append((art.id, names))
         got = []
         for n in names:
             if n == "fwd":
@@ -140,7 +143,7 @@ def serve(monkeypatch, tmp_path, knobs):
         if values:
             knobs(**values)
         rt = serve_variants(monkeypatch, tmp_path / "cache", variants, load, "sm90", SMS, _parts)
-        rt.log = log
+        rt.log, rt.loads = log, loads
         return rt
 
     yield make
@@ -301,3 +304,44 @@ def test_combine_bucket_is_the_copys():
     """interface.py: log_max_splits = max(ceil(log2 n), 4), raised to 5 at tile_m 8."""
     for n in range(2, 257):
         assert VA.combine_bucket(n) == 1 << max(math.ceil(math.log2(n)), 4, 5)
+
+
+def _specs(b=2, hq=8, hk=1, page=PAGE, dtype=BF16, kv=BF16):
+    """vLLM's compile-only warm-up arguments (flash_attn.py:222): shapes and dtypes, no data
+    (meta tensors stand in for the copy's tensor specs)."""
+    m = dict(device="meta")
+    kv_ = torch.empty(256, page, hk, D, dtype=kv, **m)
+    return dict(q=torch.empty(b, hq, D, dtype=dtype, **m), k=kv_, v=kv_,
+                cu_seqlens_q=torch.empty(b + 1, dtype=torch.int32, **m),
+                seqused_k=torch.empty(b, dtype=torch.int32, **m),
+                page_table=torch.empty(b, 8192 // page, dtype=torch.int32, **m),
+                max_seqlen_q=1, max_seqlen_k=8192, causal=True,
+                out=torch.empty(b, hq, D, dtype=dtype, **m))
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_warm_loads_the_kernel_and_its_twin_and_launches_nothing(serve, monkeypatch, fp8):
+    """vLLM's compile-only call: the plan's kernel (and, for a split warm-up, the split twin's
+    forward and combines) loaded once; no kernel runs; a later call loads nothing more."""
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    v = _decode_variant(hq=8, hk=1, kv=vllm_copy.FP8_KV if fp8 else None)
+    twin = vllm_copy.split_twin(v)
+    rt = serve([v, twin])
+    spec = _specs(kv=FP8 if fp8 else BF16)
+    out, lse = VA.warm(rt, num_splits=2, **spec)
+    assert out is spec["out"] and lse is None and rt.log == []
+    assert [i for i, _ in rt.loads] == [v.id, twin.id]
+    assert set(rt.loads[1][1]) == set(_parts(twin))  # the split forward and every combine
+    q, k, vv, kw = _call(4, [5000] * 4, fp8=fp8)  # Gemma-4 TP1: 32 query heads, 4 KV heads
+    R.flash_attn_varlen_func(q, k, vv, **kw)
+    assert len(rt.loads) == 2 and _split_of(rt.log)[0] > 1
+
+
+def test_warm_misses_what_the_store_lacks(serve, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    rt = serve([_decode_variant(hq=8, hk=1)])
+    with pytest.raises(ArtifactMissing):
+        VA.warm(rt, **_specs(page=16))  # the page-16 (cp.async) kernel is not in the store
+    assert rt.loads == []
+    VA.warm(rt, num_splits=32, **_specs())  # no twin: the kernel alone, the steps unsplit
+    assert len(rt.loads) == 1 and rt.log == []
