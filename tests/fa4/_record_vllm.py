@@ -77,6 +77,9 @@ CASES = {
     "bf16_dense_prefill": lambda: dense(2, 512, 32, 4, 512),
     "bf16_p64_split32": lambda: paged(4, 1, 16384, 32, 4, 512, 64, splits=32),
     "fp8_p64_split32": lambda: paged(4, 1, 16384, 32, 4, 512, 64, FP8, splits=32),
+    # the runtime's own split step (vllm_abi.SplitKv.run) at counts of the 64 and 128 buckets
+    "bf16_p64_split48": lambda: paged(2, 1, 16384, 32, 4, 512, 64, splits=48),
+    "fp8_p64_split100_tp8": lambda: paged(2, 1, 16384, 4, 1, 512, 64, FP8, splits=100),
     "hd128_p128_decode": lambda: paged(4, 1, 4096, 32, 8, 128, 128),
     # varlen batch > 256: the tile cumsum and blocks-to-batch helpers before the forward
     "bf16_varlen_b300": lambda: varlen(300, 4, 32, 4, 512),
@@ -115,6 +118,18 @@ def ours(inp, kw):
     if kw.get("fp8_kv_dequant"):
         k, v, descales = VA.fp8_kv_prepare(q, k, v, inp["k_descale"], inp["v_descale"])
     calls, cu_total = [], None
+    if p.num_splits > 1 and "page_table" in inp:  # the runtime's split step, as served
+        from fa4aot.runtime import launch as L
+
+        def rec(kind):
+            return lambda *a: calls.append((kind, a))
+
+        bucket = VA.combine_bucket(p.num_splits)
+        sk = VA.SplitKv(rec("fwd"), {(q.shape[-2], bucket): rec("combine")}, 64, L.SM90_VLLM.fwd,
+                        paged_tma=False)  # (no page-table guard: fake tensors have no address)
+        sk.run(p.num_splits, q, k, v, inp["out"], kw["softmax_scale"], inp["cu_seqlens_q"],
+               inp["seqused_k"], inp["page_table"], None, None, descales)
+        return calls
     b = inp["cu_seqlens_q"].shape[0] - 1 if varlen_q else q.shape[0]
     if varlen_q and b > 256:  # the batch > 256 helpers: upstream's slots (runtime/abi.py)
         from fa4aot.runtime import launch as UA

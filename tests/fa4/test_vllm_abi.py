@@ -122,8 +122,8 @@ def recorded():
 
 CASES = ("bf16_p64_decode", "bf16_p64_prefill", "bf16_p64_decode_tp8", "bf16_p16_decode",
          "fp8_p64_decode", "fp8_p64_prefill", "bf16_varlen_prefill", "bf16_varlen_lse_split",
-         "bf16_dense_prefill", "bf16_p64_split32", "fp8_p64_split32", "hd128_p128_decode",
-         "bf16_varlen_b300")
+         "bf16_dense_prefill", "bf16_p64_split32", "fp8_p64_split32", "bf16_p64_split48",
+         "fp8_p64_split100_tp8", "hd128_p128_decode", "bf16_varlen_b300")
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -164,3 +164,9 @@ def test_gemma4_keys_read_by_name(recorded):
     assert len(comb) == 1 and comb[0]["log_max_splits"] == "5" and comb[0]["_len"] == 15
     assert comb[0]["num_head"] == "32" and comb[0]["dtype_partial"] == "Float32"
     assert k["bf16_varlen_b300"]["cu_total_m_blocks is not None"] == "True"
+    # the combine the runtime picks for a count (vllm_abi.combine_bucket) is the copy's: its
+    # log_max_splits and num_head, one combine per (query heads, bucket)
+    for case, heads, n in (("bf16_p64_split48", 32, 48), ("fp8_p64_split100_tp8", 4, 100)):
+        (comb,) = recorded[case]["keys"]["combine"]
+        assert 1 << int(comb["log_max_splits"]) == VA.combine_bucket(n), case
+        assert comb["num_head"] == str(heads), case
