@@ -6,6 +6,11 @@ vLLM's FA4 copy) vs vLLM's copy run by JIT vs torch SDPA (cuDNN), per call and t
         python benchmarks/gemma4_sm90.py [--cases a,b] [--out f.json]
 
 Per call: device time (`_timing.graph_us`: calls captured in a CUDA graph, median of replays).
+fa4aot runs at its own split count (the `splits` column: the cost model's, 1 where it runs
+unsplit) and, for the long-context decode rows (`gemma4_cases.LONG_CASES`), also unsplit
+(FA4AOT_SPLIT_KV=0); vLLM's copy runs at fa4aot's count (bit-identical column) and, on those
+rows, at num_splits=0 (its own heuristic, what vLLM passes by default). The long rows measure
+no first call (the decode rows above them do).
 To first call: a fresh process per (mode, case), from the parent's clock before spawning to
 the child's first output synchronized (imports, loading or compiling, the call); torch and CUDA
 initialisation is measured alone (mode `torch`) so the attention share can be read off.
@@ -29,14 +34,24 @@ ROOT = os.path.dirname(HERE)
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 
 CASES = ("bf16_p64_decode", "bf16_p16_decode", "fp8_p64_decode", "bf16_p64_prefill",
-         "fp8_p64_prefill", "bf16_varlen_prefill")
+         "fp8_p64_prefill", "bf16_varlen_prefill", "bf16_p64_long_b1", "bf16_p64_long_b4",
+         "fp8_p64_long_b1", "fp8_p64_long_b4")
 MODES = ("torch", "fa4aot", "vllm-jit", "sdpa-cudnn")
 
 
 def _case(name):
     import gemma4_cases as G
 
-    return G, next(c for c in G.CASES if c.name == name)
+    return G, next(c for c in G.CASES + G.LONG_CASES if c.name == name)
+
+
+def _fresh(**values):
+    """A fresh default runtime (its split counts empty) under `values` (fa4aot settings)."""
+    from fa4aot import settings
+    from fa4aot.runtime import reset
+
+    with settings.scope(**values):
+        reset()
 
 
 def sdpa_inputs(G, inp):
@@ -111,14 +126,24 @@ def per_call(name: str) -> dict:
     from reference import rel_err
 
     G, case = _case(name)
+    long = case in G.LONG_CASES
     inp = G.make(case, torch.Generator().manual_seed(0))
     res: dict = {}
+    _fresh()
     ref = G.fa4aot_call(inp)
+    n = res["splits"] = G.runtime_splits()
     res["fa4aot_us"] = round(graph_us(lambda: G.fa4aot_call(inp)), 2)
+    if long:
+        _fresh(split_kv="0")
+        res["fa4aot_unsplit_us"] = round(graph_us(lambda: G.fa4aot_call(inp)), 2)
+        _fresh()
     if G.vllm_copy() is not None:
-        got = G.copy_call(inp)
-        res["vllm_jit_us"] = round(graph_us(lambda: G.copy_call(inp)), 2)
+        got = G.copy_call(inp, num_splits=n)
+        res["vllm_jit_us"] = round(graph_us(lambda: G.copy_call(inp, num_splits=n)), 2)
         res["vllm_equal"] = bool(torch.equal(got, ref))
+        if long:
+            res["vllm_jit_heuristic_us"] = round(
+                graph_us(lambda: G.copy_call(inp, num_splits=0)), 2)
     else:
         res["vllm_jit_us"] = None
     try:
@@ -145,7 +170,8 @@ def main():
     rows = {}
     for name in a.cases.split(","):
         row = {"per_call": per_call(name)}
-        row["first"] = {m: first_call(m, name) for m in MODES}
+        long = name in {c.name for c in _case(name)[0].LONG_CASES}
+        row["first"] = {} if long else {m: first_call(m, name) for m in MODES}
         rows[name] = row
         print(name, json.dumps(row), flush=True)
     if a.out:
@@ -155,17 +181,20 @@ def main():
     def fmt(x, unit=""):
         return "-" if x is None else f"{x}{unit}"
 
-    print("\n| case | fa4aot us | vLLM JIT us | SDPA cuDNN us | bit-identical | first call s: "
+    print("\n| case | splits | fa4aot us | fa4aot unsplit us | vLLM JIT us (same splits) | "
+          "vLLM JIT us (its heuristic) | SDPA cuDNN us | bit-identical | first call s: "
           "torch / fa4aot / vLLM JIT / SDPA |")
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, r in rows.items():
         p, f = r["per_call"], r["first"]
         firsts = " / ".join(fmt(f[m].get("first_s")) if "error" not in f[m] else "err"
-                            for m in MODES)
+                            for m in f) or "-"
         sd = fmt(p.get("sdpa_us")) if p.get("sdpa_us") is not None else (
             "refused" if "sdpa_error" in p else "-")
-        print(f"| {name} | {fmt(p['fa4aot_us'])} | {fmt(p['vllm_jit_us'])} | {sd} | "
-              f"{fmt(p.get('vllm_equal'))} | {firsts} |")
+        print(f"| {name} | {p['splits']} | {fmt(p['fa4aot_us'])} | "
+              f"{fmt(p.get('fa4aot_unsplit_us'))} | {fmt(p['vllm_jit_us'])} | "
+              f"{fmt(p.get('vllm_jit_heuristic_us'))} | {sd} | {fmt(p.get('vllm_equal'))} | "
+              f"{firsts} |")
 
 
 if __name__ == "__main__":

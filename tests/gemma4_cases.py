@@ -45,6 +45,17 @@ CASES = [
     Case("bf16_dense_prefill", "dense", 2, 512, 512, page=None),
 ]
 
+# Long-context decode: few (sequence, KV head) CTAs over many keys, which the runtime splits on
+# the copy's split forward and combine (runtime/vllm_abi.SplitKv; store: the split twins)
+LONG_CASES = [
+    Case("bf16_p64_long_b1", "paged", 1, 1, 65536),
+    Case("bf16_p64_long_b4", "paged", 4, 1, 32768),
+    Case("bf16_p16_long_b1", "paged", 1, 1, 32768, page=16),
+    Case("fp8_p64_long_b1", "paged", 1, 1, 65536, fp8=True),
+    Case("fp8_p64_long_b4", "paged", 4, 1, 32768, fp8=True),
+    Case("fp8_p64_long_b1_tp8", "paged", 1, 1, 65536, hq=4, hk=1, fp8=True),
+]
+
 
 def make(case: Case, gen: torch.Generator, dev="cuda") -> dict:
     """Fresh random inputs for `case` (lengths, values, page order drawn from `gen`)."""
@@ -158,6 +169,19 @@ def fa4aot_call(inp: dict, out: torch.Tensor | None = None):
     if case.fp8:
         kw.update(k_descale=inp["k_descale"], v_descale=inp["v_descale"])
     return fa4aot.flash_attn_varlen_func(inp["q"], inp["k"], inp["v"], **kw)[0]
+
+
+def runtime_splits() -> int:
+    """The split count fa4aot's default runtime chose for its vLLM split steps since it was
+    last reset (1: every step ran unsplit): the counts SplitKv.count cached. AssertionError if
+    it chose several (a test makes one call per fresh runtime)."""
+    from fa4aot.runtime import default_runtime
+
+    got = {n for key, (plan, sk) in default_runtime()._modules.items()
+           if isinstance(key, tuple) and key[0] == "vllm-split-plan" and sk is not None
+           for n in sk._counts.values()}
+    assert len(got) <= 1, f"several split counts: {got}"
+    return got.pop() if got else 1
 
 
 _COPY = None
