@@ -20,6 +20,8 @@ from .common import (
 )
 from .output import with_output
 from fa4aot.model import constraints as C
+from fa4aot.model.abis import source_reason
+from fa4aot.store.toolchain import mismatches, runtime_expectation
 from fa4aot.model.compile_keys import Call, native_split_variant, split_kernel_variant
 from fa4aot.model.variants import MlaRefused, Variant
 from fa4aot.policy import split as S
@@ -32,6 +34,13 @@ def _cached_artifacts(layers, arch: str, num_sms: int, python: str | None):
     """-> (loadable artifacts of the stores serving the target, {id: why} of corrupt ones, the
     Match): what the runtime would load, checked as it checks them."""
     match = matching_stores(layers, arch, num_sms, python)
+    if settings.fa4_source() not in ("auto", "upstream"):
+        # an engine copy's stores (their `fa4` names the copy, not the installed flash-attn-4):
+        # those the runtime serves under FA4AOT_KERNEL_SOURCE, matched as it matches them
+        want = runtime_expectation(arch, num_sms)
+        every = match.stores + match.others
+        match.stores = [s for s in every if not mismatches(s.toolchain, want)]
+        match.others = [s for s in every if s not in match.stores]
     found = loadable_artifacts(match.stores)
     return found.artifacts, found.corrupt, match
 
@@ -86,17 +95,52 @@ def _cached_artifacts(layers, arch: str, num_sms: int, python: str | None):
     help="Absorbed MLA: the latent head dim FA4 takes as qv (512; --head-dim is then the rope "
     "part, 64). Shows FA4's MLA route and the head-ratio padding the runtime serves it with.",
 )
+@click.option(
+    "--fa4",
+    "fa4",
+    help="The FA4 source whose stores serve the call (as FA4AOT_KERNEL_SOURCE picks them): "
+    "upstream, vllm, sglang, or a path to a source tree's cute/ directory (its ABI is read "
+    "from it). Default: FA4AOT_KERNEL_SOURCE.",
+)
 @cache_option("read")
 @with_output
 def explain(
     arch, num_sms, gpu, dtype, descales, heads, head_dim, head_dim_v, layout, batch, seqlen_q,
-    seqlen_k, page_size, causal, window, lse, sink, no_padding, hbm_tbps, qv, cache, out,
+    seqlen_k, page_size, causal, window, lse, sink, no_padding, hbm_tbps, qv, fa4, cache, out,
 ):  # fmt: skip
     """How the runtime would serve a call: its variant, then an exact hit, a decode fold, a
     padding plan (with its cost) or the refusal; with --seqlen-k, whether a decode step splits
     its KV (split-KV on sm90; FA4's native split on sm100/sm103) and how. FP8 calls (Blackwell)
     are served by kernels of their descale set. Exit 1 when nothing can serve it."""
 
+    with settings.scope(**({} if fa4 is None else {"kernel_source": _source_abi(fa4)})):
+        _explain(
+            arch, num_sms, gpu, dtype, descales, heads, head_dim, head_dim_v, layout, batch,
+            seqlen_q, seqlen_k, page_size, causal, window, lse, sink, no_padding, hbm_tbps, qv,
+            cache, out,
+        )  # fmt: skip
+
+
+def _source_abi(fa4: str) -> str:
+    """--fa4 -> the FA4 ABI whose stores the runtime would serve: a name as given, a path's
+    read from its interface.py (sources.resolve; nothing imported)."""
+    from fa4aot.errors import Fa4SourceError
+    from fa4aot.fa4 import sources
+
+    if fa4 in ("auto", *sources.NAMED):
+        return fa4
+    try:
+        src = sources.resolve(fa4)
+        src.require_modelled()
+    except Fa4SourceError as e:
+        raise click.BadParameter(str(e), param_hint="--fa4") from None
+    return src.abi
+
+
+def _explain(
+    arch, num_sms, gpu, dtype, descales, heads, head_dim, head_dim_v, layout, batch, seqlen_q,
+    seqlen_k, page_size, causal, window, lse, sink, no_padding, hbm_tbps, qv, cache, out,
+):  # fmt: skip
     hq, hk = _heads(heads)
     if (layout == "paged") != (page_size is not None):
         raise click.BadParameter(
@@ -131,9 +175,13 @@ def explain(
     layers = layers_for(cache, out, strict=False)
     arts, corrupt, match = _cached_artifacts(layers, arch, num_sms, None)
     avail = [Variant.from_dict(a.record["variant"]) for a in arts]
+    # the FA4 source the served stores were built from (FA4AOT_KERNEL_SOURCE, or --fa4)
+    fa4 = settings.fa4_source()
+    if fa4 == "auto":
+        fa4 = match.stores[0].toolchain.get("fa4_abi", "upstream") if match.stores else "upstream"
     why = C.unsupported_reason(
-        arch, dtype, head_dim, head_dim_v or head_dim, qhead_per_kvhead=hq // hk
-    )
+        arch, dtype, head_dim, head_dim_v or head_dim, qhead_per_kvhead=hq // hk, fa4=fa4
+    ) or source_reason(fa4, sink_dtype=call.sink_dtype)
     allow_fold = fold_from_env()  # as the runtime reads it (SettingError: exit 1)
     choices = choose(arch, feat, avail, allow_padding=not no_padding, allow_fold=allow_fold)
     split_doc = None
@@ -152,6 +200,7 @@ def explain(
     doc = {
         "variant": want.to_dict(),
         "id": want.id,
+        "fa4": fa4,
         "description": want.describe(),
         "fa4_unsupported": why,
         "choices": [_choice_doc(c, want) for c in choices],
@@ -167,6 +216,8 @@ def explain(
     if out.as_json:
         out.document(doc)
     else:
+        if fa4 != "upstream":
+            out.text(f"FA4 source  : {fa4} (stores built with `fa4aot build --fa4 {fa4}`)")
         _print(out, want, why, fp8_doc, split_doc, split_serves, hbm, choices, avail, corrupt,
                match)
     if not choices and not split_serves:
