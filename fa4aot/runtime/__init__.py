@@ -8,7 +8,9 @@ goes validate -> plan -> launch, one module each:
   plan-cache misses;
 - `plan`: the `Runtime` (stores, loaded artifacts, caches) and the choice of exact kernel,
   decode fold or padding per call key (`plan.resolve`), and of split-KV (`Runtime.split_for`);
-- `launch`: FA4's kernel ABI per arch, bound to each loaded part;
+- `abi` spells FA4's kernel ABI (slot tables, argument lists, the launcher each loaded part
+  is bound to); `launch` picks an artifact's binders by arch and FA4 source, and lays out a
+  Blackwell call as FA4 does;
 - `splitkv` and `pad` run the composite plans (split-KV decode; fold and padding);
 - `mla` serves absorbed-MLA (qv) calls on Blackwell, exact or head-ratio padded.
 
