@@ -5,6 +5,7 @@ moderate contexts split too) and unsplit (FA4AOT_SPLIT_KV=0), both into NaN-pois
 and LSE buffers, and compares both with an fp32 reference: the split must be exact to the
 unsplit kernel's precision. A spy checks that the split path really ran (or, for calls a
 split cannot serve exactly, that it declined). The last test replays a captured CUDA graph.
+The runtime's ragged plan is off here (_rt): these are the uniform plan's paths.
 """
 
 from __future__ import annotations
@@ -53,10 +54,13 @@ class _Spy:
 
 
 def _rt(n):
+    """The process runtime at split setting n, on the uniform plan (the ragged plan, which
+    takes over the long one-row steps, has its suite: tests/test_gpu_ragged.py)."""
     import fa4aot.runtime as R
 
     rt = R.default_runtime()
     rt.split = n
+    rt.ragged = False
     return rt
 
 

@@ -28,8 +28,12 @@ from fa4aot.model import constraints as C
 # thresholds).
 RAGGED_CTAS_PER_SM = 4
 # K/V bytes (at the host's bound on every length) under which a step keeps the uniform plan:
-# there its launches, not the stream, set the time.
-RAGGED_MIN_BYTES = 64 << 20
+# below it the uniform plan's tuned kernels win (two long sequences at 8:1, 134 MB at the
+# bound: 1.3x the HBM limit against the ragged plan's 1.6x; docs/design.md, Tuned thresholds).
+RAGGED_MIN_BYTES = 256 << 20
+# The entries run on the wide split kernel (64-key tiles, two CTAs an SM: constraints.
+# wide_split) where the artifact has one, else on the chunk kernel.
+RAGGED_WIDE = True
 # Keys of the shortest chunk: one 128-key tile of the chunk kernel.
 MIN_CHUNK = 128
 
