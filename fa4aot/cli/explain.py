@@ -24,6 +24,7 @@ from fa4aot.model.abis import source_reason
 from fa4aot.store.toolchain import mismatches, runtime_expectation
 from fa4aot.model.compile_keys import Call, native_split_variant, split_kernel_variant
 from fa4aot.model.variants import MlaRefused, Variant
+from fa4aot.policy import ragged as RG
 from fa4aot.policy import split as S
 from fa4aot.policy.select import (
     choose, fold_from_env, mla_padded_ratio, nearest, padded_features,
@@ -478,6 +479,16 @@ def _split_plan(
     sp = None
     fold_why = S.fold_refusal(arch=arch, head_dim=d, head_dim_v=dv, ratio=hq // hk,
                               rows=seqlen_q, sink=sink)
+    if why is None and layout != "dense" and RG.ragged_parts(rec["parts"]):
+        # (runtime/splitkv.split_step: the ragged plan first, from the same function)
+        rg = RG.plan_ragged(
+            batch=batch, rows=seqlen_q, kv_heads=hk, seqlen_k=S.plan_bucket(seqlen_k),
+            bytes_per_key=(d + dv) * 2, page_size=page_size, sink=sink, num_sms=num_sms,
+            setting=setting, max_slots=int(rec["parts"][merge_name].get("max_splits",
+                                                                        S.MAX_SLOTS)),
+        )
+        if rg is not None:
+            return _ragged_doc(rg, kern, rec["parts"], page_size, hk, num_sms, dense_pages)
     if why is None:
         bucket = S.plan_bucket(seqlen_k)  # as the runtime plans it
         # the runtime's own decision (runtime/splitkv.split_step takes the same two steps)
@@ -499,6 +510,20 @@ def _split_plan(
         return {"splits": 0, "why": why}
     return _plan_doc(sp, kern, rec["parts"], merge_name, batch, seqlen_q, hk, page_size,
                      num_sms, dense_pages)
+
+
+def _ragged_doc(rg, kern, parts, page_size, hk, num_sms, dense_pages) -> dict:
+    """explain's split doc for a step the ragged plan serves (runtime/ragged.RaggedRun: its
+    entries on the wide split kernel where the artifact has it, else as a split step's)."""
+    part = S.wide_part(parts, kern) if RG.RAGGED_WIDE else None
+    part = part or S.tma_part(parts, page_size) or "fwd"
+    return {
+        "splits": rg.n, "ragged": True, "entries": rg.entries, "kernel": kern.id,
+        "chunk_kernel": part, "merge": "ragged_merge",
+        "plan": f"{rg.describe()}{dense_pages}; the metadata kernel maps them on the GPU; "
+        f"entries on {part} of {kern.describe()} (id {kern.id}), at most "
+        f"{rg.entries * hk} CTAs on {num_sms} SMs",
+    }
 
 
 def _fold_doc(why, kern, parts, ctas, ratio, num_sms, page_size, bucket) -> dict:
