@@ -149,42 +149,44 @@ def fold_kernel(layout="dense", d=128, lse=False, page=None, ratio=1):
     return replace(c, batch_q=layout != "dense").variant(ARCH)
 
 
-def fake_ragged_meta(lengths, table, q, qv, out_v, table_v, first, n, align, page):
+def fake_ragged_meta(lengths, table, q, qv, out_v, table_v, first, n, align, page, steps,
+                     causal):
     """kernels.trace_ragged's metadata kernel in torch: policy/ragged.entry_map's map written
     as the kernel writes it (paged: each entry's keys and its 128-key tiles' page-table
-    columns; packed: the entries' bounds), its sequence's q row copied."""
+    columns; packed: the entries' bounds), its decode row's q row copied."""
     from fa4aot.policy.ragged import Ragged, entry_map
 
     paged = table is not None
     lens = lengths.tolist() if paged else (lengths[1:] - lengths[:-1]).tolist()
     lens = [max(x, 0) for x in lens]
-    rg = Ragged(n, qv.shape[0], align, table_v.shape[1] if paged else 0)
-    f, entries, _ = entry_map(lens, rg, page if paged else None)
+    rg = Ragged(n, qv.shape[0], align, table_v.shape[1] if paged else 0, steps)
+    f, entries, _ = entry_map(lens, rg, page if paged else None, bool(causal))
     first.copy_(torch.tensor(f, dtype=first.dtype))
-    for v, (i, start, keys) in enumerate(entries):
+    for v, (i, t, start, keys) in enumerate(entries):
         if i < 0:
             out_v[v] = 0 if paged else lengths[-1]
             continue
-        qv[v] = q[i]
+        qv[v] = q[i * steps + t]
         if paged:
             out_v[v] = keys
             cols = min(-(-keys // 128) * 128 // page, table_v.shape[1])
-            for t in range(cols):
-                table_v[v, t] = table[i, min(start // page + t, table.shape[1] - 1)]
+            for c in range(cols):
+                table_v[v, c] = table[i, min(start // page + c, table.shape[1] - 1)]
         else:
             out_v[v] = lengths[i] + start
     if not paged:
         out_v[-1] = lengths[-1]
 
 
-def fake_ragged_merge(op, lp, first, sink, out, lse):
-    """kernels.trace_ragged's merge in torch: sequence i merges entries first[i] ..
-    first[i + 1] - 1 of op (E, M, H, D) / lp (E, M, H) by LSE, sink (M, H) one more LSE
-    term with no output; out (B, M, H, D), lse (B, M, H)."""
-    for i in range(out.shape[0]):
-        a, e = int(first[i]), int(first[i + 1])
-        terms = torch.cat([lp[a:e].float(), sink[None].float()])
+def fake_ragged_merge(op, lp, first, sink, out, lse, steps):
+    """kernels.trace_ragged's merge in torch: decode row b = i * steps + t merges entries
+    first[i] + t, + steps, ... below first[i + 1] of op (E, M, H, D) / lp (E, M, H) by LSE,
+    sink (M, H) one more LSE term with no output; out (B, M, H, D), lse (B, M, H)."""
+    for b in range(out.shape[0]):
+        i, t = divmod(b, steps)
+        idx = list(range(int(first[i]) + t, int(first[i + 1]), steps))
+        terms = torch.cat([lp[idx].float(), sink[None].float()])
         tot = torch.logsumexp(terms, 0)
-        lse[i] = tot
-        w = torch.exp(lp[a:e] - tot).nan_to_num(0.0)
-        out[i] = (w[..., None] * op[a:e].float()).sum(0).to(out.dtype)
+        lse[b] = tot
+        w = torch.exp(lp[idx] - tot).nan_to_num(0.0)
+        out[b] = (w[..., None] * op[idx].float()).sum(0).to(out.dtype)

@@ -170,28 +170,30 @@ class PackedMeta:
 
 class RaggedMerge(SplitMerge):
     """The ragged step's merge (policy/ragged.py): SplitMerge's arithmetic over a variable
-    number of entries a sequence, entries first[b] .. first[b + 1] - 1 of partials laid out
-    (entry, rows, heads, dv) / (entry, rows, heads), and sink (rows, heads): one more LSE
-    term with no output (a learnable sink's logit, counted once as FA4 does; -inf: none).
-    Threads >= max_splits > a sequence's entries."""
+    number of entries a decode row: row t of sequence i (out's batch index i * steps + t)
+    merges entries first[i] + t, + 2 steps, ... below first[i + 1] of partials laid out (entry,
+    M, heads, dv) / (entry, M, heads), and sink (M, heads): one more LSE term with no output
+    (a learnable sink's logit, counted once as FA4 does; -inf: none). Threads >= max_splits >
+    a row's entries."""
 
     def __init__(self, dtype, dv: int, max_splits: int, threads: int):
         super().__init__(dtype, dv, max_splits, threads, pdl=True)
 
     @cute.jit
-    def __call__(self, mOp, mLp, mFirst, mSink, mO, mLSE, stream):
-        self.kernel(mOp, mLp, mFirst, mSink, mO, mLSE).launch(
+    def __call__(self, mOp, mLp, mFirst, mSink, mO, mLSE, steps, stream):
+        self.kernel(mOp, mLp, mFirst, mSink, mO, mLSE, steps).launch(
             grid=[mO.shape[2], mO.shape[1], mO.shape[0]], block=[self.threads, 1, 1],
             smem=self.smem_bytes(), stream=stream, use_pdl=True,
         )
 
     @cute.kernel
-    def kernel(self, mOp, mLp, mFirst, mSink, mO, mLSE):
+    def kernel(self, mOp, mLp, mFirst, mSink, mO, mLSE, steps):
         cute.arch.griddepcontrol_wait()  # (launched early, as SplitMerge: wait for the entries)
         tidx, _, _ = cute.arch.thread_idx()
-        h, m, b = cute.arch.block_idx()  # one CTA per (head, query row, sequence)
-        s0 = mFirst[b]
-        n = mFirst[b + 1] - s0
+        h, m, b = cute.arch.block_idx()  # one CTA per (head, row of M, decode row)
+        i = b // steps
+        s0 = mFirst[i] + (b - i * steps)
+        n = (mFirst[i + 1] - mFirst[i]) // steps
         smem = cutlass.memory.SmemAllocator()
         sScale = smem.allocate_tensor(Float32, cute.make_layout(self.max_splits),
                                       byte_alignment=16)
@@ -201,7 +203,7 @@ class RaggedMerge(SplitMerge):
                                     byte_alignment=16)
         lse = -Float32.inf
         if tidx < n:
-            lse = mLp[s0 + tidx, m, h]
+            lse = mLp[s0 + tidx * steps, m, h]
         if tidx == n:
             lse = mSink[m, h]
         mx = self.block_reduce(lse, sMax, tidx, True)
@@ -221,7 +223,8 @@ class RaggedMerge(SplitMerge):
         frag = cute.make_rmem_tensor((VEC,), self.dtype)
         for s in cutlass.range(g, n, self.groups, unroll=4):
             sc = sScale[s]
-            cute.autovec_copy(cute.local_tile(mOp[s0 + s, m, h, None], (VEC,), (lane_c,)), frag)
+            cute.autovec_copy(cute.local_tile(mOp[s0 + s * steps, m, h, None], (VEC,),
+                                              (lane_c,)), frag)
             if sc > 0.0:  # (an empty entry's partial is not read into the sum)
                 acc.store(acc.load() + sc * frag.load().to(Float32))
         for i in cutlass.range_constexpr(VEC):
@@ -237,9 +240,11 @@ class RaggedMerge(SplitMerge):
 class RaggedMeta:
     """The ragged step's metadata (policy/ragged.py: its docstring and entry_map are this
     kernel's arithmetic): one CTA per entry v, each reading every length (b of them) to find
-    the chunk and its own (sequence, chunk); it writes the entry's keys (paged: lengths[v];
-    packed: its first key, cu_v[v], the entries tiling the packed K in order) and page-table
-    row (paged), copies its sequence's q row, and CTA 0 writes first[]."""
+    the chunk and its own (sequence, chunk, step); it writes the entry's keys (paged:
+    lengths[v]; packed: its first key, cu_v[v], the entries tiling the packed K in order) and
+    page-table row (paged), copies its decode row's q row, and CTA 0 writes first[]. `steps`
+    query rows a sequence (a speculative step: steps > 1, paged only) are `steps` entries a
+    chunk, adjacent, row t seeing back = steps - 1 - t keys fewer when `causal`."""
 
     threads = 256
     warps = threads // 32
@@ -248,8 +253,10 @@ class RaggedMeta:
         self.paged, self.dtype, self.vecs = paged, dtype, head_dim // VEC
 
     @cute.jit
-    def __call__(self, mLen, mTable, mQ, mQv, mOut, mTableV, mFirst, n, align, page, stream):
-        self.kernel(mLen, mTable, mQ, mQv, mOut, mTableV, mFirst, n, align, page).launch(
+    def __call__(self, mLen, mTable, mQ, mQv, mOut, mTableV, mFirst, n, align, page, steps,
+                 causal, stream):
+        self.kernel(mLen, mTable, mQ, mQv, mOut, mTableV, mFirst, n, align, page, steps,
+                    causal).launch(
             grid=[mQv.shape[0], 1, 1], block=[self.threads, 1, 1], stream=stream, use_pdl=True,
         )
 
@@ -285,7 +292,8 @@ class RaggedMeta:
         return base + inc - x, total
 
     @cute.kernel
-    def kernel(self, mLen, mTable, mQ, mQv, mOut, mTableV, mFirst, n, align, page):
+    def kernel(self, mLen, mTable, mQ, mQv, mOut, mTableV, mFirst, n, align, page, steps,
+               causal):
         cute.arch.griddepcontrol_wait()  # (a dependent launch: the lengths' writers done)
         tidx, _, _ = cute.arch.thread_idx()
         v, _, _ = cute.arch.block_idx()
@@ -312,9 +320,9 @@ class RaggedMeta:
         cnt = Int32(0)
         for i in cutlass.range(lo, hi):
             cnt = cnt + (self.seq_len(mLen, i) + c - 1) // c
-        f, used = self.block_scan(cnt, sbuf, tidx)
+        f, used = self.block_scan(cnt * steps, sbuf, tidx)
         for i in cutlass.range(lo, hi):
-            k = (self.seq_len(mLen, i) + c - 1) // c
+            k = (self.seq_len(mLen, i) + c - 1) // c * steps
             if v == 0:
                 mFirst[i] = cutlass.min(f, entries)
             if v >= f and v < f + k:
@@ -325,9 +333,12 @@ class RaggedMeta:
             mFirst[b] = cutlass.min(used, entries)
         cute.arch.sync_threads()
         seq = sres[0]
-        start = sres[1] * c
+        j = sres[1] // steps
+        t = sres[1] - j * steps
+        start = j * c
         if seq >= 0:
-            keys_v = cutlass.min(self.seq_len(mLen, seq) - start, c)
+            back = (steps - 1 - t) * causal
+            keys_v = cutlass.max(cutlass.min(self.seq_len(mLen, seq) - back - start, c), 0)
             if cutlass.const_expr(self.paged):
                 if tidx == 0:
                     mOut[v] = keys_v
@@ -344,7 +355,8 @@ class RaggedMeta:
             for e in cutlass.range(tidx, mQ.shape[1] * self.vecs, self.threads):
                 h = e // self.vecs
                 col = e - h * self.vecs
-                cute.autovec_copy(cute.local_tile(mQ[seq, h, None], (VEC,), (col,)), frag)
+                cute.autovec_copy(cute.local_tile(mQ[seq * steps + t, h, None], (VEC,),
+                                                  (col,)), frag)
                 cute.autovec_copy(frag, cute.local_tile(mQv[v, h, None], (VEC,), (col,)))
         else:
             if tidx == 0:

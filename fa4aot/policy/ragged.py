@@ -40,18 +40,24 @@ MIN_CHUNK = 128
 
 @dataclass(frozen=True)
 class Ragged:
-    """A ragged step's bounds: n chunks over the batch, entries (n + batch) pieces, chunks a
-    multiple of align keys, each piece's page-table row `pages` columns (paged K; 0 packed)."""
+    """A ragged step's bounds: n chunks over the batch, chunks a multiple of align keys, each
+    chunk's page-table row `pages` columns (paged K; 0 packed); `steps` query rows a sequence,
+    each a decode row with an entry of its own per chunk, adjacent (so the GPU runs the
+    entries that read the same keys together, and they meet in L2): entries = steps * (n +
+    batch) (a sequence's last chunk may be short)."""
 
     n: int
     entries: int
     align: int
     pages: int
+    steps: int = 1
 
     def describe(self) -> str:
+        rows = (f", each of the {self.steps} query rows a sequence an entry per chunk"
+                if self.steps > 1 else "")
         return (f"ragged split-KV: the batch's keys in {self.n} equal chunks (multiples of "
-                f"{self.align} keys, set on the GPU from the real lengths), at most "
-                f"{self.entries} pieces, merged by LSE per sequence")
+                f"{self.align} keys, set on the GPU from the real lengths){rows}, at most "
+                f"{self.entries} entries, merged by LSE per decode row")
 
 
 def ragged_parts(parts: dict) -> bool:
@@ -66,25 +72,26 @@ def plan_ragged(
     page_size: int | None, sink: bool, num_sms: int, setting: int, max_slots: int,
     max_entries: int = 65535,
 ) -> Ragged | None:
-    """The ragged plan of a decode step, or None (the uniform plan decides): one query row a
-    sequence, at least two sequences (one has no raggedness), the automatic split setting (a
-    forced count keeps its meaning: that many chunks a sequence), and K/V of at least
-    RAGGED_MIN_BYTES at the bound seqlen_k. Shared by the runtime and `fa4aot explain`."""
-    if setting != -1 or rows != 1 or batch < 2:
+    """The ragged plan of a decode step of `rows` query rows a sequence, or None (the uniform
+    plan decides): at least two sequences (one has no raggedness), the automatic split setting
+    (a forced count keeps its meaning: that many chunks a sequence), one row over a packed K
+    (its entries tile it; several rows over pages), and K/V of at least RAGGED_MIN_BYTES at
+    the bound seqlen_k. Shared by the runtime and `fa4aot explain`."""
+    if setting != -1 or batch < 2 or (rows > 1 and page_size is None):
         return None
     if batch * kv_heads * seqlen_k * bytes_per_key < RAGGED_MIN_BYTES:
         return None
-    # a sequence holds at most n entries (each >= total / n keys), and the merge reads one
+    # a decode row holds at most n entries (each >= total / n keys), and the merge reads one
     # more LSE, the sink's (-inf without one): n + 1 <= max_slots
-    n = min(-(-RAGGED_CTAS_PER_SM * num_sms // kv_heads), max_slots - 1)
-    entries = n + batch
+    n = min(-(-RAGGED_CTAS_PER_SM * num_sms // (kv_heads * rows)), max_slots - 1)
+    entries = rows * (n + batch)
     if n < 2 or entries > max_entries:
         return None
     align = MIN_CHUNK if page_size is None else math.lcm(MIN_CHUNK, page_size)
     pages = 0
     if page_size is not None:
         pages = chunk_bound(batch * seqlen_k, n, align) // page_size
-    return Ragged(n, entries, align, pages)
+    return Ragged(n, entries, align, pages, rows)
 
 
 def chunk_bound(total: int, n: int, align: int) -> int:
@@ -94,10 +101,13 @@ def chunk_bound(total: int, n: int, align: int) -> int:
     return max(-(-c // align) * align, align)
 
 
-def entry_map(lengths: list[int], rg: Ragged, page_size: int | None = None):
-    """The metadata kernel's map for these lengths: (first, entries), first[i] the first entry
-    of sequence i (first[batch]: the entries used, each at most rg.entries), entries a list
-    of (sequence, first key, keys) per entry, (-1, 0, 0) where unused."""
+def entry_map(lengths: list[int], rg: Ragged, page_size: int | None = None,
+              causal: bool = True):
+    """The metadata kernel's map for these lengths: (first, entries, chunk), first[i] the
+    first entry of sequence i (first[batch]: the entries used, each at most rg.entries),
+    entries a list of (sequence, row, first key, keys) per entry, (-1, 0, 0, 0) where unused:
+    chunk j of sequence i is its entries first[i] + j * steps + t, row t seeing steps - 1 - t
+    keys fewer when causal."""
     chunk = chunk_bound(sum(lengths), rg.n, rg.align)
     if page_size is not None:
         chunk = min(chunk, rg.pages * page_size)
@@ -105,8 +115,10 @@ def entry_map(lengths: list[int], rg: Ragged, page_size: int | None = None):
     for i, n in enumerate(lengths):
         first.append(min(len(out), rg.entries))
         for j in range(-(-n // chunk)):
-            out.append((i, j * chunk, min(n - j * chunk, chunk)))
+            for t in range(rg.steps):
+                seen = n - (rg.steps - 1 - t if causal else 0)
+                out.append((i, t, j * chunk, max(min(seen - j * chunk, chunk), 0)))
     first.append(min(len(out), rg.entries))
     out = out[: rg.entries]
-    out += [(-1, 0, 0)] * (rg.entries - len(out))
+    out += [(-1, 0, 0, 0)] * (rg.entries - len(out))
     return first, out, chunk

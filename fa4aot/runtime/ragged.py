@@ -24,16 +24,18 @@ class RaggedRun:
     ragged = True
     __slots__ = ("rg", "launch", "meta", "merge", "scale", "r", "paged", "meta_args", "qv",
                  "kq", "ko", "kl", "op_m", "lp_m", "first", "out_v", "table_v", "no_sink",
-                 "lse_scratch", "out_shape", "lse_shape", "o4", "l3")
+                 "lse_scratch", "out_shape", "lse_shape", "o4", "l3", "q3", "lse_rows")
 
-    def __init__(self, kern, q, b, hq, hk, d, dv, rg: RG.Ragged, page_size, varlen_q, ffi):
-        r, w, dvc = hq // hk, rg.entries, q.device
+    def __init__(self, kern, q, b, hq, hk, d, dv, rg: RG.Ragged, page_size, causal, varlen_q,
+                 ffi):
+        r, w, dvc, rows = hq // hk, rg.entries, q.device, rg.steps
+        bb = b * rows  # decode rows
         self.rg, self.r, self.paged = rg, r, page_size is not None
         self.launch = (kern.launch_wide_split if RG.RAGGED_WIDE and kern.launch_wide_split
                        else kern.launch_split)
         self.meta, self.merge = kern.ragged_meta, kern.ragged_merge
         self.scale = float(1.0 / math.sqrt(d))
-        self.meta_args = (rg.n, rg.align, page_size or 0)
+        self.meta_args = (rg.n, rg.align, page_size or 0, rows, int(causal))
         i32, f32 = torch.int32, torch.float32
         qv = q.new_empty((w, hq, d))
         op = q.new_empty((w, hq, dv))
@@ -49,10 +51,13 @@ class RaggedRun:
         else:
             self.out_v = torch.zeros(w + 1, dtype=i32, device=dvc)
         self.no_sink = torch.full((r, hk), float("-inf"), dtype=f32, device=dvc)
-        self.lse_scratch = torch.empty((b, r, hk), dtype=f32, device=dvc)
-        self.out_shape = (b, hq, dv) if varlen_q else (b, 1, hq, dv)
-        self.lse_shape = (hq, b) if varlen_q else (b, hq, 1)
-        self.o4, self.l3 = (b, r, hk, dv), (b, r, hk)
+        self.lse_scratch = torch.empty((bb, r, hk), dtype=f32, device=dvc)
+        self.out_shape = (bb, hq, dv) if varlen_q else (b, rows, hq, dv)
+        self.lse_shape = (hq, bb) if varlen_q else (b, hq, rows)
+        self.o4, self.l3, self.q3 = (bb, r, hk, dv), (bb, r, hk), (bb, hq, d)
+        # a batch-form LSE (b, hq, rows) of several rows: written through scratch, viewed
+        # (b, rows, r, hk) as the merge's (decode row, r, hk)
+        self.lse_rows = (b, rows, r, hk) if rows > 1 and not varlen_q else None
         conv = _to_ffi if ffi else (lambda t: t)
         self.qv = conv(qv)
         self.kq = conv(qv.view(w, hk, r, d).transpose(1, 2))  # (w, r, hk, d)
@@ -65,14 +70,15 @@ class RaggedRun:
         self.no_sink, self.lse_scratch = conv(self.no_sink), self.lse_scratch
 
 
-def plan(rt, dev, dtype, b, hk, d, dv, seqlen_k, page_size, sink, kern):
-    """The ragged plan of a one-row decode step on split kernel `kern` (None: the store lacks
-    it or its ragged parts; the uniform plan then decides)."""
+def plan(rt, dev, dtype, b, rows, hk, d, dv, seqlen_k, page_size, sink, kern):
+    """The ragged plan of a decode step of `rows` query rows a sequence on split kernel `kern`
+    (None: the store lacks it or its ragged parts; the uniform plan then decides)."""
     if kern is None or kern.ragged_meta is None:
         return None
     _, sms = rt.device(dev)
     return RG.plan_ragged(
-        batch=b, rows=1, kv_heads=hk, seqlen_k=seqlen_k, bytes_per_key=(d + dv) * dtype.itemsize,
+        batch=b, rows=rows, kv_heads=hk, seqlen_k=seqlen_k,
+        bytes_per_key=(d + dv) * dtype.itemsize,
         page_size=page_size, sink=sink, num_sms=sms, setting=rt.split,
         max_slots=kern.max_slots,
     )
@@ -80,11 +86,15 @@ def plan(rt, dev, dtype, b, hk, d, dv, seqlen_k, page_size, sink, kern):
 
 def ragged_step(run: RaggedRun, q, k, v, cu_seqlens_k, seqused_k, page_table, sink,
                 softmax_scale, out, lse, return_lse):
-    """Serve a one-row decode step on its RaggedRun; None where q's rows are not 16-byte
-    aligned (the metadata kernel copies them 16 bytes at a time: the caller runs it
-    unsplit). q: (b, 1, hq, d) or (b, hq, d); out / lse: the caller's or None."""
-    q3 = q if q.dim() == 3 else q[:, 0]
+    """Serve a decode step on its RaggedRun; None, having launched nothing, where q's rows are
+    not 16-byte aligned (the metadata kernel copies them 16 bytes at a time) or a caller's
+    out of several rows a sequence does not view as decode rows: the caller runs it unsplit.
+    q: (b, rows, hq, d) or (b * rows, hq, d); out / lse: the caller's or None."""
+    q3 = q if q.dim() == 3 else q.reshape(run.q3)
     if q3.stride(0) % 8 or q3.stride(1) % 8:
+        return None
+    if (out is not None and out.dim() == 4 and out.size(1) > 1
+            and out.stride(0) != out.size(1) * out.stride(1)):
         return None
     if run.paged:
         run.meta(seqused_k, page_table, q3, run.qv, run.out_v, run.table_v, run.first,
@@ -100,8 +110,9 @@ def ragged_step(run: RaggedRun, q, k, v, cu_seqlens_k, seqused_k, page_table, si
     if return_lse and lse is None:
         lse = q.new_empty(*run.lse_shape, dtype=torch.float32)
     r, oh = run.r, out.stride(-2)
-    out_m = torch.as_strided(out, run.o4, (out.stride(0), oh, r * oh, 1))
-    if lse is None:
+    so = out.stride(0) if out.dim() == 3 or out.size(1) == 1 else out.stride(1)
+    out_m = torch.as_strided(out, run.o4, (so, oh, r * oh, 1))
+    if lse is None or run.lse_rows is not None:
         lse_m = run.lse_scratch
     elif lse.dim() == 2:  # a packed q's (hq, b)
         s0, s1 = lse.stride()
@@ -113,5 +124,9 @@ def ragged_step(run: RaggedRun, q, k, v, cu_seqlens_k, seqused_k, page_table, si
     else:
         s = sink if sink.dtype == torch.float32 else sink.float()
         sk = torch.as_strided(s, (r, s.numel() // r), (s.stride(0), r * s.stride(0)))
-    run.merge(run.op_m, run.lp_m, run.first, sk, out_m, lse_m)
+    run.merge(run.op_m, run.lp_m, run.first, sk, out_m, lse_m, run.rg.steps)
+    if lse is not None and run.lse_rows is not None:  # (b, hq, rows) <- (b, rows, r, hk)
+        s0, s1, s2 = lse.stride()
+        torch.as_strided(lse, run.lse_rows, (s0, s2, s1, r * s1)).copy_(
+            run.lse_scratch.view(run.lse_rows))
     return out, lse

@@ -127,19 +127,21 @@ def split_step(
     if run is None:
         fold = not S.fold_refusal(arch=rt.device(dev)[0], head_dim=d, head_dim_v=dv,
                                   ratio=hq // hk, rows=rows, sink=sink is not None)
-        # a batch of one row a sequence over a paged or packed K: split by its real lengths
-        # (policy/ragged.py), where the store has the kernels and the bounds say it matters
-        rk = (rows == 1 and kind != "dense" and rt.ragged
+        # a batch over a paged or packed K (a caller's: not a dense K viewed as pages): split
+        # by its real lengths (policy/ragged.py), where the store has the kernels and the
+        # bounds say it matters
+        rk = (kind != "dense" and not dense_pages and rt.ragged
               and rt.split_kernel(dev, q.dtype, d, dv, page_size))
-        rg = rk and RR.plan(rt, dev, q.dtype, b, hk, d, dv, S.plan_bucket(seqlen_k), page_size,
-                            sink is not None, rk)
+        rg = rk and RR.plan(rt, dev, q.dtype, b, rows, hk, d, dv, S.plan_bucket(seqlen_k),
+                            page_size, sink is not None, rk)
         sp = None if rg else rt.split_for(
             dev, q.dtype, b * rows * hk, seqlen_k, d, dv, page_size, sink is not None,
             b * rows, fold=fold, one_row=rows == 1)
         pk = rows > 1 and _packed_plan(rt, dev, q.dtype, b, rows, hq, hk, d, dv, seqlen_k,
                                        page_size, causal, sink is not None, sp, not dense_pages)
         if rg:
-            run = RR.RaggedRun(rk, q, b, hq, hk, d, dv, rg, page_size, varlen_q, ffi=q.is_cuda)
+            run = RR.RaggedRun(rk, q, b, hq, hk, d, dv, rg, page_size, causal, varlen_q,
+                               ffi=q.is_cuda)
         elif pk:
             # a graph being captured runs the tail on a side stream (TAIL_STREAM)
             side = TAIL_STREAM and q.is_cuda and _is_capturing()

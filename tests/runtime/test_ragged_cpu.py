@@ -126,3 +126,35 @@ def test_a_forced_split_count_one_sequence_or_an_old_store_keep_the_uniform_plan
     assert "RaggedRun" not in step(rt, 1)
     old = serve(64, lambda v: {k: p for k, p in _parts(v).items() if not k.startswith("ragged")})
     assert "RaggedRun" not in step(old, b)
+
+
+@pytest.mark.parametrize("varlen_q", [True, False])
+@pytest.mark.parametrize("causal", [True, False])
+def test_speculative_rows_over_pages_are_decode_rows_of_their_own(serve, varlen_q, causal):
+    """A step of 3 query rows a sequence over pages: each row an entry per chunk (adjacent),
+    causal rows seeing their own keys; q packed (b * rows, hq, d) or in batch form (b, rows,
+    hq, d), out and LSE in the caller's layout, equal to the reference."""
+    rt = serve(16)
+    hq, hk, rows = 8, 2, 3
+    lens = [0, 2, 700, 5000, 77, 1024]
+    b = len(lens)
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(b, rows, hq, 64, generator=g).to(BF16)
+    _, k, v = _batch(lens, hq, hk, seed=6)
+    kp, vp, table = paged_kv(k, v, lens, 16, shuffle=True)
+    kw = dict(max_seqlen_k=max(lens), seqused_k=torch.tensor(lens, dtype=torch.int32),
+              page_table=table, causal=causal, return_lse=True)
+    if varlen_q:
+        o, lse = R.flash_attn_varlen_func(
+            q.reshape(b * rows, hq, 64), kp, vp, max_seqlen_q=rows,
+            cu_seqlens_q=torch.arange(0, b * rows + 1, rows, dtype=torch.int32), **kw)
+        o, lse = o.view(b, rows, hq, 64), lse.view(hq, b, rows).permute(1, 0, 2)
+    else:
+        o, lse = R.flash_attn_varlen_func(q, kp, vp, max_seqlen_q=rows, **kw)
+    ro, rl = attention_ref(q, k, v, torch.full((b,), rows), torch.tensor(lens), causal=causal)
+    live = torch.tensor(lens) > 0  # (an empty sequence's rows: out 0, lse -inf)
+    assert rel_err(o[live], ro[live]) < 1e-2
+    assert torch.allclose(lse[live], rl[live], atol=1e-3)
+    runs = [r for r in rt._split_runs.values() if r]
+    assert len(runs) == 1 and isinstance(runs[0], RR.RaggedRun) and runs[0].rg.steps == rows
+    assert rt.calls == ["ragged_meta", "fwd", "ragged_merge"]
