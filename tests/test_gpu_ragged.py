@@ -59,17 +59,18 @@ def _rt(split):
     return rt
 
 
-def _batch(lens, hq, hk, d, layout, page, seed):
-    """Fresh inputs: q (b, hq, d), K/V as `layout` ("paged", "packed", "cache"), the call's
-    keywords, and the batch-form K/V the reference reads."""
+def _batch(lens, hq, hk, d, layout, page, seed, rows=1):
+    """Fresh inputs: q (b * rows, hq, d), K/V as `layout` ("paged", "packed", "cache"), the
+    call's keywords, and the batch-form K/V the reference reads."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     b, mx = len(lens), max(lens)
-    q = torch.randn(b, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    q = torch.randn(b * rows, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
     k = torch.randn(b, mx, hk, d, device="cuda", dtype=torch.bfloat16, generator=g)
     v = torch.randn(b, mx, hk, d, device="cuda", dtype=torch.bfloat16, generator=g)
     used = torch.tensor(lens, device="cuda", dtype=torch.int32)
-    kw = dict(cu_seqlens_q=torch.arange(b + 1, device="cuda", dtype=torch.int32),
-              max_seqlen_q=1, max_seqlen_k=mx, causal=True)
+    kw = dict(cu_seqlens_q=torch.arange(0, b * rows + 1, rows, device="cuda",
+                                        dtype=torch.int32),
+              max_seqlen_q=rows, max_seqlen_k=mx, causal=True)
     if layout == "paged":
         kk, vv, table = paged_kv(k, v, lens, page, shuffle=True, extra_cols=2)
         kw.update(seqused_k=used, page_table=table)
@@ -84,11 +85,14 @@ def _batch(lens, hq, hk, d, layout, page, seed):
     return q, kk, vv, kw, k, v
 
 
-def _ref(q, k, v, lens, sink):
+def _ref(q, k, v, lens, sink, causal=True):
+    """fp32 attention: (b * rows, hq, dv), lse (b * rows, hq)."""
     b = len(lens)
-    o, lse = attention_ref(q[:, None], k, v, torch.ones(b, device="cuda"),
-                           torch.tensor(lens, device="cuda"), causal=True, sink=sink)
-    return o[:, 0], lse.reshape(b, -1)
+    rows = q.shape[0] // b
+    o, lse = attention_ref(q.view(b, rows, *q.shape[1:]), k, v,
+                           torch.full((b,), rows, device="cuda"),
+                           torch.tensor(lens, device="cuda"), causal=causal, sink=sink)
+    return o.reshape(b * rows, *o.shape[2:]), lse.permute(0, 2, 1).reshape(b * rows, -1)
 
 
 def _run(q, kk, vv, kw, sink):
@@ -110,7 +114,7 @@ def _check(q, kk, vv, kw, k, v, lens, sink, spy):
     before = spy["ragged"]
     o, lse = _run(q, kk, vv, kw, sink)
     assert spy["ragged"] == before + 1, "the ragged plan did not serve the step"
-    ro, rl = _ref(q, k, v, lens, sink)
+    ro, rl = _ref(q, k, v, lens, sink, kw["causal"])
     assert not o.isnan().any() and not lse.isnan().any()
     err = rel_err(o, ro)
     fin = torch.isfinite(rl)
@@ -132,7 +136,8 @@ def _check(q, kk, vv, kw, k, v, lens, sink, spy):
 
 @pytest.mark.parametrize("layout,page", [("paged", 16), ("paged", 64), ("paged", 128),
                                          ("packed", None), ("cache", None)])
-@pytest.mark.parametrize("hq,hk,d", [(32, 8, 128), (8, 1, 128), (16, 2, 64), (8, 2, 256)])
+@pytest.mark.parametrize("hq,hk,d", [(32, 8, 128), (8, 1, 128), (16, 2, 64), (8, 2, 256),
+                                     (8, 8, 128)])
 @pytest.mark.parametrize("sink", [False, True])
 def test_a_ragged_batch_against_fp32(spy, layout, page, hq, hk, d, sink):
     kern = _rt(-1).split_kernel(0, torch.bfloat16, d, d, 16 if layout == "cache" else page)
@@ -149,12 +154,30 @@ def test_a_ragged_batch_against_fp32(spy, layout, page, hq, hk, d, sink):
           f"{unsplit if unsplit is None else f'{unsplit:.2e}'}")
 
 
+@pytest.mark.parametrize("page", [16, 64, 128])
+@pytest.mark.parametrize("rows,causal", [(2, True), (4, True), (4, False)])
+@pytest.mark.parametrize("hq,hk,d", [(32, 8, 128), (16, 2, 64)])
+def test_speculative_rows_against_fp32(spy, page, rows, causal, hq, hk, d):
+    """Several query rows a sequence over pages (each row an entry per chunk; a causal row
+    sees its own keys), with sequences shorter than the rows."""
+    lens = [2, 0, 1, 3000, 70000, 128, 20000, 513]
+    q, kk, vv, kw, k, v = _batch(lens, hq, hk, d, "paged", page, random.randrange(1 << 30),
+                                 rows)
+    kw["causal"] = causal
+    err, unsplit = _check(q, kk, vv, kw, k, v, lens, None, spy)
+    print(f"\nrows {rows} causal={causal} p{page} {hq}:{hk} hd{d}: ragged {err:.2e} unsplit "
+          f"{unsplit if unsplit is None else f'{unsplit:.2e}'}")
+
+
 @pytest.mark.parametrize("page", [16, 64, None])
-def test_the_metadata_kernel_writes_the_entry_map(monkeypatch, page):
+@pytest.mark.parametrize("rows", [1, 4])
+def test_the_metadata_kernel_writes_the_entry_map(monkeypatch, page, rows):
     """The metadata kernel's outputs, field by field, against policy/ragged.entry_map: first,
     each entry's keys (paged) or bounds (packed), its page-table columns, its q row."""
     from fa4aot.policy import ragged as RG
 
+    if rows > 1 and page is None:
+        pytest.skip("a packed K's entries tile it: one row a sequence")
     rng = random.Random()
     b = rng.choice([3, 8, 33, 300])
     lens = [rng.choice([0, 1, rng.randint(1, 300), int(10 ** rng.uniform(2, 5))])
@@ -164,10 +187,10 @@ def test_the_metadata_kernel_writes_the_entry_map(monkeypatch, page):
     kern = rt.split_kernel(0, torch.bfloat16, d, d, page)
     assert kern is not None and kern.ragged_meta is not None
     monkeypatch.setattr(RG, "RAGGED_MIN_BYTES", 0)  # (any batch size)
-    rg = RG.plan_ragged(batch=b, rows=1, kv_heads=hk, seqlen_k=max(lens) + 1, bytes_per_key=512,
+    rg = RG.plan_ragged(batch=b, rows=rows, kv_heads=hk, seqlen_k=max(lens) + 1, bytes_per_key=512,
                         page_size=page, sink=False, num_sms=132, setting=-1,
                         max_slots=kern.max_slots)
-    q = torch.randn(b, hq, d, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(b * rows, hq, d, device="cuda", dtype=torch.bfloat16)
     w = rg.entries
     qv = torch.full((w, hq, d), float("nan"), device="cuda", dtype=torch.bfloat16)
     first = torch.full((b + 1,), -7, device="cuda", dtype=torch.int32)
@@ -177,19 +200,20 @@ def test_the_metadata_kernel_writes_the_entry_map(monkeypatch, page):
         used = torch.tensor(lens, device="cuda", dtype=torch.int32)
         out_v = torch.full((w,), -7, device="cuda", dtype=torch.int32)
         table_v = torch.full((w, max(rg.pages, 1)), -7, device="cuda", dtype=torch.int32)
-        kern.ragged_meta(used, table, q, qv, out_v, table_v, first, rg.n, rg.align, page)
+        kern.ragged_meta(used, table, q, qv, out_v, table_v, first, rg.n, rg.align, page,
+                         rows, 1)
     else:
         cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32).cuda()
         out_v = torch.full((w + 1,), -7, device="cuda", dtype=torch.int32)
-        kern.ragged_meta(cu, None, q, qv, out_v, None, first, rg.n, rg.align, 0)
+        kern.ragged_meta(cu, None, q, qv, out_v, None, first, rg.n, rg.align, 0, 1, 1)
     torch.cuda.synchronize()
-    want_first, entries, chunk = RG.entry_map(lens, rg, page)
+    want_first, entries, chunk = RG.entry_map(lens, rg, page, causal=True)
     assert first.tolist() == want_first
-    for e, (i, start, keys) in enumerate(entries):
+    for e, (i, t, start, keys) in enumerate(entries):
         if i < 0:
             assert int(out_v[e]) == (0 if page else int(cu[-1]))
             continue
-        assert torch.equal(qv[e], q[i])
+        assert torch.equal(qv[e], q[i * rows + t])
         if page:
             assert int(out_v[e]) == keys
             cols = min(-(-keys // 128) * 128 // page, table_v.shape[1])
@@ -201,8 +225,9 @@ def test_the_metadata_kernel_writes_the_entry_map(monkeypatch, page):
         assert int(out_v[w]) == int(cu[-1])
 
 
-@pytest.mark.parametrize("layout,page", [("paged", 64), ("paged", 16), ("packed", None)])
-def test_a_captured_graph_replays_at_new_lengths_bit_for_bit(spy, layout, page):
+@pytest.mark.parametrize("layout,page,rows", [("paged", 64, 1), ("paged", 16, 1),
+                                              ("packed", None, 1), ("paged", 64, 4)])
+def test_a_captured_graph_replays_at_new_lengths_bit_for_bit(spy, layout, page, rows):
     """Captured once for the bounds, replayed with new lengths under them (zeros and one-key
     sequences among them, and for a paged K a new page table): the eager call's bits, each
     replay exact against fp32."""
@@ -210,7 +235,8 @@ def test_a_captured_graph_replays_at_new_lengths_bit_for_bit(spy, layout, page):
 
     lens = list(LENS)
     hq, hk, d = 32, 8, 128
-    q, kk, vv, kw, k, v = _batch(lens, hq, hk, d, layout, page, seed=random.randrange(1 << 30))
+    q, kk, vv, kw, k, v = _batch(lens, hq, hk, d, layout, page, random.randrange(1 << 30),
+                                 rows)
     out = torch.full_like(q, float("nan"))
     _rt(-1)
 
