@@ -346,8 +346,8 @@ class RaggedMeta:
                 col0 = start // page
                 last = mTable.shape[1] - 1
                 ncol = cutlass.min((keys_v + 127) // 128 * 128 // page, mTableV.shape[1])
-                for t in cutlass.range(tidx, ncol, self.threads):
-                    mTableV[v, t] = mTable[seq, cutlass.min(col0 + t, last)]
+                for x in cutlass.range(tidx, ncol, self.threads):
+                    mTableV[v, x] = mTable[seq, cutlass.min(col0 + x, last)]
             else:
                 if tidx == 0:
                     mOut[v] = mLen[seq] + start

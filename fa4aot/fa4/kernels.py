@@ -198,7 +198,7 @@ def trace_ragged(variant: Variant) -> dict[str, list[tuple[Any, Any]]]:
         lens, table, out_v, table_v = ints(sym()), None, ints(sym()), None
     meta = cute.compile(
         K.RaggedMeta(bool(v.paged), dt, v.head_dim), lens, table,
-        make_fake_tensor(dt, (b, hq, v.head_dim), divisibility=div),
+        make_fake_tensor(dt, (sym(), hq, v.head_dim), divisibility=div),  # (b * steps rows)
         make_fake_tensor(dt, (w, hq, v.head_dim), divisibility=div), out_v, table_v,
         ints(sym()), i32(0), i32(0), i32(0), i32(0), i32(0), stream, options="--enable-tvm-ffi",
     )
