@@ -157,9 +157,13 @@ def test_a_ragged_batch_against_fp32(spy, layout, page, hq, hk, d, sink):
 @pytest.mark.parametrize("page", [16, 64, 128])
 @pytest.mark.parametrize("rows,causal", [(2, True), (4, True), (4, False)])
 @pytest.mark.parametrize("hq,hk,d", [(32, 8, 128), (16, 2, 64)])
-def test_speculative_rows_against_fp32(spy, page, rows, causal, hq, hk, d):
+def test_speculative_rows_against_fp32(spy, monkeypatch, page, rows, causal, hq, hk, d):
     """Several query rows a sequence over pages (each row an entry per chunk; a causal row
-    sees its own keys), with sequences shorter than the rows."""
+    sees its own keys), with sequences shorter than the rows, where the plan takes them
+    (RAGGED_ROWS, raised here: by default the uniform plan packs them)."""
+    from fa4aot.policy import ragged as RG
+
+    monkeypatch.setattr(RG, "RAGGED_ROWS", 4)
     lens = [2, 0, 1, 3000, 70000, 128, 20000, 513]
     q, kk, vv, kw, k, v = _batch(lens, hq, hk, d, "paged", page, random.randrange(1 << 30),
                                  rows)
@@ -227,12 +231,16 @@ def test_the_metadata_kernel_writes_the_entry_map(monkeypatch, page, rows):
 
 @pytest.mark.parametrize("layout,page,rows", [("paged", 64, 1), ("paged", 16, 1),
                                               ("packed", None, 1), ("paged", 64, 4)])
-def test_a_captured_graph_replays_at_new_lengths_bit_for_bit(spy, layout, page, rows):
+def test_a_captured_graph_replays_at_new_lengths_bit_for_bit(spy, monkeypatch, layout, page,
+                                                              rows):
     """Captured once for the bounds, replayed with new lengths under them (zeros and one-key
     sequences among them, and for a paged K a new page table): the eager call's bits, each
     replay exact against fp32."""
     import fa4aot
 
+    from fa4aot.policy import ragged as RG
+
+    monkeypatch.setattr(RG, "RAGGED_ROWS", rows)
     lens = list(LENS)
     hq, hk, d = 32, 8, 128
     q, kk, vv, kw, k, v = _batch(lens, hq, hk, d, layout, page, random.randrange(1 << 30),

@@ -34,6 +34,10 @@ RAGGED_MIN_BYTES = 256 << 20
 # The entries run on the wide split kernel (64-key tiles, two CTAs an SM: constraints.
 # wide_split) where the artifact has one, else on the chunk kernel.
 RAGGED_WIDE = True
+# The most query rows a sequence the plan takes: the kernels serve any number over pages (a
+# row an entry per chunk), but unrolled rows each read the keys (2.9x the HBM limit at 4 rows,
+# where the uniform plan packs them as rows of one chunk: docs/design.md, Tuned thresholds).
+RAGGED_ROWS = 1
 # Keys of the shortest chunk: one 128-key tile of the chunk kernel.
 MIN_CHUNK = 128
 
@@ -74,10 +78,10 @@ def plan_ragged(
 ) -> Ragged | None:
     """The ragged plan of a decode step of `rows` query rows a sequence, or None (the uniform
     plan decides): at least two sequences (one has no raggedness), the automatic split setting
-    (a forced count keeps its meaning: that many chunks a sequence), one row over a packed K
-    (its entries tile it; several rows over pages), and K/V of at least RAGGED_MIN_BYTES at
-    the bound seqlen_k. Shared by the runtime and `fa4aot explain`."""
-    if setting != -1 or batch < 2 or (rows > 1 and page_size is None):
+    (a forced count keeps its meaning: that many chunks a sequence), at most RAGGED_ROWS rows
+    (one over a packed K: its entries tile it; several over pages), and K/V of at least
+    RAGGED_MIN_BYTES at the bound seqlen_k. Shared by the runtime and `fa4aot explain`."""
+    if setting != -1 or batch < 2 or rows > RAGGED_ROWS or (rows > 1 and page_size is None):
         return None
     if batch * kv_heads * seqlen_k * bytes_per_key < RAGGED_MIN_BYTES:
         return None

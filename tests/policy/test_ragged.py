@@ -31,7 +31,9 @@ def test_the_plan_leaves_the_uniform_cases_to_the_uniform_plan(kw):
     assert _plan(**kw) is None
 
 
-def test_several_rows_over_pages_are_entries_of_their_own():
+def test_several_rows_over_pages_are_entries_of_their_own(monkeypatch):
+    assert _plan(rows=2) is None  # (RAGGED_ROWS: the uniform plan packs them)
+    monkeypatch.setattr(RG, "RAGGED_ROWS", 4)
     rg = _plan(rows=4)
     assert rg.steps == 4 and rg.n == 17 and rg.entries == 4 * (17 + 8)  # the same CTAs
 
@@ -40,9 +42,11 @@ def test_several_rows_over_pages_are_entries_of_their_own():
 @pytest.mark.parametrize("page,rows", [(16, 1), (64, 1), (128, 1), (None, 1), (16, 3),
                                        (64, 4)])
 @pytest.mark.parametrize("causal", [True, False])
-def test_the_entries_tile_every_sequence_once_within_the_bounds(seed, page, rows, causal):
+def test_the_entries_tile_every_sequence_once_within_the_bounds(monkeypatch, seed, page, rows,
+                                                                causal):
     """Each decode row's entries (first[i] + t, + steps, ...) cover the keys it sees once,
     in order, from page-aligned starts; at most n a row, the rest unused."""
+    monkeypatch.setattr(RG, "RAGGED_ROWS", 4)
     rng = random.Random(seed)
     b = rng.choice([2, 8, 32, 100])
     sk = 131072

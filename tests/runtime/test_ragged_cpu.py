@@ -130,10 +130,13 @@ def test_a_forced_split_count_one_sequence_or_an_old_store_keep_the_uniform_plan
 
 @pytest.mark.parametrize("varlen_q", [True, False])
 @pytest.mark.parametrize("causal", [True, False])
-def test_speculative_rows_over_pages_are_decode_rows_of_their_own(serve, varlen_q, causal):
-    """A step of 3 query rows a sequence over pages: each row an entry per chunk (adjacent),
-    causal rows seeing their own keys; q packed (b * rows, hq, d) or in batch form (b, rows,
-    hq, d), out and LSE in the caller's layout, equal to the reference."""
+def test_speculative_rows_over_pages_are_decode_rows_of_their_own(serve, monkeypatch,
+                                                                  varlen_q, causal):
+    """A step of 3 query rows a sequence over pages (where RAGGED_ROWS takes it): each row an
+    entry per chunk (adjacent), causal rows seeing their own keys; q packed (b * rows, hq, d)
+    or in batch form (b, rows, hq, d), out and LSE in the caller's layout, equal to the
+    reference."""
+    monkeypatch.setattr(RG, "RAGGED_ROWS", 3)
     rt = serve(16)
     hq, hk, rows = 8, 2, 3
     lens = [0, 2, 700, 5000, 77, 1024]
