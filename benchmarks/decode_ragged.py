@@ -4,6 +4,7 @@ CUDA graph, side by side in one process (H200).
 
     FA4AOT_CACHE_DIR=<store> python benchmarks/decode_ragged.py [--json ragged.json]
     python benchmarks/decode_ragged.py --dry          # no GPU: the cases, their lengths and bytes
+    python benchmarks/decode_ragged.py --plot ragged.json docs/decode-ragged.png  # (matplotlib)
 
 Each batch: paged K/V (bf16), pages shuffled over the pool (a random page table), causal,
 seqused_k, max_seqlen_k passed (the longest length), s_q query rows a sequence (cu_seqlens_q).
@@ -432,6 +433,35 @@ def bench(a, cs: list[Case]) -> dict:
     return res
 
 
+def plot(path: str, png: str) -> None:
+    """A bar chart of --json's rows: time over the HBM limit of each column, eager, per case,
+    the target's line at TARGET (matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    res = json.load(open(path))
+    rows = [r for r in res["rows"] if "today" in r]
+    cols = (("today", "ragged plan (today)"), ("uniform", "uniform plan"),
+            ("unsplit", "unsplit (FA4's kernel)"))
+    fig, ax = plt.subplots(figsize=(max(8, 0.6 * len(rows)), 5))
+    w = 0.8 / len(cols)
+    for k, (col, label) in enumerate(cols):
+        ys = [r[col] / r["limit_us"] if col in r else 0 for r in rows]
+        ax.bar([i + (k - 1) * w for i in range(len(rows))], ys, w, label=label)
+    ax.axhline(TARGET, color="k", ls="--", lw=1, label=f"target: {TARGET}x the limit")
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(rows)), [r["case"].replace(" hd128 sq1", "") + ("*" if r["big"]
+                                     else "") for r in rows], rotation=60, ha="right",
+                  fontsize=8)
+    ax.set_ylabel("time / HBM limit of the bytes read (eager)")
+    ax.set_title(f"ragged decode batches, {res['device']} (* reads >= {BIG_MB} MB)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -462,9 +492,14 @@ def main() -> int:
                     help="the most query rows a sequence the ragged plan takes "
                          "(policy/ragged.RAGGED_ROWS; default: fa4aot's), to tune it")
     ap.add_argument("--json", metavar="PATH", help="write every number here")
+    ap.add_argument("--plot", nargs=2, metavar=("JSON", "PNG"),
+                    help="no GPU: draw a --json file's rows as a bar chart and stop")
     ap.add_argument("--dry", action="store_true",
                     help="no GPU: print the cases (lengths, MB read) and stop")
     a = ap.parse_args()
+    if a.plot:
+        plot(*a.plot)
+        return 0
     cs = cases(a)
     if a.dry:
         dry(cs)
