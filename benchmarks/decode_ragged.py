@@ -385,8 +385,6 @@ def bench(a, cs: list[Case]) -> dict:
 
     if a.ragged_ctas:
         ragged.RAGGED_CTAS_PER_SM = a.ragged_ctas
-    if a.ragged_kernel:
-        ragged.RAGGED_WIDE = a.ragged_kernel == "wide"
     if a.ragged_rows:
         ragged.RAGGED_ROWS = a.ragged_rows
     if a.hbm_tbs:
@@ -394,8 +392,8 @@ def bench(a, cs: list[Case]) -> dict:
     else:
         tbs, how = _copy_tbs(torch), "measured (device-to-device copy, read + written)"
     print(f"# {torch.cuda.get_device_name()}; HBM {tbs:.2f} TB/s {how}; runtime split setting "
-          f"{rt.split} (-1: auto); ragged plan {ragged.RAGGED_CTAS_PER_SM} CTAs per SM, wide "
-          f"kernel {ragged.RAGGED_WIDE}, rows <= {ragged.RAGGED_ROWS}; {len(cs)} cases", flush=True)
+          f"{rt.split} (-1: auto); ragged plan {ragged.RAGGED_CTAS_PER_SM} CTAs per SM, "
+          f"rows <= {ragged.RAGGED_ROWS}; {len(cs)} cases", flush=True)
     if rt.split == 0:
         print("# FA4AOT_SPLIT_KV=0: the `today` column runs unsplit too", flush=True)
     rows = []
@@ -485,9 +483,6 @@ def main() -> int:
     ap.add_argument("--ragged-ctas", type=int, default=None,
                     help="the ragged plan's CTAs per SM (policy/ragged.RAGGED_CTAS_PER_SM; "
                          "default: fa4aot's), to tune it")
-    ap.add_argument("--ragged-kernel", choices=["wide", "chunk"], default=None,
-                    help="the kernel the ragged plan's entries run on where the store has both "
-                         "(policy/ragged.RAGGED_WIDE; default: fa4aot's), to tune it")
     ap.add_argument("--ragged-rows", type=int, default=None,
                     help="the most query rows a sequence the ragged plan takes "
                          "(policy/ragged.RAGGED_ROWS; default: fa4aot's), to tune it")

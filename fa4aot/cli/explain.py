@@ -514,9 +514,8 @@ def _split_plan(
 
 def _ragged_doc(rg, kern, parts, page_size, hk, num_sms, dense_pages) -> dict:
     """explain's split doc for a step the ragged plan serves (runtime/ragged.RaggedRun: its
-    entries on the wide split kernel where the artifact has it, else as a split step's)."""
-    part = S.wide_part(parts, kern) if RG.RAGGED_WIDE else None
-    part = part or S.tma_part(parts, page_size) or "fwd"
+    entries on a split step's chunk kernel)."""
+    part = S.tma_part(parts, page_size) or "fwd"
     return {
         "splits": rg.n, "ragged": True, "entries": rg.entries, "kernel": kern.id,
         "chunk_kernel": part, "merge": "ragged_merge",

@@ -31,9 +31,6 @@ RAGGED_CTAS_PER_SM = 4
 # below it the uniform plan's tuned kernels win (two long sequences at 8:1, 134 MB at the
 # bound: 1.3x the HBM limit against the ragged plan's 1.6x; docs/design.md, Tuned thresholds).
 RAGGED_MIN_BYTES = 256 << 20
-# The entries run on the wide split kernel (64-key tiles, two CTAs an SM: constraints.
-# wide_split) where the artifact has one, else on the chunk kernel.
-RAGGED_WIDE = True
 # The most query rows a sequence the plan takes: the kernels serve any number over pages (a
 # row an entry per chunk), but unrolled rows each read the keys (2.9x the HBM limit at 4 rows,
 # where the uniform plan packs them as rows of one chunk: docs/design.md, Tuned thresholds).

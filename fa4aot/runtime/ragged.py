@@ -31,9 +31,7 @@ class RaggedRun:
         r, w, dvc, rows = hq // hk, rg.entries, q.device, rg.steps
         bb = b * rows  # decode rows
         self.rg, self.r, self.paged = rg, r, page_size is not None
-        self.launch = (kern.launch_wide_split if RG.RAGGED_WIDE and kern.launch_wide_split
-                       else kern.launch_split)
-        self.meta, self.merge = kern.ragged_meta, kern.ragged_merge
+        self.launch, self.meta, self.merge = kern.launch_split, kern.ragged_meta, kern.ragged_merge
         self.scale = float(1.0 / math.sqrt(d))
         self.meta_args = (rg.n, rg.align, page_size or 0, rows, int(causal))
         i32, f32 = torch.int32, torch.float32

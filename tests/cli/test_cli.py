@@ -638,21 +638,22 @@ def test_explain_split_kv(run, split_store):
 def test_explain_says_a_ragged_batch_splits_by_its_real_lengths(run, monkeypatch):
     """A one-row step over a paged or packed K of at least RAGGED_MIN_BYTES at the bound runs
     the ragged plan where the split kernel holds its parts (policy/ragged.plan_ragged, as
-    runtime/splitkv.split_step: the same function), its entries on fwd_wide_split where held;
-    a smaller batch, several rows, a dense K or a store without the parts keep the uniform
-    plan."""
+    runtime/splitkv.split_step: the same function), its entries on the chunk kernel (fwd_tma
+    for pages of its size); a smaller batch, a dense K or a store without the parts keep the
+    uniform plan."""
     from fa4aot.model import constraints as C
 
     merge = {"partial_dtype": "bfloat16", "max_splits": 128, "threads": 256}
     ragged = {"ragged_meta": {"version": C.RAGGED_VERSION}, "ragged_merge": {}}
     parts = {"fwd": {"q_broadcast": True, "chunk_lengths": True}, "merge": merge}
-    _hold_split_kernels(monkeypatch, {**parts, **ragged, "fwd_wide_split": {"tile_n": 64}},
+    _hold_split_kernels(monkeypatch, {**parts, **ragged, "fwd_tma": {"page_size": 64}},
                         pages=(None, 64))
     base = ["explain", "--head-dim", "128", "--heads", "32:8", "--seqlen-k", "131072", "--json"]
     for layout in (["--layout", "varlen"], ["--layout", "paged", "--page-size", "64"]):
         doc = json.loads(run(*base, *layout, "--batch", "8").stdout)["split"]
         assert doc.get("ragged") and doc["splits"] == 66 and doc["entries"] == 74, doc
-        assert doc["chunk_kernel"] == "fwd_wide_split" and "ragged split-KV" in doc["plan"]
+        assert doc["chunk_kernel"] == ("fwd_tma" if "paged" in layout else "fwd")
+        assert "ragged split-KV" in doc["plan"]
         doc = json.loads(run(*base, *layout, "--batch", "1").stdout)["split"]
         assert not doc.get("ragged")
     doc = json.loads(run(*base, "--batch", "8").stdout)["split"]  # (a dense K: uniform)
