@@ -86,7 +86,7 @@ def varlen(rt, q, k, v, cu_seqlens_q, max_seqlen_q, seqused_k, page_table, softm
     if vd.stride(1) != 1:
         vd = vd.contiguous()
     wl, wr = window_size
-    dev = q.get_device()  # (-1 off CUDA, as validate reads it)
+    dev = q.device.index if q.is_cuda else q.get_device()  # (-1 off CUDA)
     key = ("fp8kv", q.dtype, d, hq // hk, bool(causal), wl, wr, return_lse, varlen_q, page,
            batch > C.BIN_BATCH_SEARCH_THRESH,
            min(max_seqlen_q if max_seqlen_q is not None else (total_q if varlen_q else sq), 193),

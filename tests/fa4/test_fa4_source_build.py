@@ -89,8 +89,12 @@ def test_vllm_source_plans_hd512_and_fp8_kv_plain_forwards_only(vllm_dir):
     assert {v.qhead_per_kvhead for v in full} == {8, 4}  # TP1's ratio and TP8's
     assert fp8 and all(v.paged and v.paged_tma and v.kv_dtype == "float8_e4m3fn" for v in fp8)
     assert {v.paged_tma for v in full if v.paged and not v.kv_dtype} == {True, False}
-    # no fold or split kernels (they patch upstream's internals): causal/window forwards only
-    assert all(v.causal or v.local for v in vs) and not any(v.tile_m or v.split_kv for v in vs)
+    # no fold or split chunk kernels (they patch upstream's internals): causal/window forwards,
+    # and the copy's own split forward beside each paged decode kernel without LSE (its twin)
+    assert all(v.causal or v.local for v in vs) and not any(v.tile_m for v in vs)
+    twins = [v for v in vs if v.split_kv]
+    assert twins and all(v.paged and v.phase == "decode" and not v.return_lse
+                         and v.head_dim == 512 for v in twins)
     assert plan.unsupported == []  # (the hd256 layer's FP8 cache is FA3's in vLLM)
 
 
