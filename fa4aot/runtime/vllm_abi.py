@@ -180,6 +180,9 @@ class SplitKv:
                 n = S.choose_splits(batch=batch, kv_heads=hk, rows=1, seqlen_k=key[-1],
                                     bytes_per_key=bytes_per_key, num_sms=num_sms,
                                     align=self.tile_n, max_splits=top, model=model, fold=False)
+            if n > 1 and (hq, combine_bucket(n)) not in self.combines:
+                # (a store without that bucket's combine: the largest smaller one that it has)
+                n = max((b for h, b in self.combines if h == hq and b < n), default=1)
             if len(self._counts) > 4096:
                 self._counts.clear()
             self._counts[key] = n

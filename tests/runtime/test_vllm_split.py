@@ -345,3 +345,15 @@ def test_warm_misses_what_the_store_lacks(serve, monkeypatch):
     assert rt.loads == []
     VA.warm(rt, num_splits=32, **_specs())  # no twin: the kernel alone, the steps unsplit
     assert len(rt.loads) == 1 and rt.log == []
+
+
+
+def test_a_missing_bucket_falls_back_to_a_smaller_combine():
+    """A split twin without the count's bucket (its combines from another build) runs the
+    largest smaller count it has a combine for; no combine for the heads: unsplit."""
+    sk = VA.SplitKv(None, {(32, 32): None, (32, 128): None}, PAGE, lambda f, guard=True: None)
+    kw = dict(batch=1, hq=32, hk=4, bound=8000, bytes_per_key=2 * D * 2, num_sms=SMS,
+              model=S.DEFAULT_MODEL)
+    assert sk.count(setting=48, **kw) == 32  # (bucket 64 missing)
+    assert sk.count(setting=100, **kw) == 100
+    assert sk.count(setting=48, **{**kw, "hq": 16}) == 1
