@@ -80,16 +80,15 @@ def split_kernel_variant(
 
 def native_split_variant(
     arch: str, num_sms: int, variant: Variant, feat: CallFeatures, batch: int, rows: int,
-    bound: int,
-    window_left: int | None, window_right: int | None, setting: int,
+    bound: int, window_left: int | None, window_right: int | None, setting: int,
 ):  # fmt: skip
     """The native split decision for an exact Blackwell call with q in batch form (pure: the
     runtime's Blackwell path, runtime/blackwell.py, and `fa4aot explain` both take it):
     -> (num_splits, the split kernel's variant); (1, None) when one split it is, (n, None)
-    when fa4aot models no split kernel for the call (it then runs unsplit too). setting: FA4AOT_SPLIT_KV as the runtime holds it (-1: FA4's
-    heuristic over the keys the mask loads, as FA4's seqlen_k_loaded; N > 0: N splits, capped
-    at FA4's 128). feat: the call's features; rows: its query length; bound: the host bound on
-    its KV lengths."""
+    when fa4aot models no split kernel for the call (it then runs unsplit too). setting:
+    FA4AOT_SPLIT_KV as the runtime holds it (-1: FA4's heuristic over the keys the mask loads,
+    as FA4's seqlen_k_loaded; N > 0: N splits, capped at FA4's 128). feat: the call's
+    features; rows: its query length; bound: the host bound on its KV lengths."""
     if setting < 0:
         loaded = bound
         if variant.local:  # FA4's seqlen_k_loaded (interface.py 392-407): the window's keys
