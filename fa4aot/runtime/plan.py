@@ -536,6 +536,10 @@ def hd256_class(rt: Runtime, dev: int, batch: int, hq: int, hk: int) -> int:
     return 1 + (2 * batch * hq <= sms) + 2 * (2 * batch * hk <= sms)
 
 
+# q/k/v dtypes with no FP8 contract to check (validate.DTYPES' names)
+_PLAIN_DTYPES = frozenset(DTYPES.values())
+
+
 def resolve(rt: Runtime, key: tuple, dev: int, padding: bool, feat: CallFeatures) -> Plan | None:
     """The plan serving the call `feat` on CUDA device `dev` (exact, else, when `padding`
     allows it, the best fold or padding select.choose finds), cached under `key`; None when
@@ -592,10 +596,6 @@ def resolve(rt: Runtime, key: tuple, dev: int, padding: bool, feat: CallFeatures
         plan.feat = feat
     rt._plans[key] = plan
     return plan
-
-
-# q/k/v dtypes with no FP8 contract to check (validate.DTYPES' names)
-_PLAIN_DTYPES = frozenset(DTYPES.values())
 
 
 def _mla_variant(arch: str, feat: CallFeatures) -> tuple[Variant | None, str | None]:
