@@ -43,7 +43,7 @@ class RaggedRun:
         if self.paged:
             self.out_v = torch.zeros(w, dtype=i32, device=dvc)
             # zeros: a valid page for rows the metadata kernel leaves unwritten; 16 readable
-            # bytes before the first entry, as the TMA paged path needs (launch.GUARD_ALIGN)
+            # bytes before the first entry, as the TMA paged path needs (abi.GUARD_ALIGN)
             g = torch.zeros(4 + w * max(rg.pages, 1), dtype=i32, device=dvc)
             self.table_v = g[4:].view(w, max(rg.pages, 1))
         else:

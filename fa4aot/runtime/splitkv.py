@@ -340,7 +340,7 @@ def _dense_as_pages(rt, dev, q, k, v, b, hk, d, dv, seqlen_k, page, used=True):
 
 
 def _dense_meta(run, used, table, b, rows, causal, page_size):
-    """The kernel-facing lengths and chunked page table (behind a guard, launch.GUARD_ALIGN:
+    """The kernel-facing lengths and chunked page table (behind a guard, abi.GUARD_ALIGN:
     no call copies it) of a dense K viewed as pages
     (_dense_as_pages: every sequence holds all its keys), computed in torch once per shape:
     what the metadata kernel (or its torch fallback) and split.chunk_page_table make per call
@@ -384,7 +384,7 @@ def _fold_step(run, q, k, v, kind, cu_seqlens_k, seqused_k, page_table, softmax_
 def _packed_meta(run, used, table):
     """A PackedRun's metadata for constant lengths and page table (a dense K viewed as pages):
     (the chunks' lengths, their page table, the tail's page table and lengths), copies; the
-    tables behind a guard (launch.GUARD_ALIGN), so that no call copies them."""
+    tables behind a guard (abi.GUARD_ALIGN), so that no call copies them."""
     chunked = guard_page_table(S.chunk_page_table(torch, table, run.sp, run.page_size, 1))
     if not run.causal:
         return used, chunked, None, None

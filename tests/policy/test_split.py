@@ -140,6 +140,7 @@ class _FakeRuntime:
 
     meta = chunk_modes = False  # (the split_kernels fixture)
     packed_meta = True  # with chunk_modes, for a paged K: the part packed_meta
+    ragged = False  # (the uniform plan's paths: tests/runtime/test_ragged_cpu.py has the other)
 
     def __init__(self, n):
         self.n = self.split = n
