@@ -11,9 +11,11 @@ CPU-side torch dispatch (views, allocations, the split's metadata ops running on
 H200 figure (benchmarks/host_overhead.py) adds CUDA launch costs. Also counts the torch ops
 (aten calls) of one call per path: what a CUDA call would dispatch, views included.
 
---baseline DIR: DIR holds `fa4aot_base`, an earlier fa4aot package, e.g.
+--baseline DIR: DIR holds `fa4aot_base`, an earlier fa4aot package whose own imports name it
+(else they load this checkout's modules), e.g.
     mkdir -p /tmp/base && git archive cec8fa9 fa4aot | tar -x -C /tmp/base \
-        && mv /tmp/base/fa4aot /tmp/base/fa4aot_base
+        && mv /tmp/base/fa4aot /tmp/base/fa4aot_base && find /tmp/base -name '*.py' -exec \
+        sed -i -E 's/^(\s*)(from|import) fa4aot(\b|\.)/\1\2 fa4aot_base\3/' {} +
 """
 
 from __future__ import annotations

@@ -3,9 +3,11 @@
     FA4AOT_CACHE_DIR=<store> python benchmarks/host_overhead.py [--out results.json]
         [--baseline DIR]
 
---baseline DIR: DIR holds `fa4aot_base`, an earlier fa4aot (e.g. `git archive <rev> fa4aot`,
-renamed); its calls are timed in the same rounds as this checkout's, so a change's host cost is
-measured side by side (before/after), not across runs.
+--baseline DIR: DIR holds `fa4aot_base`, an earlier fa4aot (`git archive <rev> fa4aot`, renamed,
+and its own imports rewritten: `sed -E 's/^(\s*)(from|import) fa4aot(\b|\.)/\1\2 fa4aot_base\3/'`,
+else they load this checkout's modules); its calls are timed in the same rounds as this
+checkout's, so a change's host cost is measured side by side (before/after), not across runs.
+--baseline-cache: the store it serves from, where the store formats differ.
 
 Host time: wall time of N back-to-back calls divided by N while the GPU is busy with a spin
 kernel (launches only queue), median of R repeats; the headline figure
@@ -22,6 +24,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 import torch
 
@@ -161,6 +164,8 @@ def main():
         help="pin the process to this CPU (default: the last one; -1: no pinning)",
     )
     ap.add_argument("--baseline", help="dir holding fa4aot_base, an earlier fa4aot, timed alongside")
+    ap.add_argument("--baseline-cache", help="the store fa4aot_base serves from (one it built: "
+                    "`python -m fa4aot_base.cli build --cache DIR`; default FA4AOT_CACHE_DIR)")
     a = ap.parse_args()
     if a.cpu >= 0:
         os.sched_setaffinity(0, {a.cpu})  # no migrations mid-measurement (the host is a VM)
@@ -252,6 +257,9 @@ def main():
     if a.baseline:
         sys.path.insert(0, a.baseline)
         import fa4aot_base as base
+
+        if a.baseline_cache:  # (an earlier fa4aot may not read this one's store format)
+            base.reset(roots=[Path(a.baseline_cache)])
     fns = {}
     for name, fn_name, args, kw in cases("cuda"):
         fns[("fa4aot", name)] = lambda f=getattr(fa4aot, fn_name), a=args, k=kw: f(*a, **k)
