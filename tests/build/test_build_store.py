@@ -261,8 +261,10 @@ def test_superseded_is_a_split_kernel_merging_with_fa4s_combine_or_copying_q():
 
     def art(variant, *parts, q_broadcast=True, chunk_lengths=True, bounds=True, wide=True,
             wide1=True, tma=True, wide_split=True, merge_version=C.MERGE_VERSION, pdl=True,
-            packed_meta=True):
+            packed_meta=True, ragged=C.RAGGED_VERSION):
         rec = {"variant": variant.to_dict(), "parts": {p: {} for p in ("fwd", *parts)}}
+        if ragged and "merge" in parts:
+            rec["parts"].update(ragged_meta={"version": ragged}, ragged_merge={})
         if "merge" in parts and merge_version is not None:
             rec["parts"]["merge"]["version"] = merge_version
         if q_broadcast:
@@ -292,6 +294,9 @@ def test_superseded_is_a_split_kernel_merging_with_fa4s_combine_or_copying_q():
     assert B.superseded(art(split, "combine"))
     assert B.superseded(art(split, "merge"))
     assert not B.superseded(art(split, "merge", "chunk_meta"))
+    # the ragged step's kernels (kernels.trace_ragged), at their current version
+    assert B.superseded(art(split, "merge", "chunk_meta", ragged=None))
+    assert B.superseded(art(split, "merge", "chunk_meta", ragged=C.RAGGED_VERSION - 1))
     assert B.superseded(art(split, "merge", "chunk_meta", q_broadcast=False))
     assert B.superseded(art(split, "merge", "chunk_meta", bounds=False))
     # the bounds mode as built before it took several rows a sequence ((b + 1, c) bounds)
