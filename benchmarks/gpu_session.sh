@@ -24,7 +24,7 @@ for w in $what; do
     conformance) { stamp python3 .device/checks/gpu_conformance.py; python3 .device/checks/gpu_conformance.py 2>&1; } > "$out/conformance.txt"; tail -1 "$out/conformance.txt";;
     host) base=""; [ -d .gpu-base/fa4aot_base ] && base="--baseline .gpu-base"
       # (the baseline serves from a store it built itself: store formats change; needs the compiler)
-      [ -n "$base" ] && python3 -m fa4aot_base.cli build --cache /tmp/fa4aot-base-store --spec llama-3.1-8b -j 16 2>&1 | tail -1 && base="$base --baseline-cache /tmp/fa4aot-base-store"
+      [ -n "$base" ] && PYTHONPATH=.gpu-base:$PYTHONPATH python3 -m fa4aot_base.cli build --cache /tmp/fa4aot-base-store --spec llama-3.1-8b -j 16 2>&1 | tail -1 && base="$base --baseline-cache /tmp/fa4aot-base-store"
       fa4=""; python3 -c "import flash_attn.cute" 2>/dev/null || fa4="--no-fa4"
       { stamp python3 benchmarks/host_overhead.py $base $fa4; python3 benchmarks/host_overhead.py $base $fa4 --out "$out/host.json" 2>&1 | grep -v -e Warning -e exe_args; } > "$out/host.txt"; cat "$out/host.txt";;
     padding-tests) { stamp python3 -m pytest -m gpu tests/test_gpu_padding.py; python3 -m pytest -m gpu tests/test_gpu_padding.py -q -p no:cacheprovider -rf 2>&1; } > "$out/gpu-padding-tests.txt"; tail -3 "$out/gpu-padding-tests.txt";;

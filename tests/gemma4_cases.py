@@ -177,9 +177,9 @@ def runtime_splits() -> int:
     it chose several (a test makes one call per fresh runtime)."""
     from fa4aot.runtime import default_runtime
 
-    got = {n for key, (plan, sk) in default_runtime()._modules.items()
-           if isinstance(key, tuple) and key[0] == "vllm-split-plan" and sk is not None
-           for n in sk._counts.values()}
+    got = {n for key, val in default_runtime()._modules.items()
+           if isinstance(key, tuple) and key[0] == "vllm-split-plan" and val[1] is not None
+           for n in val[1]._counts.values()}
     assert len(got) <= 1, f"several split counts: {got}"
     return got.pop() if got else 1
 
