@@ -65,7 +65,7 @@ class RaggedRun:
         self.lp_m = conv(kl.permute(0, 2, 1))  # (w, r, hk)
         self.first, self.out_v = conv(self.first), conv(self.out_v)
         self.table_v = None if self.table_v is None else conv(self.table_v)
-        self.no_sink, self.lse_scratch = conv(self.no_sink), self.lse_scratch
+        self.no_sink = conv(self.no_sink)
 
 
 def plan(rt, dev, dtype, b, rows, hk, d, dv, seqlen_k, page_size, sink, kern):
