@@ -4,13 +4,13 @@ The uniform plan (split.py) picks one chunk count per sequence from the batch si
 longest length, so in a ragged batch the long sequence gets too few chunks and the short ones
 get empty ones. Here the host fixes only bounds: `n` chunks of the batch's total keys, hence at
 most `entries` = n + batch pieces (a sequence's last piece may be short), each at most
-`pages * page_size` keys. The metadata kernel (fa4/kernels.trace_ragged_meta) then reads the
-real lengths on the GPU, sets the chunk to the total over n (rounded up to `align`), maps each
-entry to its (sequence, first key, keys), gathers its q row and page-table row, and writes each
-sequence's first entry; the chunk kernel runs the entries as its batch, and the ragged merge
-(trace_ragged_merge) merges a sequence's entries by LSE, a learnable sink counted once. The
-grid depends on the bounds alone, so a CUDA graph captured once replays for any lengths under
-them.
+`pages * page_size` keys. The metadata kernel (part `ragged_meta`: fa4/kernels.trace_ragged)
+then reads the real lengths on the GPU, sets the chunk to the total over n (rounded up to
+`align`), maps each entry to its (sequence, first key, keys), gathers its q row and page-table
+row, and writes each sequence's first entry; the chunk kernel runs the entries as its batch,
+and the ragged merge (part `ragged_merge`) merges a decode row's entries by LSE, a learnable
+sink counted once. The grid depends on the bounds alone, so a CUDA graph captured once replays
+for any lengths under them (docs/design.md, Ragged batches).
 
 `entry_map` is the metadata kernel's arithmetic in Python: the CPU tests' stand-in and the
 GPU tests' reference.
