@@ -1,4 +1,4 @@
-"""The runtime's per-call Python overhead on a CPU, per path, optionally against an older fa4aot.
+r"""The runtime's per-call Python overhead on a CPU, per path, optionally against an older fa4aot.
 
     python benchmarks/host_cpu.py [--baseline DIR] [--n 2000] [--repeats 15] [--json FILE]
 

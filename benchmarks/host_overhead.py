@@ -1,4 +1,4 @@
-"""Host time per call and kernel time: fa4aot vs flash_attn.cute, side by side (H200).
+r"""Host time per call and kernel time: fa4aot vs flash_attn.cute, side by side (H200).
 
     FA4AOT_CACHE_DIR=<store> python benchmarks/host_overhead.py [--out results.json]
         [--baseline DIR]
