@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from fa4aot.fa4 import cubin
-from fa4aot.fa4.keys import _CUTE_DTYPES, key_repr, trace_caches
+from fa4aot.fa4.keys import _CUTE_DTYPES, fake_copy_call, key_repr, trace_caches
 from fa4aot.model import constraints as C
 from fa4aot.model.abis import ABIS, KeyFields
 from fa4aot.model.variants import Variant
@@ -134,64 +134,11 @@ def caches(I) -> dict[str, Any]:
             "combine": I._flash_attn_fwd_combine.compile_cache}
 
 
-def fake_call(I, call) -> None:
-    """The copy's `_flash_attn_fwd` for `call` (model.compile_keys.Call) under FakeTensorMode,
-    with the arguments SGLang's FA4 wrapper passes it: compiles, runs nothing."""
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    dt = getattr(torch, call.dtype)
-    b, sq, sk = call.batch, call.seqlen_q, call.seqlen_k
-    hq, hk, d, dv = call.num_heads, call.num_heads_kv, call.head_dim, call.head_dim_v
-    with FakeTensorMode():
-        dev = "cuda"
-
-        def i32(*n):
-            return torch.empty(*n, dtype=torch.int32, device=dev)
-
-        kw: dict[str, Any] = dict(
-            causal=call.causal, window_size_left=call.window_left,
-            window_size_right=call.window_right, return_lse=call.return_lse,
-            num_splits=call.num_splits,
-        )
-        if call.sink_dtype:
-            kw["learnable_sink"] = torch.empty(hq, dtype=getattr(torch, call.sink_dtype),
-                                               device=dev)
-        if call.softcap is not None:
-            kw["softcap"] = call.softcap
-        if call.pack_gqa is not None:
-            kw["pack_gqa"] = call.pack_gqa
-        if call.tile_m is not None:
-            tile = C.fwd_tile("sm90", d, dv, call.causal,
-                              call.window_left is not None or call.window_right is not None)
-            kw["tile_mn"] = (call.tile_m, tile.n)
-        if call.layout == "dense" or call.batch_q:
-            q = torch.empty(b, sq, hq, d, dtype=dt, device=dev)
-        else:
-            q = torch.empty(b * sq, hq, d, dtype=dt, device=dev)
-            kw.update(cu_seqlens_q=i32(b + 1), max_seqlen_q=sq)
-        if call.seqused_q:
-            kw["seqused_q"] = i32(b)
-        if call.has_seqused_k:
-            kw["seqused_k"] = i32(b)
-        if call.layout == "varlen":
-            shape = (b * sk, hk)
-            kw.update(cu_seqlens_k=i32(b + 1), max_seqlen_k=sk)
-        elif call.layout in ("dense", "padded"):
-            shape = (b, sk, hk)
-        else:
-            npages = -(-sk // call.page_size)
-            shape = (b * npages, call.page_size, hk)
-            kw.update(page_table=i32(b, npages), max_seqlen_k=sk)
-        k = torch.empty(*shape, d, dtype=dt, device=dev)
-        v = torch.empty(*shape, dv, dtype=dt, device=dev)
-        I._flash_attn_fwd(q, k, v, **kw)
-
 
 def trace(I, call, compiles: list | None = None) -> dict[str, list[tuple[Any, Any]]]:
     """What the copy compiles for `call`: {cache: [(key, compiled fn)]} (caches cleared
     first). compiles: receives the (args, kwargs) of every cute.compile."""
-    return trace_caches(caches(I), lambda: fake_call(I, call), compiles)
+    return trace_caches(caches(I), lambda: fake_copy_call(I, call), compiles)
 
 
 def canonical(variant: Variant) -> Variant:
