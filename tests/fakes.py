@@ -149,24 +149,27 @@ def fold_kernel(layout="dense", d=128, lse=False, page=None, ratio=1):
     return replace(c, batch_q=layout != "dense").variant(ARCH)
 
 
-def fake_ragged_meta(lengths, table, q, qv, out_v, table_v, first, n, align, page, steps,
+def fake_ragged_meta(lengths, table, q, qv, out_v, table_v, first, n, align, page, rows,
                      causal):
     """kernels.trace_ragged's metadata kernel in torch: policy/ragged.entry_map's map written
     as the kernel writes it (paged: each entry's keys and its 128-key tiles' page-table
-    columns; packed: the entries' bounds), its decode row's q row copied."""
+    columns; packed: the entries' bounds), its q rows copied into qv (entry, row, KV head,
+    group, d): every row for a body entry, its own for a tail entry."""
     from fa4aot.policy.ragged import Ragged, entry_map
 
     paged = table is not None
     lens = lengths.tolist() if paged else (lengths[1:] - lengths[:-1]).tolist()
     lens = [max(x, 0) for x in lens]
-    rg = Ragged(n, qv.shape[0], align, table_v.shape[1] if paged else 0, steps)
+    rg = Ragged(n, qv.shape[0], align, table_v.shape[1] if paged else 0, rows)
     f, entries, _ = entry_map(lens, rg, page if paged else None, bool(causal))
     first.copy_(torch.tensor(f, dtype=first.dtype))
+    hk, r = qv.shape[2], qv.shape[3]
     for v, (i, t, start, keys) in enumerate(entries):
         if i < 0:
             out_v[v] = 0 if paged else lengths[-1]
             continue
-        qv[v] = q[i * steps + t]
+        for tt in range(rows) if t < 0 else [t]:
+            qv[v, tt] = q[i * rows + tt].view(hk, r, -1)
         if paged:
             out_v[v] = keys
             cols = min(-(-keys // 128) * 128 // page, table_v.shape[1])
@@ -178,15 +181,22 @@ def fake_ragged_meta(lengths, table, q, qv, out_v, table_v, first, n, align, pag
         out_v[-1] = lengths[-1]
 
 
-def fake_ragged_merge(op, lp, first, sink, out, lse, steps):
-    """kernels.trace_ragged's merge in torch: decode row b = i * steps + t merges entries
-    first[i] + t, + steps, ... below first[i + 1] of op (E, M, H, D) / lp (E, M, H) by LSE,
-    sink (M, H) one more LSE term with no output; out (B, M, H, D), lse (B, M, H)."""
+def fake_ragged_merge(op, lp, first, sink, out, lse, rows, tail):
+    """kernels.trace_ragged's merge in torch: decode row b = i * rows + t, query row m merges
+    row m * rows + t of sequence i's body entries, first[i] .. first[i + 1] - tail - 1, and
+    (tail > 0) of its tail entry first[i + 1] - tail + t, of op (E, M * rows, H, D) / lp (E, M
+    * rows, H) by LSE, sink (M, H) one more LSE term with no output; out (B, M, H, D), lse
+    (B, M, H)."""
+    m = out.shape[1]
     for b in range(out.shape[0]):
-        i, t = divmod(b, steps)
-        idx = list(range(int(first[i]) + t, int(first[i + 1]), steps))
-        terms = torch.cat([lp[idx].float(), sink[None].float()])
+        i, t = divmod(b, rows)
+        s0, s1 = int(first[i]), int(first[i + 1])
+        nb = max(s1 - s0 - tail, 0)
+        idx = list(range(s0, s0 + nb)) + ([s0 + nb + t] if tail else [])
+        mr = torch.arange(m) * rows + t
+        lps, ops = lp[idx][:, mr], op[idx][:, mr]
+        terms = torch.cat([lps.float(), sink[None].float()])
         tot = torch.logsumexp(terms, 0)
         lse[b] = tot
-        w = torch.exp(lp[idx] - tot).nan_to_num(0.0)
-        out[b] = (w[..., None] * op[idx].float()).sum(0).to(out.dtype)
+        w = torch.exp(lps - tot).nan_to_num(0.0)
+        out[b] = (w[..., None] * ops.float()).sum(0).to(out.dtype)

@@ -1,9 +1,10 @@
 """GPU correctness of the ragged split (policy/ragged.py; marker `gpu`; H200, a store from
 `fa4aot build`).
 
-Ragged one-row decode batches (an empty and a one-key sequence beside long ones) over a paged
-K at pages of 16, 64 and 128, a packed K, and a batch-form KV cache with seqused_k; GQA ratios
-1 to 8 (the fold), head dims 64 to 256, learnable sinks. Each case draws fresh inputs, runs
+Ragged decode batches (an empty and a one-key sequence beside long ones) over a paged K at
+pages of 16, 64 and 128, a packed K, and a batch-form KV cache with seqused_k; GQA ratios 1 to 8
+(the fold), head dims 64 to 256, learnable sinks; speculative steps of 2 to 16 query rows over
+pages, causal and not (sequences shorter than the rows included). Each case draws fresh inputs, runs
 the ragged plan and the unsplit kernel (FA4AOT_SPLIT_KV=0) into NaN-poisoned buffers and
 compares both with an fp32 reference; the metadata kernel is checked field by field against
 policy/ragged.entry_map; a captured CUDA graph replays at new lengths bit for bit as eager.
@@ -155,29 +156,30 @@ def test_a_ragged_batch_against_fp32(spy, layout, page, hq, hk, d, sink):
 
 
 @pytest.mark.parametrize("page", [16, 64, 128])
-@pytest.mark.parametrize("rows,causal", [(2, True), (4, True), (4, False)])
-@pytest.mark.parametrize("hq,hk,d", [(32, 8, 128), (16, 2, 64)])
-def test_speculative_rows_against_fp32(spy, monkeypatch, page, rows, causal, hq, hk, d):
-    """Several query rows a sequence over pages (each row an entry per chunk; a causal row
-    sees its own keys), with sequences shorter than the rows, where the plan takes them
-    (RAGGED_ROWS, raised here: by default the uniform plan packs them)."""
-    from fa4aot.policy import ragged as RG
-
-    monkeypatch.setattr(RG, "RAGGED_ROWS", 4)
+@pytest.mark.parametrize("rows,causal", [(2, True), (4, True), (4, False), (16, True)])
+@pytest.mark.parametrize("hq,hk,d", [(32, 8, 128), (16, 2, 64), (8, 8, 128)])
+@pytest.mark.parametrize("sink", [False, True])
+def test_speculative_rows_against_fp32(spy, page, rows, causal, hq, hk, d, sink):
+    """Several query rows a sequence over pages, packed into each entry (a causal step's rows
+    seeing their own keys through a tail entry a row), with sequences shorter than the
+    rows."""
     lens = [2, 0, 1, 3000, 70000, 128, 20000, 513]
     q, kk, vv, kw, k, v = _batch(lens, hq, hk, d, "paged", page, random.randrange(1 << 30),
                                  rows)
     kw["causal"] = causal
-    err, unsplit = _check(q, kk, vv, kw, k, v, lens, None, spy)
-    print(f"\nrows {rows} causal={causal} p{page} {hq}:{hk} hd{d}: ragged {err:.2e} unsplit "
+    s = torch.randn(hq, device="cuda") if sink else None
+    err, unsplit = _check(q, kk, vv, kw, k, v, lens, s, spy)
+    print(f"\nrows {rows} causal={causal} sink={sink} p{page} {hq}:{hk} hd{d}: ragged "
+          f"{err:.2e} unsplit "
           f"{unsplit if unsplit is None else f'{unsplit:.2e}'}")
 
 
-@pytest.mark.parametrize("page", [16, 64, None])
+@pytest.mark.parametrize("page", [16, 64, 128, None])
 @pytest.mark.parametrize("rows", [1, 4])
 def test_the_metadata_kernel_writes_the_entry_map(monkeypatch, page, rows):
     """The metadata kernel's outputs, field by field, against policy/ragged.entry_map: first,
-    each entry's keys (paged) or bounds (packed), its page-table columns, its q row."""
+    each entry's keys (paged) or bounds (packed), its page-table columns, its q rows (every
+    row for a body entry, its own for a tail entry, in the (row, KV head, group) slots)."""
     from fa4aot.policy import ragged as RG
 
     if rows > 1 and page is None:
@@ -191,13 +193,13 @@ def test_the_metadata_kernel_writes_the_entry_map(monkeypatch, page, rows):
     kern = rt.split_kernel(0, torch.bfloat16, d, d, page)
     assert kern is not None and kern.ragged_meta is not None
     monkeypatch.setattr(RG, "RAGGED_MIN_BYTES", 0)  # (any batch size)
-    monkeypatch.setattr(RG, "RAGGED_ROWS", rows)
     rg = RG.plan_ragged(batch=b, rows=rows, kv_heads=hk, seqlen_k=max(lens) + 1, bytes_per_key=512,
                         page_size=page, sink=False, num_sms=132, setting=-1,
                         max_slots=kern.max_slots)
     q = torch.randn(b * rows, hq, d, device="cuda", dtype=torch.bfloat16)
     w = rg.entries
-    qv = torch.full((w, hq, d), float("nan"), device="cuda", dtype=torch.bfloat16)
+    r = hq // hk
+    qv = torch.full((w, rows, hk, r, d), float("nan"), device="cuda", dtype=torch.bfloat16)
     first = torch.full((b + 1,), -7, device="cuda", dtype=torch.int32)
     if page:
         npg = max(-(-n // page) for n in lens) + 1
@@ -218,11 +220,12 @@ def test_the_metadata_kernel_writes_the_entry_map(monkeypatch, page, rows):
         if i < 0:
             assert int(out_v[e]) == (0 if page else int(cu[-1]))
             continue
-        assert torch.equal(qv[e], q[i * rows + t])
+        for tt in range(rows) if t < 0 else [t]:
+            assert torch.equal(qv[e, tt], q[i * rows + tt].view(hk, r, d))
         if page:
             assert int(out_v[e]) == keys
             cols = min(-(-keys // 128) * 128 // page, table_v.shape[1])
-            src = [min(start // page + t, table.shape[1] - 1) for t in range(cols)]
+            src = [min(start // page + x, table.shape[1] - 1) for x in range(cols)]
             assert table_v[e, :cols].tolist() == table[i, src].tolist()
         else:
             assert int(out_v[e]) == int(cu[i]) + start
@@ -231,17 +234,14 @@ def test_the_metadata_kernel_writes_the_entry_map(monkeypatch, page, rows):
 
 
 @pytest.mark.parametrize("layout,page,rows", [("paged", 64, 1), ("paged", 16, 1),
-                                              ("packed", None, 1), ("paged", 64, 4)])
-def test_a_captured_graph_replays_at_new_lengths_bit_for_bit(spy, monkeypatch, layout, page,
-                                                              rows):
+                                              ("packed", None, 1), ("paged", 64, 4),
+                                              ("paged", 128, 4)])
+def test_a_captured_graph_replays_at_new_lengths_bit_for_bit(spy, layout, page, rows):
     """Captured once for the bounds, replayed with new lengths under them (zeros and one-key
     sequences among them, and for a paged K a new page table): the eager call's bits, each
     replay exact against fp32."""
     import fa4aot
 
-    from fa4aot.policy import ragged as RG
-
-    monkeypatch.setattr(RG, "RAGGED_ROWS", rows)
     lens = list(LENS)
     hq, hk, d = 32, 8, 128
     q, kk, vv, kw, k, v = _batch(lens, hq, hk, d, layout, page, random.randrange(1 << 30),

@@ -62,6 +62,17 @@ class SplitMerge:
         tidx, _, _ = cute.arch.thread_idx()
         h, m, b = cute.arch.block_idx()  # one CTA per (head, query row, batch)
         n = mOp.shape[0]
+        lse = -Float32.inf
+        if tidx < n:
+            lse = mLp[tidx, b, m, h]
+        self.merge_row(tidx, n, lse, lambda s: mOp[s, b, m, h, None], mO[b, m, h, None],
+                       mLSE, (b, m, h))
+
+    @cute.jit
+    def merge_row(self, tidx, n, lse, partial, mO_row, mLSE, at):
+        """Merge one output row from n partial rows by LSE: `lse` is this thread's term
+        (thread s < n: partial s's; others an extra term with no output, or -inf), partial(s)
+        the s-th partial row (dv,); writes mO_row and mLSE[at]."""
         smem = cutlass.memory.SmemAllocator()
         sScale = smem.allocate_tensor(Float32, cute.make_layout(self.max_splits),
                                       byte_alignment=16)
@@ -69,21 +80,18 @@ class SplitMerge:
         sSum = smem.allocate_tensor(Float32, cute.make_layout(self.warps), byte_alignment=16)
         sAcc = smem.allocate_tensor(Float32, cute.make_layout((self.dv, self.groups)),
                                     byte_alignment=16)
-        # 1. the row's LSE over its chunks, each chunk's scale exp(lse_s - lse)
-        lse = -Float32.inf
-        if tidx < n:
-            lse = mLp[tidx, b, m, h]
+        # 1. the row's LSE over its partials, each partial's scale exp(lse_s - lse)
         mx = self.block_reduce(lse, sMax, tidx, True)
-        mx_cur = 0.0 if mx == -Float32.inf else mx  # every chunk empty
+        mx_cur = 0.0 if mx == -Float32.inf else mx  # every partial empty
         e = cute.math.exp2(lse * LOG2_E - mx_cur * LOG2_E, fastmath=True)
         tot = self.block_reduce(e, sSum, tidx, False)
         inv = 0.0 if (tot == 0.0 or tot != tot) else 1.0 / tot
         if tidx < n:
             sScale[tidx] = e * inv
         if tidx == 0:
-            mLSE[b, m, h] = cute.math.log(tot, fastmath=True) + mx
+            mLSE[at] = cute.math.log(tot, fastmath=True) + mx
         cute.arch.sync_threads()
-        # 2. thread (group g, lane l): columns [8l, 8l + 8) of chunks g, g + groups, ...
+        # 2. thread (group g, lane l): columns [8l, 8l + 8) of partials g, g + groups, ...
         lane_c = tidx % self.lanes
         g = tidx // self.lanes
         acc = cute.make_rmem_tensor((VEC,), Float32)
@@ -91,8 +99,8 @@ class SplitMerge:
         frag = cute.make_rmem_tensor((VEC,), self.dtype)
         for s in cutlass.range(g, n, self.groups, unroll=4):
             sc = sScale[s]
-            cute.autovec_copy(cute.local_tile(mOp[s, b, m, h, None], (VEC,), (lane_c,)), frag)
-            if sc > 0.0:  # (an empty chunk's partial is not read into the sum)
+            cute.autovec_copy(cute.local_tile(partial(s), (VEC,), (lane_c,)), frag)
+            if sc > 0.0:  # (an empty partial is not read into the sum)
                 acc.store(acc.load() + sc * frag.load().to(Float32))
         for i in cutlass.range_constexpr(VEC):
             sAcc[lane_c * VEC + i, g] = acc[i]
@@ -102,7 +110,7 @@ class SplitMerge:
             o = sAcc[c, 0]
             for j in cutlass.range_constexpr(1, self.groups):
                 o = o + sAcc[c, j]
-            mO[b, m, h, c] = o.to(self.dtype)
+            mO_row[c] = o.to(self.dtype)
 
 
 class ChunkMeta:
@@ -170,81 +178,55 @@ class PackedMeta:
 
 class RaggedMerge(SplitMerge):
     """The ragged step's merge (policy/ragged.py): SplitMerge's arithmetic over a variable
-    number of entries a decode row: row t of sequence i (out's batch index i * steps + t)
-    merges entries first[i] + t, + 2 steps, ... below first[i + 1] of partials laid out (entry,
-    M, heads, dv) / (entry, M, heads), and sink (M, heads): one more LSE term with no output
-    (a learnable sink's logit, counted once as FA4 does; -inf: none). Threads >= max_splits >
-    a row's entries."""
+    number of entries a decode row. Decode row b = i * rows + t, query row m (of M, the GQA
+    fold) merges row m * rows + t of sequence i's body entries, first[i] .. first[i + 1] -
+    tail - 1, then of its tail entry t (tail > 0: the `tail` = rows entries after the body,
+    one a row), from partials (entry, M * rows, heads, dv) / (entry, M * rows, heads); sink (M,
+    heads) is one more LSE term with no output (a learnable sink's logit, counted once as FA4
+    does; -inf: none). Threads >= max_splits > a row's entries."""
 
     def __init__(self, dtype, dv: int, max_splits: int, threads: int):
         super().__init__(dtype, dv, max_splits, threads, pdl=True)
 
     @cute.jit
-    def __call__(self, mOp, mLp, mFirst, mSink, mO, mLSE, steps, stream):
-        self.kernel(mOp, mLp, mFirst, mSink, mO, mLSE, steps).launch(
+    def __call__(self, mOp, mLp, mFirst, mSink, mO, mLSE, rows, tail, stream):
+        self.kernel(mOp, mLp, mFirst, mSink, mO, mLSE, rows, tail).launch(
             grid=[mO.shape[2], mO.shape[1], mO.shape[0]], block=[self.threads, 1, 1],
             smem=self.smem_bytes(), stream=stream, use_pdl=True,
         )
 
     @cute.kernel
-    def kernel(self, mOp, mLp, mFirst, mSink, mO, mLSE, steps):
+    def kernel(self, mOp, mLp, mFirst, mSink, mO, mLSE, rows, tail):
         cute.arch.griddepcontrol_wait()  # (launched early, as SplitMerge: wait for the entries)
         tidx, _, _ = cute.arch.thread_idx()
         h, m, b = cute.arch.block_idx()  # one CTA per (head, row of M, decode row)
-        i = b // steps
-        s0 = mFirst[i] + (b - i * steps)
-        n = (mFirst[i + 1] - mFirst[i]) // steps
-        smem = cutlass.memory.SmemAllocator()
-        sScale = smem.allocate_tensor(Float32, cute.make_layout(self.max_splits),
-                                      byte_alignment=16)
-        sMax = smem.allocate_tensor(Float32, cute.make_layout(self.warps), byte_alignment=16)
-        sSum = smem.allocate_tensor(Float32, cute.make_layout(self.warps), byte_alignment=16)
-        sAcc = smem.allocate_tensor(Float32, cute.make_layout((self.dv, self.groups)),
-                                    byte_alignment=16)
+        i = b // rows
+        t = b - i * rows
+        s0 = mFirst[i]
+        nb = cutlass.max(mFirst[i + 1] - s0 - tail, 0)
+        n = nb + cutlass.min(tail, 1)
+        mr = m * rows + t
         lse = -Float32.inf
-        if tidx < n:
-            lse = mLp[s0 + tidx * steps, m, h]
+        if tidx < n:  # term nb (with a tail): entry s0 + nb + t
+            lse = mLp[s0 + tidx + t * cutlass.min(cutlass.max(tidx - nb + 1, 0), 1), mr, h]
         if tidx == n:
             lse = mSink[m, h]
-        mx = self.block_reduce(lse, sMax, tidx, True)
-        mx_cur = 0.0 if mx == -Float32.inf else mx  # no entry (and no sink)
-        e = cute.math.exp2(lse * LOG2_E - mx_cur * LOG2_E, fastmath=True)
-        tot = self.block_reduce(e, sSum, tidx, False)
-        inv = 0.0 if (tot == 0.0 or tot != tot) else 1.0 / tot
-        if tidx < n:
-            sScale[tidx] = e * inv
-        if tidx == 0:
-            mLSE[b, m, h] = cute.math.log(tot, fastmath=True) + mx
-        cute.arch.sync_threads()
-        lane_c = tidx % self.lanes
-        g = tidx // self.lanes
-        acc = cute.make_rmem_tensor((VEC,), Float32)
-        acc.fill(0.0)
-        frag = cute.make_rmem_tensor((VEC,), self.dtype)
-        for s in cutlass.range(g, n, self.groups, unroll=4):
-            sc = sScale[s]
-            cute.autovec_copy(cute.local_tile(mOp[s0 + s * steps, m, h, None], (VEC,),
-                                              (lane_c,)), frag)
-            if sc > 0.0:  # (an empty entry's partial is not read into the sum)
-                acc.store(acc.load() + sc * frag.load().to(Float32))
-        for i in cutlass.range_constexpr(VEC):
-            sAcc[lane_c * VEC + i, g] = acc[i]
-        cute.arch.sync_threads()
-        for c in cutlass.range(tidx, self.dv, self.threads):
-            o = sAcc[c, 0]
-            for j in cutlass.range_constexpr(1, self.groups):
-                o = o + sAcc[c, j]
-            mO[b, m, h, c] = o.to(self.dtype)
+        self.merge_row(
+            tidx, n, lse,
+            lambda s: mOp[s0 + s + t * cutlass.min(cutlass.max(s - nb + 1, 0), 1), mr, h, None],
+            mO[b, m, h, None], mLSE, (b, m, h),
+        )
 
 
 class RaggedMeta:
     """The ragged step's metadata (policy/ragged.py: its docstring and entry_map are this
     kernel's arithmetic): one CTA per entry v, each reading every length (b of them) to find
-    the chunk and its own (sequence, chunk, step); it writes the entry's keys (paged:
-    lengths[v]; packed: its first key, cu_v[v], the entries tiling the packed K in order) and
-    page-table row (paged), copies its decode row's q row, and CTA 0 writes first[]. `steps`
-    query rows a sequence (a speculative step: steps > 1, paged only) are `steps` entries a
-    chunk, adjacent, row t seeing back = steps - 1 - t keys fewer when `causal`."""
+    the chunk and its own (sequence, entry); it writes the entry's keys (paged: lengths[v];
+    packed: its first key, cu_v[v], the entries tiling the packed K in order) and page-table
+    row (paged), copies its q rows, and CTA 0 writes first[]. A sequence of `rows` query rows
+    (rows > 1: paged only) is its body entries, chunks of the keys every row sees, all rows
+    packed; with `causal`, its body is those keys rounded down to a page and `rows` tail
+    entries follow, tail entry t holding row t over its keys past the body."""
 
     threads = 256
     warps = threads // 32
@@ -253,9 +235,9 @@ class RaggedMeta:
         self.paged, self.dtype, self.vecs = paged, dtype, head_dim // VEC
 
     @cute.jit
-    def __call__(self, mLen, mTable, mQ, mQv, mOut, mTableV, mFirst, n, align, page, steps,
+    def __call__(self, mLen, mTable, mQ, mQv, mOut, mTableV, mFirst, n, align, page, rows,
                  causal, stream):
-        self.kernel(mLen, mTable, mQ, mQv, mOut, mTableV, mFirst, n, align, page, steps,
+        self.kernel(mLen, mTable, mQ, mQv, mOut, mTableV, mFirst, n, align, page, rows,
                     causal).launch(
             grid=[mQv.shape[0], 1, 1], block=[self.threads, 1, 1], stream=stream, use_pdl=True,
         )
@@ -268,6 +250,15 @@ class RaggedMeta:
         else:
             x = mLen[i + 1] - mLen[i]
         return cutlass.max(x, 0)
+
+    @cute.jit
+    def body_len(self, mLen, i, rows, tail, page):
+        """Sequence i's body: its keys, or (tail > 0) those its first row sees, rounded down
+        to a page."""
+        x = self.seq_len(mLen, i)
+        if tail > 0:
+            x = cutlass.max(x - rows + 1, 0) // page * page
+        return x
 
     @cute.jit
     def block_scan(self, x, sbuf, tidx):
@@ -292,7 +283,7 @@ class RaggedMeta:
         return base + inc - x, total
 
     @cute.kernel
-    def kernel(self, mLen, mTable, mQ, mQv, mOut, mTableV, mFirst, n, align, page, steps,
+    def kernel(self, mLen, mTable, mQ, mQv, mOut, mTableV, mFirst, n, align, page, rows,
                causal):
         cute.arch.griddepcontrol_wait()  # (a dependent launch: the lengths' writers done)
         tidx, _, _ = cute.arch.thread_idx()
@@ -302,6 +293,9 @@ class RaggedMeta:
         sbuf = smem.allocate_tensor(Int32, cute.make_layout(self.warps), byte_alignment=16)
         sres = smem.allocate_tensor(Int32, cute.make_layout(2), byte_alignment=16)
         b = mFirst.shape[0] - 1
+        tail = Int32(0)
+        if rows > 1 and causal != 0:
+            tail = rows
         if tidx == 0:
             sres[0] = -1
             sres[1] = 0
@@ -319,10 +313,10 @@ class RaggedMeta:
             c = cutlass.min(c, mTableV.shape[1] * page)  # (lengths over the host's bound)
         cnt = Int32(0)
         for i in cutlass.range(lo, hi):
-            cnt = cnt + (self.seq_len(mLen, i) + c - 1) // c
-        f, used = self.block_scan(cnt * steps, sbuf, tidx)
+            cnt = cnt + (self.body_len(mLen, i, rows, tail, page) + c - 1) // c + tail
+        f, used = self.block_scan(cnt, sbuf, tidx)
         for i in cutlass.range(lo, hi):
-            k = (self.seq_len(mLen, i) + c - 1) // c * steps
+            k = (self.body_len(mLen, i, rows, tail, page) + c - 1) // c + tail
             if v == 0:
                 mFirst[i] = cutlass.min(f, entries)
             if v >= f and v < f + k:
@@ -333,12 +327,19 @@ class RaggedMeta:
             mFirst[b] = cutlass.min(used, entries)
         cute.arch.sync_threads()
         seq = sres[0]
-        j = sres[1] // steps
-        t = sres[1] - j * steps
-        start = j * c
+        u = sres[1]
         if seq >= 0:
-            back = (steps - 1 - t) * causal
-            keys_v = cutlass.max(cutlass.min(self.seq_len(mLen, seq) - back - start, c), 0)
+            body = self.body_len(mLen, seq, rows, tail, page)
+            nb = (body + c - 1) // c
+            start = u * c
+            keys_v = cutlass.min(body - start, c)
+            r0 = Int32(0)
+            nr = rows
+            if u >= nb:  # tail entry t = u - nb: row t over the keys it sees past the body
+                r0 = u - nb
+                nr = Int32(1)
+                start = body
+                keys_v = cutlass.max(self.seq_len(mLen, seq) - rows + 1 + r0 - body, 0)
             if cutlass.const_expr(self.paged):
                 if tidx == 0:
                     mOut[v] = keys_v
@@ -351,13 +352,21 @@ class RaggedMeta:
             else:
                 if tidx == 0:
                     mOut[v] = mLen[seq] + start
+            # q rows r0 .. r0 + nr - 1 into the entry's (row, KV head, GQA group) slots
+            hq = mQ.shape[1]
+            r = mQv.shape[3]
+            per_row = hq * self.vecs
             frag = cute.make_rmem_tensor((VEC,), self.dtype)
-            for e in cutlass.range(tidx, mQ.shape[1] * self.vecs, self.threads):
-                h = e // self.vecs
-                col = e - h * self.vecs
-                cute.autovec_copy(cute.local_tile(mQ[seq * steps + t, h, None], (VEC,),
+            for e in cutlass.range(tidx, nr * per_row, self.threads):
+                tt = e // per_row
+                h = (e - tt * per_row) // self.vecs
+                col = e - tt * per_row - h * self.vecs
+                kh = h // r
+                tt = tt + r0
+                cute.autovec_copy(cute.local_tile(mQ[seq * rows + tt, h, None], (VEC,),
                                                   (col,)), frag)
-                cute.autovec_copy(frag, cute.local_tile(mQv[v, h, None], (VEC,), (col,)))
+                cute.autovec_copy(frag, cute.local_tile(mQv[v, tt, kh, h - kh * r, None],
+                                                        (VEC,), (col,)))
         else:
             if tidx == 0:
                 if cutlass.const_expr(self.paged):

@@ -161,17 +161,18 @@ def trace_ragged(variant: Variant) -> dict[str, list[tuple[Any, Any]]]:
     kernel whose head dim fa4aot's merge has a thread layout for), as parts `ragged_meta` and
     `ragged_merge`; {} otherwise. The runtime (runtime/ragged.py) calls them as
 
-    - `ragged_meta(lengths, table, q, q_v, out_v, table_v, first, n, align, page, steps,
+    - `ragged_meta(lengths, table, q, q_v, out_v, table_v, first, n, align, page, rows,
       causal)`: paged K: lengths the caller's seqused_k (b,), table its page table (b, P),
-      out_v (entries,) each entry's keys, table_v (entries, pages); packed K (steps 1):
+      out_v (entries,) each entry's keys, table_v (entries, pages); packed K (rows 1):
       lengths its cu_seqlens_k (b + 1,), out_v (entries + 1,) the entries' bounds, table and
-      table_v None; q (b * steps, hq, d) with 16-byte aligned rows, q_v (entries, hq, d),
-      first (b + 1,): int32 tensors (any strides but q's last), then five int32s (steps: query
-      rows a sequence; causal 0 or 1);
-    - `ragged_merge(out_partial, lse_partial, first, sink, out, lse, steps)`: partials
-      (entries, M, heads, dv) in the variant's dtype and (entries, M, heads) float32, first
-      (b + 1,) int32, sink (M, heads) float32 (-inf: none), out (b * steps, M, heads, dv), lse
-      (b * steps, M, heads) float32 (any strides but a contiguous dv), then steps."""
+      table_v None; q (b * rows, hq, d) with 16-byte aligned rows, q_v (entries, rows, hk,
+      hq / hk, d), first (b + 1,): int32 tensors (any strides but q's last), then five int32s
+      (rows: query rows a sequence; causal 0 or 1);
+    - `ragged_merge(out_partial, lse_partial, first, sink, out, lse, rows, tail)`: partials
+      (entries, M * rows, heads, dv) in the variant's dtype and (entries, M * rows, heads)
+      float32, first (b + 1,) int32, sink (M, heads) float32 (-inf: none), out (b * rows, M,
+      heads, dv), lse (b * rows, M, heads) float32 (any strides but a contiguous dv), then
+      rows and tail (the tail entries a sequence: rows when causal over several rows, else 0)."""
     v = variant
     max_splits = 1 << COMBINE_LOG_MAX_SPLITS
     threads = C.merge_threads(v.head_dim_v, max_splits)
@@ -198,19 +199,20 @@ def trace_ragged(variant: Variant) -> dict[str, list[tuple[Any, Any]]]:
         lens, table, out_v, table_v = ints(sym()), None, ints(sym()), None
     meta = cute.compile(
         K.RaggedMeta(bool(v.paged), dt, v.head_dim), lens, table,
-        make_fake_tensor(dt, (sym(), hq, v.head_dim), divisibility=div),  # (b * steps rows)
-        make_fake_tensor(dt, (w, hq, v.head_dim), divisibility=div), out_v, table_v,
-        ints(sym()), i32(0), i32(0), i32(0), i32(0), i32(0), stream, options="--enable-tvm-ffi",
+        make_fake_tensor(dt, (sym(), hq, v.head_dim), divisibility=div),  # (b * rows rows)
+        make_fake_tensor(dt, (w, sym(), sym(), sym(), v.head_dim), divisibility=div), out_v,
+        table_v, ints(sym()), i32(0), i32(0), i32(0), i32(0), i32(0), stream,
+        options="--enable-tvm-ffi",
     )
     dv = v.head_dim_v
     e, bb, m, h = sym(), sym(), sym(), sym()
     merge = cute.compile(
         K.RaggedMerge(dt, dv, max_splits, threads),
-        make_fake_tensor(dt, (e, m, h, dv), divisibility=div),
-        make_fake_tensor(f32, (e, m, h), divisibility=1, leading_dim=None),
+        make_fake_tensor(dt, (e, sym(), h, dv), divisibility=div),  # (M * rows)
+        make_fake_tensor(f32, (e, sym(), h), divisibility=1, leading_dim=None),
         ints(sym()), make_fake_tensor(f32, (m, h), divisibility=1, leading_dim=None),
         make_fake_tensor(dt, (bb, m, h, dv), divisibility=div),
-        make_fake_tensor(f32, (bb, m, h), divisibility=1, leading_dim=None), i32(0),
+        make_fake_tensor(f32, (bb, m, h), divisibility=1, leading_dim=None), i32(0), i32(0),
         stream, options="--enable-tvm-ffi",
     )
     form = "paged" if v.paged else "packed"

@@ -428,7 +428,7 @@ MERGE_MAX_THREADS = 256
 MERGE_VERSION = 2
 # the version of the ragged step's metadata kernel and merge (kernels.trace_ragged; recorded
 # as parts.ragged_meta.version: build.superseded replaces an artifact with another)
-RAGGED_VERSION = 1
+RAGGED_VERSION = 2
 
 
 def merge_threads(head_dim_v: int, max_splits: int) -> int | None:

@@ -3,14 +3,20 @@
 The uniform plan (split.py) picks one chunk count per sequence from the batch size and the
 longest length, so in a ragged batch the long sequence gets too few chunks and the short ones
 get empty ones. Here the host fixes only bounds: `n` chunks of the batch's total keys, hence at
-most `entries` = n + batch pieces (a sequence's last piece may be short), each at most
-`pages * page_size` keys. The metadata kernel (part `ragged_meta`: fa4/kernels.trace_ragged)
+most `entries` = n + batch body entries (a sequence's last may be short), each at most
+`pages * page_size` keys, plus, for a causal step of several query rows a sequence, `rows`
+tail entries a sequence. The metadata kernel (part `ragged_meta`: fa4/kernels.trace_ragged)
 then reads the real lengths on the GPU, sets the chunk to the total over n (rounded up to
-`align`), maps each entry to its (sequence, first key, keys), gathers its q row and page-table
-row, and writes each sequence's first entry; the chunk kernel runs the entries as its batch,
-and the ragged merge (part `ragged_merge`) merges a decode row's entries by LSE, a learnable
-sink counted once. The grid depends on the bounds alone, so a CUDA graph captured once replays
-for any lengths under them (docs/design.md, Ragged batches).
+`align`), maps each entry to its (sequence, first key, keys), gathers its q rows and
+page-table row, and writes each sequence's first entry; the chunk kernel runs the entries as
+its batch, and the ragged merge (part `ragged_merge`) merges a decode row's entries by LSE, a
+learnable sink counted once. The grid depends on the bounds alone, so a CUDA graph captured
+once replays for any lengths under them (docs/design.md, Ragged batches).
+
+Several query rows a sequence (speculative decoding, over pages) are packed into each body
+entry, so a chunk's keys stream once for all of them; the body is the keys every row sees,
+rounded down to a page when causal, and tail entry t holds row t over the rest of its keys
+(less than a page plus the rows), as PackedRun's tail does for the uniform plan.
 
 `entry_map` is the metadata kernel's arithmetic in Python: the CPU tests' stand-in and the
 GPU tests' reference.
@@ -31,10 +37,9 @@ RAGGED_CTAS_PER_SM = 4
 # below it the uniform plan's tuned kernels win (two long sequences at 8:1, 134 MB at the
 # bound: 1.3x the HBM limit against the ragged plan's 1.6x; docs/design.md, Tuned thresholds).
 RAGGED_MIN_BYTES = 256 << 20
-# The most query rows a sequence the plan takes: the kernels serve any number over pages (a
-# row an entry per chunk), but unrolled rows each read the keys (2.9x the HBM limit at 4 rows,
-# where the uniform plan packs them as rows of one chunk: docs/design.md, Tuned thresholds).
-RAGGED_ROWS = 1
+# The most query rows a sequence the plan takes (packed into one entry's rows, as the
+# uniform plan's PackedRun takes them: a tail within two pages).
+RAGGED_ROWS = 16
 # Keys of the shortest chunk: one 128-key tile of the chunk kernel.
 MIN_CHUNK = 128
 
@@ -42,20 +47,19 @@ MIN_CHUNK = 128
 @dataclass(frozen=True)
 class Ragged:
     """A ragged step's bounds: n chunks over the batch, chunks a multiple of align keys, each
-    chunk's page-table row `pages` columns (paged K; 0 packed); `steps` query rows a sequence,
-    each a decode row with an entry of its own per chunk, adjacent (so the GPU runs the
-    entries that read the same keys together, and they meet in L2): entries = steps * (n +
-    batch) (a sequence's last chunk may be short)."""
+    entry's page-table row `pages` columns (paged K; 0 packed); `rows` query rows a sequence,
+    packed into each entry; entries = n + batch, plus rows * batch tail entries where rows >
+    1 (a causal step's tail: its rows' last keys, one row an entry)."""
 
     n: int
     entries: int
     align: int
     pages: int
-    steps: int = 1
+    rows: int = 1
 
     def describe(self) -> str:
-        rows = (f", each of the {self.steps} query rows a sequence an entry per chunk"
-                if self.steps > 1 else "")
+        rows = (f", the {self.rows} query rows a sequence packed into each entry (a causal "
+                f"step: one tail entry a row)" if self.rows > 1 else "")
         return (f"ragged split-KV: the batch's keys in {self.n} equal chunks (multiples of "
                 f"{self.align} keys, set on the GPU from the real lengths){rows}, at most "
                 f"{self.entries} entries, merged by LSE per decode row")
@@ -82,16 +86,18 @@ def plan_ragged(
         return None
     if batch * kv_heads * seqlen_k * bytes_per_key < RAGGED_MIN_BYTES:
         return None
-    # a decode row holds at most n entries (each >= total / n keys), and the merge reads one
-    # more LSE, the sink's (-inf without one): n + 1 <= max_slots
-    n = min(-(-RAGGED_CTAS_PER_SM * num_sms // (kv_heads * rows)), max_slots - 1)
-    entries = rows * (n + batch)
+    # a decode row merges at most n body entries, its tail entry (several rows) and the
+    # sink's LSE (-inf without one): within max_slots
+    n = min(-(-RAGGED_CTAS_PER_SM * num_sms // kv_heads), max_slots - 1 - (rows > 1))
+    entries = n + batch + (rows * batch if rows > 1 else 0)
     if n < 2 or entries > max_entries:
         return None
     align = MIN_CHUNK if page_size is None else math.lcm(MIN_CHUNK, page_size)
     pages = 0
     if page_size is not None:
         pages = chunk_bound(batch * seqlen_k, n, align) // page_size
+        if rows > 1:  # a tail entry's keys: under a page plus the rows, in 128-key tiles
+            pages = max(pages, -(-(page_size + rows) // 128) * 128 // page_size)
     return Ragged(n, entries, align, pages, rows)
 
 
@@ -106,19 +112,22 @@ def entry_map(lengths: list[int], rg: Ragged, page_size: int | None = None,
               causal: bool = True):
     """The metadata kernel's map for these lengths: (first, entries, chunk), first[i] the
     first entry of sequence i (first[batch]: the entries used, each at most rg.entries),
-    entries a list of (sequence, row, first key, keys) per entry, (-1, 0, 0, 0) where unused:
-    chunk j of sequence i is its entries first[i] + j * steps + t, row t seeing steps - 1 - t
-    keys fewer when causal."""
+    entries a list of (sequence, row, first key, keys) per entry, (-1, 0, 0, 0) where unused;
+    row -1: a body entry (every row), else a tail entry, that row's keys past the body (a
+    causal step of several rows: the body is the keys its first row sees, rounded down to a
+    page)."""
     chunk = chunk_bound(sum(lengths), rg.n, rg.align)
     if page_size is not None:
         chunk = min(chunk, rg.pages * page_size)
+    tail = rg.rows if rg.rows > 1 and causal else 0
     first, out = [], []
     for i, n in enumerate(lengths):
         first.append(min(len(out), rg.entries))
-        for j in range(-(-n // chunk)):
-            for t in range(rg.steps):
-                seen = n - (rg.steps - 1 - t if causal else 0)
-                out.append((i, t, j * chunk, max(min(seen - j * chunk, chunk), 0)))
+        body = max(n - rg.rows + 1, 0) // page_size * page_size if tail else n
+        for j in range(-(-body // chunk)):
+            out.append((i, -1, j * chunk, min(body - j * chunk, chunk)))
+        for t in range(tail):
+            out.append((i, t, body, max(n - rg.rows + 1 + t - body, 0)))
     first.append(min(len(out), rg.entries))
     out = out[: rg.entries]
     out += [(-1, 0, 0, 0)] * (rg.entries - len(out))

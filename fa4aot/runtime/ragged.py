@@ -18,26 +18,29 @@ class RaggedRun:
     """What a ragged step of one shape needs besides its inputs, made once per (device,
     stream, shape) like SplitRun: the bound kernels, the entries' scratch (q rows, lengths or
     bounds, page-table rows, partials, each sequence's first entry) and their kernel-facing
-    views. GQA folded: the r query heads of a KV head are r rows of the 1:1 chunk kernel."""
+    views. GQA folded and rows packed: query head h = kh * r + g of row t is row g * rows + t
+    of KV head kh of the 1:1 chunk kernel, which reads each entry's keys once for all of
+    them."""
 
     fold = packed = False
     ragged = True
     __slots__ = ("rg", "launch", "meta", "merge", "scale", "r", "paged", "meta_args", "qv",
                  "kq", "ko", "kl", "op_m", "lp_m", "first", "out_v", "table_v", "no_sink",
-                 "lse_scratch", "out_shape", "lse_shape", "o4", "l3", "q3", "lse_rows")
+                 "lse_scratch", "out_shape", "lse_shape", "o4", "l3", "q3", "lse_rows", "tail")
 
     def __init__(self, kern, q, b, hq, hk, d, dv, rg: RG.Ragged, page_size, causal, varlen_q,
                  ffi):
-        r, w, dvc, rows = hq // hk, rg.entries, q.device, rg.steps
+        r, w, dvc, rows = hq // hk, rg.entries, q.device, rg.rows
         bb = b * rows  # decode rows
         self.rg, self.r, self.paged = rg, r, page_size is not None
+        self.tail = rows if rows > 1 and causal else 0
         self.launch, self.meta, self.merge = kern.launch_split, kern.ragged_meta, kern.ragged_merge
         self.scale = float(1.0 / math.sqrt(d))
         self.meta_args = (rg.n, rg.align, page_size or 0, rows, int(causal))
         i32, f32 = torch.int32, torch.float32
-        qv = q.new_empty((w, hq, d))
-        op = q.new_empty((w, hq, dv))
-        kl = torch.empty((w, hk, r), dtype=f32, device=dvc)
+        qv = q.new_zeros((w, r, rows, hk, d))  # an entry's rows (g, t) of KV head kh
+        op = q.new_empty((w, r * rows, hk, dv))
+        kl = torch.empty((w, hk, r * rows), dtype=f32, device=dvc)
         self.first = torch.zeros(b + 1, dtype=i32, device=dvc)
         self.table_v = None
         if self.paged:
@@ -57,12 +60,12 @@ class RaggedRun:
         # (b, rows, r, hk) as the merge's (decode row, r, hk)
         self.lse_rows = (b, rows, r, hk) if rows > 1 and not varlen_q else None
         conv = _to_ffi if ffi else (lambda t: t)
-        self.qv = conv(qv)
-        self.kq = conv(qv.view(w, hk, r, d).transpose(1, 2))  # (w, r, hk, d)
-        self.ko = conv(op.view(w, hk, r, dv).transpose(1, 2))
+        self.qv = conv(qv.permute(0, 2, 3, 1, 4))  # the metadata kernel's (w, t, kh, g, d)
+        self.kq = conv(qv.view(w, r * rows, hk, d))
+        self.ko = conv(op)
         self.kl = conv(kl)
-        self.op_m = self.ko  # the merge's (entry, rows, heads, dv): the same view
-        self.lp_m = conv(kl.permute(0, 2, 1))  # (w, r, hk)
+        self.op_m = self.ko  # the merge's (entry, M * rows, heads, dv): the same view
+        self.lp_m = conv(kl.permute(0, 2, 1))  # (w, r * rows, hk)
         self.first, self.out_v = conv(self.first), conv(self.out_v)
         self.table_v = None if self.table_v is None else conv(self.table_v)
         self.no_sink = conv(self.no_sink)
@@ -122,7 +125,7 @@ def ragged_step(run: RaggedRun, q, k, v, cu_seqlens_k, seqused_k, page_table, si
     else:
         s = sink if sink.dtype == torch.float32 else sink.float()
         sk = torch.as_strided(s, (r, s.numel() // r), (s.stride(0), r * s.stride(0)))
-    run.merge(run.op_m, run.lp_m, run.first, sk, out_m, lse_m, run.rg.steps)
+    run.merge(run.op_m, run.lp_m, run.first, sk, out_m, lse_m, run.rg.rows, run.tail)
     if lse is not None and run.lse_rows is not None:  # (b, hq, rows) <- (b, rows, r, hk)
         s0, s1, s2 = lse.stride()
         torch.as_strided(lse, run.lse_rows, (s0, s2, s1, r * s1)).copy_(

@@ -31,22 +31,26 @@ def test_the_plan_leaves_the_uniform_cases_to_the_uniform_plan(kw):
     assert _plan(**kw) is None
 
 
-def test_several_rows_over_pages_are_entries_of_their_own(monkeypatch):
-    assert _plan(rows=2) is None  # (RAGGED_ROWS: the uniform plan packs them)
-    monkeypatch.setattr(RG, "RAGGED_ROWS", 4)
+def test_several_rows_over_pages_are_packed_with_a_tail_entry_a_row(monkeypatch):
+    monkeypatch.setattr(RG, "RAGGED_MIN_BYTES", 0)
     rg = _plan(rows=4)
-    assert rg.steps == 4 and rg.n == 17 and rg.entries == 4 * (17 + 8)  # the same CTAs
+    # the rows share each entry's CTAs: n as for one row; rows * batch tail entries
+    assert rg.rows == 4 and rg.n == 66 and rg.entries == 66 + 8 + 4 * 8
+    assert _plan(rows=17) is None  # (RAGGED_ROWS)
+    # a page of 128 keys: a tail entry's keys (under a page plus the rows) need two columns
+    assert _plan(rows=4, page=128, b=2, sk=64).pages == 2
+    assert _plan(rows=1, page=128, b=2, sk=64).pages == 1
+    assert _plan(rows=4, hk=1).n == 126  # the merge's 128 slots: the tail's and the sink's
 
 
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("page,rows", [(16, 1), (64, 1), (128, 1), (None, 1), (16, 3),
-                                       (64, 4)])
+                                       (64, 4), (128, 16)])
 @pytest.mark.parametrize("causal", [True, False])
-def test_the_entries_tile_every_sequence_once_within_the_bounds(monkeypatch, seed, page, rows,
-                                                                causal):
-    """Each decode row's entries (first[i] + t, + steps, ...) cover the keys it sees once,
-    in order, from page-aligned starts; at most n a row, the rest unused."""
-    monkeypatch.setattr(RG, "RAGGED_ROWS", 4)
+def test_the_entries_tile_every_sequence_once_within_the_bounds(seed, page, rows, causal):
+    """Each sequence's body entries cover the keys every row sees once, in order, from
+    page-aligned starts, at most n of them; a causal step of several rows follows them with
+    one tail entry a row, from the body's end to the row's last key; the rest unused."""
     rng = random.Random(seed)
     b = rng.choice([2, 8, 32, 100])
     sk = 131072
@@ -59,16 +63,19 @@ def test_the_entries_tile_every_sequence_once_within_the_bounds(monkeypatch, see
     if page:
         assert chunk <= rg.pages * page
     used = first[-1]
-    assert used <= rows * (rg.n + b) == rg.entries and all(e[0] == -1 for e in entries[used:])
+    assert used <= rg.entries and all(e[0] == -1 for e in entries[used:])
+    tail = rows if rows > 1 and causal else 0
     for i, n in enumerate(lens):
-        assert (first[i + 1] - first[i]) % rows == 0
-        for t in range(rows):
-            mine = entries[first[i] + t:first[i + 1]:rows]
-            seen = max(n - (rows - 1 - t if causal else 0), 0)
-            assert all(e[:2] == (i, t) and 0 <= e[3] <= chunk for e in mine)
-            assert [e[2] for e in mine] == list(range(0, len(mine) * chunk, chunk))
-            assert sum(e[3] for e in mine) == seen
-            assert len(mine) <= rg.n  # the merge's slots suffice
+        mine = entries[first[i]:first[i + 1]]
+        body, tails = mine[:len(mine) - tail], mine[len(mine) - tail:]
+        assert all(e[:2] == (i, -1) and 0 < e[3] <= chunk for e in body)
+        assert [e[2] for e in body] == list(range(0, len(body) * chunk, chunk))
+        assert len(body) <= rg.n  # the merge's slots suffice
+        end = sum(e[3] for e in body)
+        assert end == (max(n - rows + 1, 0) // page * page if tail else n)
+        for t, e in enumerate(tails):
+            assert e[:3] == (i, t, end) and end + e[3] == max(n - rows + 1 + t, 0)
+            assert e[3] < page + rows and -(-e[3] // 128) * 128 <= rg.pages * page
 
 
 def test_lengths_over_the_bound_stay_inside_the_scratch():
@@ -77,4 +84,4 @@ def test_lengths_over_the_bound_stay_inside_the_scratch():
     rg = RG.Ragged(n=4, entries=6, align=128, pages=2)  # (planned for lengths <= 256)
     first, entries, chunk = RG.entry_map([10000, 10000], rg, 64)
     assert chunk == 128 and len(entries) == 6 and first == [0, 6, 6]
-    assert entries[-1] == (0, 0, 5 * 128, 128)
+    assert entries[-1] == (0, -1, 5 * 128, 128)

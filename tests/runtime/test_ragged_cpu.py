@@ -130,13 +130,11 @@ def test_a_forced_split_count_one_sequence_or_an_old_store_keep_the_uniform_plan
 
 @pytest.mark.parametrize("varlen_q", [True, False])
 @pytest.mark.parametrize("causal", [True, False])
-def test_speculative_rows_over_pages_are_decode_rows_of_their_own(serve, monkeypatch,
-                                                                  varlen_q, causal):
-    """A step of 3 query rows a sequence over pages (where RAGGED_ROWS takes it): each row an
-    entry per chunk (adjacent), causal rows seeing their own keys; q packed (b * rows, hq, d)
-    or in batch form (b, rows, hq, d), out and LSE in the caller's layout, equal to the
-    reference."""
-    monkeypatch.setattr(RG, "RAGGED_ROWS", 3)
+def test_speculative_rows_over_pages_are_packed_into_the_entries(serve, varlen_q, causal):
+    """A step of 3 query rows a sequence over pages: the rows packed into each body entry,
+    a causal step's rows seeing their own keys through a tail entry a row (sequences shorter
+    than the rows included); q packed (b * rows, hq, d) or in batch form (b, rows, hq, d),
+    out and LSE in the caller's layout, equal to the reference."""
     rt = serve(16)
     hq, hk, rows = 8, 2, 3
     lens = [0, 2, 700, 5000, 77, 1024]
@@ -159,5 +157,5 @@ def test_speculative_rows_over_pages_are_decode_rows_of_their_own(serve, monkeyp
     assert rel_err(o[live], ro[live]) < 1e-2
     assert torch.allclose(lse[live], rl[live], atol=1e-3)
     runs = [r for r in rt._split_runs.values() if r]
-    assert len(runs) == 1 and isinstance(runs[0], RR.RaggedRun) and runs[0].rg.steps == rows
+    assert len(runs) == 1 and isinstance(runs[0], RR.RaggedRun) and runs[0].rg.rows == rows
     assert rt.calls == ["ragged_meta", "fwd", "ragged_merge"]
