@@ -12,22 +12,25 @@ import click
 
 from fa4aot import settings
 from fa4aot.build.builder import plan_for
-from .app import main
-from .common import (
-    apply_gpu,
-    cache_option,
-    gpu_option,
-    layers_for,
-    loadable_artifacts,
-    matching_stores,
-)
-from .output import with_output
 from fa4aot.model import constraints as C
 from fa4aot.model.specs import resolve_specs
 from fa4aot.model.variants import Variant
 from fa4aot.policy.select import choose
 from fa4aot.store.doctor import format_text, report
 from fa4aot.store.toolchain import source_label
+
+from .app import main
+from .common import (
+    apply_gpu,
+    cache_option,
+    fa4_option,
+    gpu_option,
+    layers_for,
+    loadable_artifacts,
+    matching_stores,
+    source_abi,
+)
+from .output import with_output
 
 
 def compiler_missing() -> str | None:
@@ -58,6 +61,7 @@ def compiler_missing() -> str | None:
 )
 @gpu_option()
 @click.option("--python", "python", help="Python minor of the serving runtime (default: any).")
+@fa4_option("are checked")
 @cache_option("read")
 @click.option(
     "--trace/--no-trace",
@@ -73,19 +77,26 @@ def compiler_missing() -> str | None:
     help="Exit 0 even if a spec has layers FA4 cannot run on the arch (they are still listed).",
 )
 @with_output
-def coverage(specs, arch, num_sms, gpu, python, cache, trace, allow_unsupported, out):
+def coverage(specs, arch, num_sms, gpu, python, fa4, cache, trace, allow_unsupported, out):
     """Does the store cover the specs' serving envelopes? Each variant: hit, servable by padding
     (with its cost), or missing. Artifacts are checked as the runtime checks them before loading
     (checksums, ownership). Exit 1 if anything is missing or corrupt, no store matches the
     target, a setting is invalid, or a layer is unsupported (without --allow-unsupported): run
-    it before shipping an image."""
+    it before shipping an image. A store built from an engine's FA4 copy (`fa4aot build --fa4
+    vllm`) is checked under --fa4 vllm or FA4AOT_KERNEL_SOURCE=vllm, against what that copy
+    runs."""
 
     settings.check()
     arch, num_sms = apply_gpu(gpu, arch, num_sms)
     num_sms = num_sms or C.default_num_sms(arch)
     layers = layers_for(cache, out)
-    match = matching_stores(layers, arch, num_sms, python)
+    match = matching_stores(layers, arch, num_sms, python, source_abi(fa4))
     match.require()
+    abis = sorted({s.toolchain.get("fa4_abi", "upstream") for s in match.stores})
+    if len(abis) > 1:  # (auto without flash-attn-4 matches every source; the runtime picks one)
+        raise click.BadParameter(f"stores of several FA4 sources match ({', '.join(abis)}): "
+                                 "name one with --fa4 or FA4AOT_KERNEL_SOURCE",
+                                 param_hint="--fa4")
     found = loadable_artifacts(match.stores)
     arts = found.artifacts
     avail = [Variant.from_dict(a.record["variant"]) for a in arts]
@@ -100,7 +111,7 @@ def coverage(specs, arch, num_sms, gpu, python, cache, trace, allow_unsupported,
                 "(pip install 'fa4aot[build]' to check them, or pass --no-trace)"
             )
             trace = False
-    fa4 = match.stores[0].toolchain.get("fa4_abi", "upstream") if match.stores else "upstream"
+    fa4 = abis[0]
     if trace and fa4 != "upstream":
         out.warning(f"--trace skipped: the store is built from {fa4}'s FA4 copy (tests/fa4 "
                     "check its keys by name)")
@@ -145,6 +156,7 @@ def coverage(specs, arch, num_sms, gpu, python, cache, trace, allow_unsupported,
         counts=counts,
         corrupt=corrupt,
         stores=[str(s.dir) for s in match.stores],
+        fa4=fa4,
         fa4_sources=[source_label(s.toolchain) for s in match.stores],
         trace="skipped: " + trace_skipped if trace_skipped else trace,
         not_run=not_run,
@@ -170,23 +182,27 @@ def coverage(specs, arch, num_sms, gpu, python, cache, trace, allow_unsupported,
 def _coverage_row(spec, n, arch, avail, keys, traced, corrupt) -> dict:
     """One needed variant's coverage row: hit (and, with `traced`, FA4's keys all stored),
     servable by padding, or missing."""
-    ch = choose(arch, n.call.features(), avail)
     row = {"spec": spec.name, "layer": n.layer, "id": n.variant.id,
            "variant": n.variant.describe()}
-    if ch and ch[0].exact:
+    try:
+        ch = choose(arch, n.call.features(), avail)
+    except ValueError:  # an engine copy's split forward (vllm_copy.split_twin): exact or nothing
+        ch = []
+    if (ch and ch[0].exact) or any(v.id == n.variant.id for v in avail):
         row["status"] = "hit"
         if traced is not None:
             absent = [name for name, ks in traced.items() for k in ks if (name, k) not in keys]
             if absent:
                 row["status"] = "missing"
                 row["detail"] = f"FA4 compile key(s) of {', '.join(absent)} not in the store"
-    elif ch:
+        return row
+    if ch and not ch[0].exact:
         row["status"] = "padding"
         row["detail"] = ch[0].describe(n.variant)
         row["cost"] = round(ch[0].cost, 3)
     else:
         row["status"] = "missing"
-    if n.variant.id in corrupt and row["status"] != "hit":
+    if n.variant.id in corrupt:
         row["detail"] = f"corrupt: {corrupt[n.variant.id]}"
     return row
 

@@ -12,7 +12,7 @@ from fa4aot import settings
 from fa4aot.errors import Fa4aotError, FingerprintMismatch
 from fa4aot.model import constraints as C
 from fa4aot.store.layers import Layer, Store, resolve_layers, scan_root
-from fa4aot.store.toolchain import build_toolchain
+from fa4aot.store.toolchain import build_toolchain, source_label, source_name
 
 CACHE_HELP = {
     "read": "Store layers to read, ':'-separated (default: the $FA4AOT_CACHE_DIR layers, else "
@@ -58,6 +58,34 @@ def apply_gpu(gpu: str | None, arch, num_sms: int | None, arch_param: str = "arc
     return ((g_arch,) if isinstance(arch, tuple) else g_arch), g_sms
 
 
+def fa4_option(what: str):
+    """`--fa4 SOURCE`: the FA4 source whose stores a command reads (default FA4AOT_KERNEL_SOURCE)."""
+    return click.option(
+        "--fa4", "fa4",
+        help=f"The FA4 source whose stores {what} (as FA4AOT_KERNEL_SOURCE picks them): upstream, "
+        "vllm, sglang, or a path to a source tree's cute/ directory (its ABI is read from it). "
+        "Default: FA4AOT_KERNEL_SOURCE.",
+    )
+
+
+def source_abi(fa4: str | None) -> str:
+    """--fa4 -> the FA4 ABI whose stores count (None: FA4AOT_KERNEL_SOURCE); a path's ABI is
+    read from its interface.py (sources.resolve; nothing imported)."""
+    from fa4aot.errors import Fa4SourceError
+    from fa4aot.fa4 import sources
+
+    if fa4 is None:
+        return settings.fa4_source()
+    if fa4 in ("auto", *sources.NAMED):
+        return fa4
+    try:
+        src = sources.resolve(fa4)
+        src.require_modelled()
+    except Fa4SourceError as e:
+        raise click.BadParameter(str(e), param_hint="--fa4") from None
+    return src.abi
+
+
 def layers_for(
     cache: str | None, out, *, wheels: bool = True, verb: str = "read", strict: bool = True
 ) -> list[Layer]:
@@ -95,7 +123,7 @@ class Match:
             return "no store at all"
         return "stores there: " + "; ".join(
             f"{s.dir} ({s.toolchain.get('arch')}, {s.toolchain.get('num_sms')} SMs, python "
-            f"{s.toolchain.get('python')})"
+            f"{s.toolchain.get('python')}, FA4 {source_label(s.toolchain)})"
             for s in self.others
         )
 
@@ -105,18 +133,30 @@ class Match:
             return
         w = self.want
         py = w.get("python")
+        src = w.get("fa4_abi")
+        others = sorted({source_name(s.toolchain) for s in self.others} - {src or "upstream"})
         raise FingerprintMismatch(
             f"no store for {w['arch']} with {w['num_sms']} SMs"
             + (f", python {py}" if py else "")
+            + (f", from {src}'s FA4 copy," if src and src != "upstream" else "")
             + f" built by this toolchain; {self.describe_others()}. Build it with: fa4aot build "
             f"--arch {w['arch']} --num-sms {w['num_sms']}"
             + (f" --python {py}" if py else "")
+            + (f" --fa4 {src}" if src and src != "upstream" else "")
+            + (f" (stores built from {', '.join(others)}'s FA4 copy are checked with --fa4 "
+               f"{others[0]} or FA4AOT_KERNEL_SOURCE={others[0]})" if others else "")
         )
 
 
-def matching_stores(layers: list[Layer], arch: str, num_sms: int, python: str | None) -> Match:
+def matching_stores(
+    layers: list[Layer], arch: str, num_sms: int, python: str | None, source: str | None = None
+) -> Match:
     """Every layer's store built by this machine's toolchain for (arch, SM count), and for
-    `python` when given (a build machine checks stores made for another interpreter)."""
+    `python` when given (a build machine checks stores made for another interpreter).
+
+    `source`: the FA4 source whose stores count (an ABI name, or auto as FA4AOT_KERNEL_SOURCE
+    reads); None keeps the toolchain's own match (upstream's by flash-attn-4's version). An
+    engine copy's store is matched by the ABI its toolchain records: its `fa4` names the copy."""
     want = build_toolchain(arch, num_sms, python)
     keys = [
         k
@@ -124,6 +164,11 @@ def matching_stores(layers: list[Layer], arch: str, num_sms: int, python: str | 
         if want.get(k)
     ]
     keys += ["python"] if python else []
+    if source == "auto":  # as the runtime: upstream where flash-attn-4 is installed, else any
+        source = "upstream" if want.get("fa4") else None
+    if source is not None:
+        want["fa4_abi"] = source
+        keys = [k for k in keys if k != "fa4" or source == "upstream"] + ["fa4_abi"]
     m = Match(want={**want, "python": python})
     for layer in existing(layers):
         for s in scan_root(Path(layer.root))[0]:

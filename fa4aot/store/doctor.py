@@ -95,31 +95,9 @@ def report(layers: list[Layer] | None = None) -> dict[str, Any]:
             "broken": [f"{d}: {e}" for d, e in broken],
         }
         for s in stores:
-            arts = list(s.iter_artifacts())
-            corrupt = _corrupt(arts)
-            old = _superseded(arts)
-            problems += [f"corrupt artifact {d}: {e}" for d, e in corrupt]
-            diff = mismatches(s.toolchain, expected or here)
-            layer["stores"].append(
-                {
-                    "dir": s.dir.name,
-                    "arch": s.toolchain.get("arch"),
-                    "num_sms": s.toolchain.get("num_sms"),
-                    "python": s.toolchain.get("python"),
-                    "fa4_source": source_label(s.toolchain),
-                    "artifacts": sum(not isinstance(a, Exception) for _, a in arts),
-                    "unreadable": sum(isinstance(a, Exception) for _, a in arts),
-                    "corrupt": [f"{d}: {e}" for d, e in corrupt],
-                    # split kernels an earlier fa4aot built (build.superseded): they serve, the
-                    # slower way, until `fa4aot build` replaces them
-                    "superseded": old,
-                    "compatible": not diff,
-                    "mismatches": diff,
-                    # sm100/sm103 stores: compiled and checked, never run (not a problem here:
-                    # a build host holds them for the Blackwell fleet)
-                    "not_run": C.not_run_note(s.toolchain.get("arch", "")),
-                }
-            )
+            row = _store_row(s, expected or here)
+            problems += [f"corrupt artifact {c}" for c in row["corrupt"]]
+            layer["stores"].append(row)
         out_layers.append(layer)
     serving: list[str] | None = None
     if gpu:
@@ -149,7 +127,36 @@ def report(layers: list[Layer] | None = None) -> dict[str, Any]:
         "settings": setting_rows,
         "serving": serving,
         "compiler_installed": versions["flash-attn-4"] is not None,
+        # the FA4 source whose stores this process serves (FA4AOT_KERNEL_SOURCE resolved)
+        "kernel_source": (expected or here).get("fa4_abi", "any"),
         "problems": problems,
+    }
+
+
+def _store_row(s, expected: dict[str, Any]) -> dict[str, Any]:
+    """One store of a layer as the report lists it, judged against `expected`."""
+    arts = list(s.iter_artifacts())
+    corrupt = _corrupt(arts)
+    diff = mismatches(s.toolchain, expected)
+    return {
+        "dir": s.dir.name,
+        "arch": s.toolchain.get("arch"),
+        "num_sms": s.toolchain.get("num_sms"),
+        "python": s.toolchain.get("python"),
+        "fa4_source": source_label(s.toolchain),
+        # the source by name, as --fa4 and FA4AOT_KERNEL_SOURCE take it
+        "fa4_abi": s.toolchain.get("fa4_abi", "upstream"),
+        "artifacts": sum(not isinstance(a, Exception) for _, a in arts),
+        "unreadable": sum(isinstance(a, Exception) for _, a in arts),
+        "corrupt": [f"{d}: {e}" for d, e in corrupt],
+        # split kernels an earlier fa4aot built (build.superseded): they serve, the slower
+        # way, until `fa4aot build` replaces them
+        "superseded": _superseded(arts),
+        "compatible": not diff,
+        "mismatches": diff,
+        # sm100/sm103 stores: compiled and checked, never run (not a problem here: a build
+        # host holds them for the Blackwell fleet)
+        "not_run": C.not_run_note(s.toolchain.get("arch", "")),
     }
 
 
@@ -197,6 +204,7 @@ def format_text(r: dict[str, Any]) -> str:
     for s in r["settings"]:
         shown = s.get("error") or (s["value"] if s["value"] is not None else "(unset)")
         lines.append(f"  {s['variable']:<26}{shown}  [{s['source']}]")
+    lines.append(f"FA4 source served:    {r['kernel_source']} (FA4AOT_KERNEL_SOURCE)")
     lines.append("store layers (lookup order):")
     for layer in r["layers"]:
         flags = [layer["source"], "writable" if layer["writable"] else "read-only"]
@@ -205,6 +213,8 @@ def format_text(r: dict[str, Any]) -> str:
         lines.append(f"  {layer['root']}  [{', '.join(flags)}]")
         for s in layer["stores"]:
             ok = "compatible" if s["compatible"] else "incompatible: " + "; ".join(s["mismatches"])
+            if any(m.startswith("fa4_abi:") for m in s["mismatches"]):
+                ok += f" (served with FA4AOT_KERNEL_SOURCE={s['fa4_abi']})"
             lines.append(f"    {s['dir']}: {s['artifacts']} artifacts, FA4 {s['fa4_source']}, "
                          f"{ok}")
             if s.get("not_run"):
