@@ -221,7 +221,11 @@ def build_one(root: str, toolchain: dict, need: dict) -> dict:
             try:
                 (workdir / "build").mkdir()
                 stub = settings.stub_compiler()
-                out = (_compile_stub if stub else _compile_real)(call, variant, workdir / "build")
+                if need.get("same_kernel_as"):
+                    out = _copy_kernel(store, need["same_kernel_as"], workdir / "build")
+                else:
+                    out = (_compile_stub if stub else _compile_real)(call, variant,
+                                                                     workdir / "build")
                 record = make_record(variant, call, out, workdir / "build", toolchain, need)
                 if not publish(store, vid, workdir, record):
                     status = "cached"  # another builder published it first: keep theirs
@@ -244,6 +248,45 @@ def build_one(root: str, toolchain: dict, need: dict) -> dict:
             seconds=time.perf_counter() - t0,
             error=msg,
         )
+
+
+def _copy_kernel(store: Store, vid: str, dest: Path) -> dict[str, Any]:
+    """The parts of artifact `vid` of `store` (the same kernel as the variant being built)
+    copied into `dest`, as a compile returns them. BuildError when `store` holds no valid
+    `vid` (its compile failed: so would this one's; the next build retries both)."""
+    try:
+        art = store.get(vid)
+    except CorruptArtifact:
+        art = None
+    if art is None:
+        raise BuildError(f"the same kernel as {vid}, which was not built")
+    parts = {}
+    for name, p in art.record["parts"].items():
+        shutil.copyfile(art.part_path(name), dest / p["file"])
+        parts[name] = {k: v for k, v in p.items() if k not in ("sha256", "size")}
+    return {"parts": parts, "compile_seconds": 0.0, "fa4_key": art.record["fa4_key"],
+            "stub": bool(art.record.get("stub")), "same_kernel_as": vid}
+
+
+def _same_kernels(args: list, todo: dict, held: set, source) -> tuple[list, list]:
+    """(`args` to compile, `args` to copy): where the FA4 source compiles one kernel for several
+    fa4aot variants (SGLang's copy: sglang_copy.kernel_id), one of them is compiled (or held:
+    `held`, ids the target store holds) and the others copy its parts (build_one's
+    need["same_kernel_as"])."""
+    if source is None or source.abi != "sglang":
+        return args, []
+    from fa4aot.fa4.sglang_copy import kernel_id
+
+    first = {kernel_id(todo[vid].variant): vid for vid in sorted(held)}
+    compile_, copy_ = [], []
+    for a in args:
+        v = Variant.from_dict(a[2]["variant"])
+        lead = first.setdefault(kernel_id(v), v.id)
+        if lead == v.id:
+            compile_.append(a)
+        else:
+            copy_.append((a[0], a[1], {**a[2], "same_kernel_as": lead}))
+    return compile_, copy_
 
 
 def make_record(
@@ -280,6 +323,8 @@ def make_record(
             "sm_count_independent": False,
             "fa4_key": out["fa4_key"],
             "stub": bool(out.get("stub")),
+            # the artifact whose kernel this one copies (one kernel, several variant ids)
+            **({"same_kernel_as": out["same_kernel_as"]} if out.get("same_kernel_as") else {}),
             "compile_seconds": round(out["compile_seconds"], 3),
             "representative_call": call.to_dict(),
             "requested_by": {"spec": need["spec"], "layer": need["layer"]},
@@ -397,7 +442,13 @@ def build(
     if pending:
         # workers import the source by its directory (an engine's copy need not be on sys.path)
         where = None if source is None or source.name == "upstream" else str(source.cute_dir)
+        held = {r.id for r in results if r.found_in is None}
+        args, copies = _same_kernels(args, todo, held, source)
         _build_pending(args, arch, num_sms, jobs, results, total, progress, where)
+        for a in copies:  # (in this process: a copy needs no compiler)
+            results.append(BuildResult(**build_one(*a)))
+            if progress:
+                progress(len(results), total, results[-1])
     for s in specs:
         write_spec_index(store, s, plan)
     return store, plan, results

@@ -16,7 +16,8 @@ Its sm90 kernel has fewer static features than upstream's: no persistent schedul
 `is_static_persistent` in its key), no varlen batch > 256 helpers or cu_total slots. A
 `Variant` (fa4aot's feature model, upstream's) maps onto the copy's kernel by `canonical`,
 which drops those two features: every variant of one canonical form is served by the same
-kernel, and `compile_variant` checks that the copy compiled exactly that one.
+kernel (`kernel_id`: the builder compiles it once and stores it under each variant's id), and
+`compile_variant` checks that the copy compiled exactly that one.
 """
 
 from __future__ import annotations
@@ -145,6 +146,12 @@ def canonical(variant: Variant) -> Variant:
     """The features of `variant` the copy's sm90 kernel is compiled for: without the
     persistent-scheduler choice and the batch > 256 helpers, which it has neither of."""
     return replace(variant, static_persistent=False, cu_hint=False)
+
+
+def kernel_id(variant: Variant) -> str:
+    """The id of the kernel the copy compiles for `variant` (its canonical form's): variants of
+    one id are one kernel, which the builder compiles once and stores under each variant's id."""
+    return canonical(variant).id
 
 
 def variant_from_key(key: tuple, arch: str) -> Variant | None:

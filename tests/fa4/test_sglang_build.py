@@ -89,6 +89,87 @@ def test_plan_from_sglang_plain_forwards_its_sinks_and_head_dims():
     assert all(n.variant.kv_dtype is None for n in gemma.needs)  # no FP8-KV dequant there
 
 
+@pytest.fixture
+def stub_build(tmp_path, monkeypatch):
+    """build(LLAMA) from SGLang's copy with the stub compiler into tmp_path -> (results, the
+    store, the variant ids compiled); call it again to rebuild."""
+    from fa4aot.build import builder
+
+    monkeypatch.setenv("FA4AOT_STUB_COMPILER", "1")
+    compiled: list[str] = []
+    stub = builder._compile_stub
+
+    def compile_stub(call, variant, workdir):
+        compiled.append(variant.id)
+        return stub(call, variant, workdir)
+
+    monkeypatch.setattr(builder, "_compile_stub", compile_stub)
+    cute = engine_root("sglang").joinpath(*CUTE)
+
+    def run():
+        store, _, res = builder.build([parse_spec(LLAMA)], arch="sm90", root=tmp_path,
+                                      fa4=str(cute), jobs=1)
+        return {r.id: r for r in res}, store, compiled
+
+    return run
+
+
+def _records(store) -> dict:
+    return {p.parent.name: json.loads(p.read_text())
+            for p in store.dir.glob("artifacts/*/record.json")}
+
+
+def test_one_kernel_of_several_variants_is_compiled_once(stub_build):
+    """SGLang's copy compiles one kernel for the variants of one canonical form (here batch <= 256
+    and > 256 of each of varlen, paged TMA, paged cp.async): the builder compiles it once and
+    stores a copy under each variant's id, recording which artifact it copies."""
+    from fa4aot.fa4.sglang_copy import kernel_id
+    from fa4aot.model.variants import Variant
+
+    res, store, compiled = stub_build()
+    assert len(res) == 6 and {r.status for r in res.values()} == {"built"}
+    recs = _records(store)
+    kernels = {vid: kernel_id(Variant.from_dict(r["variant"])) for vid, r in recs.items()}
+    # each kernel compiled once
+    assert sorted(kernels[v] for v in compiled) == sorted(set(kernels.values()))
+    assert len(compiled) == 3
+    for vid, rec in recs.items():
+        lead = rec.get("same_kernel_as")
+        assert (lead is None) == (vid in compiled)
+        if lead:
+            assert kernels[lead] == kernels[vid] and recs[lead].get("same_kernel_as") is None
+            assert rec["parts"]["fwd"]["sha256"] == recs[lead]["parts"]["fwd"]["sha256"]
+            assert rec["fa4_key"] == recs[lead]["fa4_key"] and rec["compile_seconds"] == 0.0
+        assert store.get(vid) is not None  # each one a whole, verified artifact
+
+
+def test_a_missing_variant_copies_the_kernel_the_store_holds(stub_build):
+    import shutil
+
+    res, store, compiled = stub_build()
+    copied = [vid for vid, r in _records(store).items() if r.get("same_kernel_as")]
+    lead = _records(store)[copied[0]]["same_kernel_as"]
+    shutil.rmtree(store.artifact_dir(copied[0]))
+    n = len(compiled)
+    res, store, compiled = stub_build()
+    assert res[copied[0]].status == "built" and len(compiled) == n  # nothing compiled
+    assert _records(store)[copied[0]]["same_kernel_as"] == lead
+
+
+def test_a_failed_kernel_fails_each_variant_of_it(stub_build, monkeypatch):
+    from fa4aot.build import builder
+
+    def broken(call, variant, workdir):
+        raise RuntimeError("no kernel")
+
+    monkeypatch.setattr(builder, "_compile_stub", broken)
+    res, store, _ = stub_build()
+    assert {r.status for r in res.values()} == {"failed"}
+    copies = [r for r in res.values() if "which was not built" in r.error]
+    assert len(copies) == 3 and all("no kernel" not in r.error for r in copies)
+    assert not _records(store)
+
+
 def _cli(*args, env=None, timeout=900):
     e = {**os.environ, "FA4AOT_PROGRESS": "0", **(env or {}),
          "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
@@ -121,6 +202,7 @@ def test_records_hold_the_copys_forward_under_each_variant(built):
     assert tc["fa4_abi"] == "sglang" and tc["fa4"] == "sglang 0.5.23"
     assert tc["fa4_source"]["prefix"] == "sglang.kernels.ops.attention.flash_attn.cute"
     by_canonical: dict = {}
+    copies = 0
     for rec_path in sorted(store.glob("artifacts/*/record.json")):
         rec = json.loads(rec_path.read_text())
         v = Variant.from_dict(rec["variant"])
@@ -134,8 +216,11 @@ def test_records_hold_the_copys_forward_under_each_variant(built):
             assert f["page_size not in [None, tile_n]"] == str(not v.paged_tma)
         # (the build compared the whole key with canonical(v): sglang_copy.compile_variant)
         by_canonical.setdefault(sglang_copy.canonical(v), set()).add(fwd["sha256"])
-    # three kernels (varlen, paged TMA, paged cp.async), each under its batch<=256 and >256 ids
+        copies += bool(rec.get("same_kernel_as"))
+    # three kernels (varlen, paged TMA, paged cp.async), each under its batch<=256 and >256 ids,
+    # compiled once each
     assert len(by_canonical) == 3 and all(len(s) == 1 for s in by_canonical.values())
+    assert copies == 3
 
 
 @pytest.mark.slow
