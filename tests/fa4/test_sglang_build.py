@@ -90,12 +90,12 @@ def test_plan_from_sglang_plain_forwards_its_sinks_and_head_dims():
 
 
 @pytest.fixture
-def stub_build(tmp_path, monkeypatch):
+def stub_build(tmp_path, monkeypatch, knobs):
     """build(LLAMA) from SGLang's copy with the stub compiler into tmp_path -> (results, the
     store, the variant ids compiled); call it again to rebuild."""
     from fa4aot.build import builder
 
-    monkeypatch.setenv("FA4AOT_STUB_COMPILER", "1")
+    knobs(stub_compiler="1")
     compiled: list[str] = []
     stub = builder._compile_stub
 
