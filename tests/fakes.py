@@ -42,8 +42,8 @@ def dense_ref_kernel(causal: bool):
 
 def fake_fwd(q, k, v, out, lse, scale, cu_q, cu_k, used_q, used_k, pt, wl, wr, sink, bs, aux,
              cu_total, cu_splits, chunk_lengths=False):
-    """FA4's 1:1 non-causal kernel, q in batch form (B, M, H, d), K packed (cu_seqlens_k) or
-    paged (page_table + seqused_k); empty sequences give out 0 and lse -inf. In the chunk
+    """FA4's 1:1 non-causal kernel, q in batch form (B, M, H, d), K packed (cu_seqlens_k, with
+    seqused_k: each sequence's first key and keys) or paged (page_table + seqused_k); empty sequences give out 0 and lse -inf. In the chunk
     modes of forwards.trace_chunk_modes: sequence s reads q[s // (B / q's batch)] and, with
     chunk_lengths, sees clamp(used_k[s // u] - (s % u) * c, 0, c) keys, u = B / used_k's
     count, c = the page table's columns * page size (else used_k holds one length a row)."""
@@ -68,8 +68,9 @@ def fake_fwd(q, k, v, out, lse, scale, cu_q, cu_k, used_q, used_k, pt, wl, wr, s
             a = min(start + skip + j * c, nxt)
             n = min(max(nxt - start - max(shift - 1 - t, 0) - skip - j * c, 0), c)
             kk, vv = k[a:a + n], v[a:a + n]
-        else:
-            a, e = int(cu_k[s]), int(cu_k[s + 1])
+        else:  # a packed K: cu_seqlens_k bounds, or (with seqused_k) first keys
+            a = int(cu_k[s])
+            e = a + int(used_k[s]) if used_k is not None else int(cu_k[s + 1])
             kk, vv = k[a:e], v[a:e]
         if kk.shape[0] == 0:
             out[s] = 0
@@ -153,20 +154,24 @@ def fake_ragged_meta(lengths, table, q, qv, out_v, table_v, first, n, align, pag
                      causal):
     """kernels.trace_ragged's metadata kernel in torch: policy/ragged.entry_map's map written
     as the kernel writes it (paged: each entry's keys and its 128-key tiles' page-table
-    columns; packed: the entries' bounds), its q rows copied into qv (entry, row, KV head,
-    group, d): every row for a body entry, its own for a tail entry."""
+    columns; packed: the entries' bounds; packed with seqused_k: each entry's first key and
+    keys), its q rows copied into qv (entry, row, KV head, group, d): every row for a body
+    entry, its own for a tail entry."""
     from fa4aot.policy.ragged import Ragged, entry_map
 
-    paged = table is not None
-    lens = lengths.tolist() if paged else (lengths[1:] - lengths[:-1]).tolist()
+    paged = table is not None and table.dim() == 2
+    used = table is not None and table.dim() == 1  # (lengths: seqused_k, table: cu_seqlens_k)
+    lens = lengths.tolist() if paged or used else (lengths[1:] - lengths[:-1]).tolist()
     lens = [max(x, 0) for x in lens]
-    rg = Ragged(n, qv.shape[0], align, table_v.shape[1] if paged else 0, rows)
+    rg = Ragged(n, qv.shape[0], align, table_v.shape[1] if paged else 0, rows)  # (used: 1 col)
     f, entries, _ = entry_map(lens, rg, page if paged else None, bool(causal))
     first.copy_(torch.tensor(f, dtype=first.dtype))
     hk, r = qv.shape[2], qv.shape[3]
     for v, (i, t, start, keys) in enumerate(entries):
         if i < 0:
-            out_v[v] = 0 if paged else lengths[-1]
+            out_v[v] = 0 if paged or used else lengths[-1]
+            if used:
+                table_v[v, 0] = 0
             continue
         for tt in range(rows) if t < 0 else [t]:
             qv[v, tt] = q[i * rows + tt].view(hk, r, -1)
@@ -175,9 +180,11 @@ def fake_ragged_meta(lengths, table, q, qv, out_v, table_v, first, n, align, pag
             cols = min(-(-keys // 128) * 128 // page, table_v.shape[1])
             for c in range(cols):
                 table_v[v, c] = table[i, min(start // page + c, table.shape[1] - 1)]
+        elif used:
+            out_v[v], table_v[v, 0] = table[i] + start, keys
         else:
             out_v[v] = lengths[i] + start
-    if not paged:
+    if not paged and not used:
         out_v[-1] = lengths[-1]
 
 

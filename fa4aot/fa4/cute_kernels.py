@@ -231,8 +231,10 @@ class RaggedMeta:
     threads = 256
     warps = threads // 32
 
-    def __init__(self, paged: bool, dtype, head_dim: int):
-        self.paged, self.dtype, self.vecs = paged, dtype, head_dim // VEC
+    def __init__(self, paged: bool, dtype, head_dim: int, used: bool = False):
+        # used: a packed K with seqused_k (lengths: seqused_k; table: cu_seqlens_k; out_v:
+        # each entry's first key; table_v: its keys, one column)
+        self.paged, self.used, self.dtype, self.vecs = paged, used, dtype, head_dim // VEC
 
     @cute.jit
     def __call__(self, mLen, mTable, mQ, mQv, mOut, mTableV, mFirst, n, align, page, rows,
@@ -245,7 +247,7 @@ class RaggedMeta:
     @cute.jit
     def seq_len(self, mLen, i):
         """Sequence i's keys (negative lengths read as 0)."""
-        if cutlass.const_expr(self.paged):
+        if cutlass.const_expr(self.paged or self.used):
             x = mLen[i]
         else:
             x = mLen[i + 1] - mLen[i]
@@ -349,6 +351,10 @@ class RaggedMeta:
                 ncol = cutlass.min((keys_v + 127) // 128 * 128 // page, mTableV.shape[1])
                 for x in cutlass.range(tidx, ncol, self.threads):
                     mTableV[v, x] = mTable[seq, cutlass.min(col0 + x, last)]
+            elif cutlass.const_expr(self.used):
+                if tidx == 0:
+                    mOut[v] = mTable[seq] + start
+                    mTableV[v, 0] = keys_v
             else:
                 if tidx == 0:
                     mOut[v] = mLen[seq] + start
@@ -371,8 +377,11 @@ class RaggedMeta:
             if tidx == 0:
                 if cutlass.const_expr(self.paged):
                     mOut[v] = 0
+                elif cutlass.const_expr(self.used):
+                    mOut[v] = 0
+                    mTableV[v, 0] = 0
                 else:
                     mOut[v] = mLen[b]
-        if cutlass.const_expr(not self.paged):
+        if cutlass.const_expr(not self.paged and not self.used):
             if v == entries - 1 and tidx == 0:
                 mOut[entries] = mLen[b]  # (the last entry's end)

@@ -47,12 +47,14 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
             f"expected one forward kernel for {variant.describe()}, FA4 compiled {len(fwd)}"
         )
     chunk_modes = variant.split_kernel and variant.arch == "sm90"
-    bounds, wides, tma_page = [], {}, None
+    bounds, used, wides, tma_page = [], [], {}, None
     if chunk_modes:  # the chunk kernel: FA4's, reading q and KV lengths in chunk modes, and
         # each of its kernels a programmatic dependent launch (_pdl_secondary)
         fwd = [(fwd[0][0], trace_chunk_modes(compiles, pdl=True))]
         if not variant.paged:  # and a packed K's chunk bounds (its own ABI: part fwd_bounds)
             bounds = [(fwd[0][0], trace_chunk_modes(compiles, bounds=True, pdl=True))]
+            # and its entries with seqused_k (policy/ragged.py: part fwd_used)
+            used = [(fwd[0][0], trace_chunk_modes(compiles, pdl=True, used=True))]
         # and the fold's kernels for a full chip (parts fwd_wide, fwd_wide1)
         wides = {w.part: w for w in C.wide_folds(variant.arch, variant.head_dim,
                                                  variant.head_dim_v, variant.tile_m,
@@ -103,6 +105,8 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
     parts: dict[str, Any] = {}
     if bounds:
         helpers["fwd_bounds"] = bounds
+    if used:
+        helpers["fwd_used"] = used
     for name, wide in wides.items():
         helpers[name] = [(fwd[0][0], trace_wide_fold(compiles, wide, variant.paged, pdl=True))]
     if tma_page:
@@ -111,7 +115,7 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
         for key, fn in entries:
             parts[name] = _export_part(name, key, fn, variant, outdir, wides.get(name))
     if chunk_modes:  # (trace_chunk_modes)
-        for name in ("fwd", "fwd_bounds", *wides, "fwd_tma"):
+        for name in ("fwd", "fwd_bounds", "fwd_used", *wides, "fwd_tma"):
             if name in parts:
                 parts[name]["pdl"] = True  # (_pdl_secondary)
         parts["fwd"]["q_broadcast"] = True

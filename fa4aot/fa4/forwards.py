@@ -99,7 +99,7 @@ def _pdl_secondary(on: bool):
 
 
 def trace_chunk_modes(compiles: list, bounds: bool = False, kernel: Any = None,
-                      pdl: bool = False) -> Any:
+                      pdl: bool = False, used: bool = False) -> Any:
     """FA4's sm90 forward, compiled again from the arguments FA4 compiled it with (`compiles`,
     from trace), with two of its inputs read through chunk modes; otherwise FA4's kernel:
 
@@ -124,6 +124,10 @@ def trace_chunk_modes(compiles: list, bounds: bool = False, kernel: Any = None,
       cannot express.
 
     pdl: launched as a programmatic dependent launch, waiting first (_pdl_secondary).
+
+    used (a packed K's kernel; the artifact's part `fwd_used`): compiled with seqused_k beside
+    cu_seqlens_k, so that sequence v holds seqused_k[v] keys from cu_seqlens_k[v]: the ragged
+    step's entries over a packed K with seqused_k, which leave gaps between them.
 
     Why: a split step runs the chunks of sequence i as virtual sequences i * n .. i * n + n - 1
     of one kernel, and FA4 indexes q, O and the KV lengths by the same batch index, so the
@@ -151,6 +155,12 @@ def trace_chunk_modes(compiles: list, bounds: bool = False, kernel: Any = None,
                            "chunk-length mode reads seqused_k through it")
     paged = args[9] is not None and args[10] is not None  # seqused_k and a page table
     applied = []  # chunk-mode reads traced: a kernel that made none must not ship
+    if used:
+        if args[7] is None or paged or bounds or args[9] is not None:
+            raise RuntimeError("seqused_k beside cu_seqlens_k is for a packed K's kernel")
+        args = list(args)
+        args[9] = cute.runtime.make_fake_tensor(
+            cutlass.Int32, (cute.sym_int(),), stride=(1,), assumed_align=4)
     if bounds:
         if args[7] is None or paged:
             raise RuntimeError("the chunk-bounds mode is for a packed K's kernel")

@@ -165,7 +165,9 @@ def trace_ragged(variant: Variant) -> dict[str, list[tuple[Any, Any]]]:
       causal)`: paged K: lengths the caller's seqused_k (b,), table its page table (b, P),
       out_v (entries,) each entry's keys, table_v (entries, pages); packed K (rows 1):
       lengths its cu_seqlens_k (b + 1,), out_v (entries + 1,) the entries' bounds, table and
-      table_v None; q (b * rows, hq, d) with 16-byte aligned rows, q_v (entries, rows, hk,
+      table_v None; packed K with seqused_k (part `ragged_meta_used`, rows 1): lengths its
+      seqused_k (b,), table its cu_seqlens_k (b + 1,), out_v (entries,) each entry's first
+      key, table_v (entries, 1) its keys; q (b * rows, hq, d) with 16-byte aligned rows, q_v (entries, rows, hk,
       hq / hk, d), first (b + 1,): int32 tensors (any strides but q's last), then five int32s
       (rows: query rows a sequence; causal 0 or 1);
     - `ragged_merge(out_partial, lse_partial, first, sink, out, lse, rows, tail)`: partials
@@ -193,17 +195,22 @@ def trace_ragged(variant: Variant) -> dict[str, list[tuple[Any, Any]]]:
 
     b, w, hq = sym(), sym(), sym()
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+
+    def compile_meta(lens, table, out_v, table_v, used=False):
+        return cute.compile(
+            K.RaggedMeta(bool(v.paged), dt, v.head_dim, used), lens, table,
+            make_fake_tensor(dt, (sym(), hq, v.head_dim), divisibility=div),  # (b * rows)
+            make_fake_tensor(dt, (w, sym(), sym(), sym(), v.head_dim), divisibility=div),
+            out_v, table_v, ints(sym()), i32(0), i32(0), i32(0), i32(0), i32(0), stream,
+            options="--enable-tvm-ffi",
+        )
+
+    used = None
     if v.paged:
-        lens, table, out_v, table_v = ints(b), ints(b, sym()), ints(w), ints(w, sym())
+        meta = compile_meta(ints(b), ints(b, sym()), ints(w), ints(w, sym()))
     else:
-        lens, table, out_v, table_v = ints(sym()), None, ints(sym()), None
-    meta = cute.compile(
-        K.RaggedMeta(bool(v.paged), dt, v.head_dim), lens, table,
-        make_fake_tensor(dt, (sym(), hq, v.head_dim), divisibility=div),  # (b * rows rows)
-        make_fake_tensor(dt, (w, sym(), sym(), sym(), v.head_dim), divisibility=div), out_v,
-        table_v, ints(sym()), i32(0), i32(0), i32(0), i32(0), i32(0), stream,
-        options="--enable-tvm-ffi",
-    )
+        meta = compile_meta(ints(sym()), None, ints(sym()), None)
+        used = compile_meta(ints(b), ints(sym()), ints(w), ints(w, sym()), used=True)
     dv = v.head_dim_v
     e, bb, m, h = sym(), sym(), sym(), sym()
     merge = cute.compile(
@@ -216,7 +223,10 @@ def trace_ragged(variant: Variant) -> dict[str, list[tuple[Any, Any]]]:
         stream, options="--enable-tvm-ffi",
     )
     form = "paged" if v.paged else "packed"
-    return {
+    out = {
         "ragged_meta": [((*RAGGED_META_KEY, form, v.dtype, v.head_dim), meta)],
         "ragged_merge": [((*RAGGED_MERGE_KEY, v.dtype, dv, max_splits, threads), merge)],
     }
+    if used is not None:
+        out["ragged_meta_used"] = [((*RAGGED_META_KEY, "used", v.dtype, v.head_dim), used)]
+    return out

@@ -427,7 +427,8 @@ MERGE_MAX_THREADS = 256
 # while the chunk kernel drains and waits in griddepcontrol.wait
 MERGE_VERSION = 2
 # the version of the ragged step's metadata kernel and merge (kernels.trace_ragged; recorded
-# as parts.ragged_meta.version: build.superseded replaces an artifact with another)
+# as parts.ragged_meta.version: build.superseded replaces an artifact with another); from 2 a
+# packed K's artifact also holds parts fwd_used and ragged_meta_used (seqused_k)
 RAGGED_VERSION = 2
 
 

@@ -97,10 +97,15 @@ class SplitKernel:
     # kernels.trace_ragged, runtime/ragged.py), None in older artifacts; called as they are
     ragged_meta: Any = None
     ragged_merge: Any = None
+    # a packed K's ragged entries with seqused_k: their forward (part `fwd_used`: forwards.
+    # trace_chunk_modes(used=True)) and metadata kernel (part `ragged_meta_used`), else None
+    fwd_used: Any = None
+    ragged_meta_used: Any = None
     launch: Callable = field(init=False)
     merge: Callable = field(init=False)
     chunk_meta: Callable | None = field(init=False)
     launch_bounds: Callable | None = field(init=False)
+    launch_used: Callable | None = field(init=False)
     launch_wide: Callable | None = field(init=False)
     launch_wide1: Callable | None = field(init=False)
     launch_split: Callable = field(init=False)  # what a split step runs: fwd_tma, else fwd
@@ -113,6 +118,7 @@ class SplitKernel:
         self.launch_split = self.launch if self.fwd_tma is None else fwd(self.fwd_tma)
         self.launch_bounds = (None if self.fwd_bounds is None  # (a packed K: no page table)
                               else fwd(self.fwd_bounds, guard=False))
+        self.launch_used = None if self.fwd_used is None else fwd(self.fwd_used, guard=False)
         self.launch_wide = None if self.fwd_wide is None else fwd(self.fwd_wide, guard=False)
         self.launch_wide1 = None if self.fwd_wide1 is None else fwd(self.fwd_wide1, guard=False)
         self.launch_wide_split = (None if self.fwd_wide_split is None  # (cp.async if paged)
@@ -397,17 +403,20 @@ class Runtime:
                     tma = S.tma_part(art.record["parts"], page_size)
                     ws = S.wide_part(art.record["parts"], v)
                     bp = S.bounds_part(art.record["parts"])
-                    rg = ("ragged_meta", "ragged_merge") if ragged_parts(
-                        art.record["parts"]) else (None, None)
+                    parts = art.record["parts"]
+                    rg = ("ragged_meta", "ragged_merge") if ragged_parts(parts) else (None,) * 2
+                    used = (("fwd_used", "ragged_meta_used")
+                            if rg[0] and "fwd_used" in parts and "ragged_meta_used" in parts
+                            else (None, None))
                     if art.id in self._modules:  # the decode fold loaded it (same tile)
-                        combine, meta, bounds, wide, wide1, tma, ws, pm, rm, rc = self._load(
-                            art, name, "chunk_meta", bp, "fwd_wide", "fwd_wide1", tma,
-                            ws, "packed_meta", *rg)
+                        combine, meta, bounds, wide, wide1, tma, ws, pm, rm, rc, fu, mu = (
+                            self._load(art, name, "chunk_meta", bp, "fwd_wide", "fwd_wide1",
+                                       tma, ws, "packed_meta", *rg, *used))
                     else:
-                        fwd, helper, combine, meta, bounds, wide, wide1, tma, ws, pm, rm, rc = (
-                            self._load(art, "fwd", "tile_cumsum", name, "chunk_meta",
-                                       bp, "fwd_wide", "fwd_wide1", tma, ws,
-                                       "packed_meta", *rg))
+                        (fwd, helper, combine, meta, bounds, wide, wide1, tma, ws, pm, rm, rc,
+                         fu, mu) = self._load(art, "fwd", "tile_cumsum", name, "chunk_meta",
+                                              bp, "fwd_wide", "fwd_wide1", tma, ws,
+                                              "packed_meta", *rg, *used)
                         self._modules[art.id] = (fwd, helper, art)
                     got = SplitKernel(
                         self._modules[art.id][0],
@@ -428,6 +437,8 @@ class Runtime:
                         packed_meta=pm,
                         ragged_meta=rm,
                         ragged_merge=rc,
+                        fwd_used=fu,
+                        ragged_meta_used=mu,
                     )
         self._split_kernels[key] = got
         return got

@@ -24,17 +24,20 @@ class RaggedRun:
 
     fold = packed = False
     ragged = True
-    __slots__ = ("rg", "launch", "meta", "merge", "scale", "r", "paged", "meta_args", "qv",
-                 "kq", "ko", "kl", "op_m", "lp_m", "first", "out_v", "table_v", "no_sink",
-                 "lse_scratch", "out_shape", "lse_shape", "o4", "l3", "q3", "lse_rows", "tail")
+    __slots__ = ("rg", "launch", "meta", "merge", "scale", "r", "paged", "used", "meta_args",
+                 "qv", "kq", "ko", "kl", "op_m", "lp_m", "first", "out_v", "table_v",
+                 "no_sink", "lse_scratch", "out_shape", "lse_shape", "o4", "l3", "q3",
+                 "lse_rows", "tail", "len_v")
 
     def __init__(self, kern, q, b, hq, hk, d, dv, rg: RG.Ragged, page_size, causal, varlen_q,
-                 ffi):
+                 ffi, used=False):
         r, w, dvc, rows = hq // hk, rg.entries, q.device, rg.rows
         bb = b * rows  # decode rows
-        self.rg, self.r, self.paged = rg, r, page_size is not None
+        self.rg, self.r, self.paged, self.used = rg, r, page_size is not None, used
         self.tail = rows if rows > 1 and causal else 0
         self.launch, self.meta, self.merge = kern.launch_split, kern.ragged_meta, kern.ragged_merge
+        if used:  # a packed K with seqused_k: each entry's first key and keys
+            self.launch, self.meta = kern.launch_used, kern.ragged_meta_used
         self.scale = float(1.0 / math.sqrt(d))
         self.meta_args = (rg.n, rg.align, page_size or 0, rows, int(causal))
         i32, f32 = torch.int32, torch.float32
@@ -51,6 +54,7 @@ class RaggedRun:
             self.table_v = g[4:].view(w, max(rg.pages, 1))
         else:
             self.out_v = torch.zeros(w + 1, dtype=i32, device=dvc)
+        self.len_v = torch.zeros((w, 1), dtype=i32, device=dvc) if used else None
         self.no_sink = torch.full((r, hk), float("-inf"), dtype=f32, device=dvc)
         self.lse_scratch = torch.empty((bb, r, hk), dtype=f32, device=dvc)
         self.out_shape = (bb, hq, dv) if varlen_q else (b, rows, hq, dv)
@@ -68,13 +72,15 @@ class RaggedRun:
         self.lp_m = conv(kl.permute(0, 2, 1))  # (w, r * rows, hk)
         self.first, self.out_v = conv(self.first), conv(self.out_v)
         self.table_v = None if self.table_v is None else conv(self.table_v)
+        self.len_v = None if self.len_v is None else (conv(self.len_v), conv(self.len_v[:, 0]))
         self.no_sink = conv(self.no_sink)
 
 
-def plan(rt, dev, dtype, b, rows, hk, d, dv, seqlen_k, page_size, sink, kern):
+def plan(rt, dev, dtype, b, rows, hk, d, dv, seqlen_k, page_size, sink, kern, used=False):
     """The ragged plan of a decode step of `rows` query rows a sequence on split kernel `kern`
-    (None: the store lacks it or its ragged parts; the uniform plan then decides)."""
-    if kern is None or kern.ragged_meta is None:
+    (None: the store lacks it or its ragged parts; the uniform plan then decides); used: over
+    a packed K with seqused_k (its own parts: fwd_used, ragged_meta_used)."""
+    if kern is None or kern.ragged_meta is None or (used and kern.launch_used is None):
         return None
     _, sms = rt.device(dev)
     return RG.plan_ragged(
@@ -101,6 +107,10 @@ def ragged_step(run: RaggedRun, q, k, v, cu_seqlens_k, seqused_k, page_table, si
         run.meta(seqused_k, page_table, q3, run.qv, run.out_v, run.table_v, run.first,
                  *run.meta_args)
         kv = (None, None, None, run.out_v, run.table_v)
+    elif run.used:
+        run.meta(seqused_k, cu_seqlens_k, q3, run.qv, run.out_v, run.len_v[0], run.first,
+                 *run.meta_args)
+        kv = (None, run.out_v, None, run.len_v[1], None)
     else:
         run.meta(cu_seqlens_k, None, q3, run.qv, run.out_v, None, run.first, *run.meta_args)
         kv = (None, run.out_v, None, None, None)
