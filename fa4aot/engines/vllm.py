@@ -26,7 +26,11 @@ vLLM's start-up warm-up (`compile_only=True`, through `compile_flash_attn_varlen
 with shape-only tensor specs, flash_attn.py:222) is answered from the store: the kernel the
 matching call runs is loaded (with its split twin for num_splits > 1), nothing is launched, and
 vLLM gets the (out, lse, None, None) it expects (runtime/vllm_abi.warm); a warm-up the store
-cannot serve goes back, and vLLM compiles as it would.
+cannot serve goes back, and vLLM compiles as it would. The combine warm-up that follows a
+split one (`_flash_attn_fwd_combine` on fake tensors, flash_attn.py:254) is answered when the
+split twin just loaded holds that exact combine, and handed back otherwise (`_combine_wrapper`;
+vLLM 0.33 warms a 1-query-head combine, which no twin holds for a model with more than one
+query head per rank: docs/integrations.md).
 Handed back to vLLM's `_flash_attn_fwd` with the arguments it was given: mask_mod, score_mod,
 aux tensors/scalars, block sparsity, dynamic_causal, gather_kv_*, output_scale, scheduler
 metadata, tuning overrides (tile_mn, ...), fp8_kv_dequant where fa4aot's runtime lacks it,
@@ -112,9 +116,74 @@ def _result(out, lse):
     return out, lse, None, None
 
 
+# vLLM 0.33.0's combine signature, interface.py:4151
+COMBINE = "_flash_attn_fwd_combine"
+COMBINE_PARAMS = ("out_partial", "lse_partial", "out", "lse", "cu_seqlens", "seqused",
+                  "num_splits_dynamic_ptr", "virtual_batch_idx", "semaphore_to_reset",
+                  "output_scale")
+
+
+def _combine_wrapper():
+    """The copy's `_flash_attn_fwd_combine`, answering vLLM's combine warm-up from the store.
+
+    The warm-up is the only caller that passes fake tensors (FA4DenseAttentionKernel.compile,
+    flash_attn.py:254, under FakeTensorMode after each split compile-only call): answered when
+    a split twin `warm` loaded holds that exact combine, handed back (vLLM compiles) otherwise
+    or with any argument the stored combines were not compiled with. Real tensors come from the
+    copy's own split forward (a call fa4aot handed back) and pass through uncounted."""
+    from fa4aot.runtime import default_runtime, vllm_abi
+
+    p = combine_plugin
+
+    def wrapper(*args, **kwargs):
+        a = dict(zip(COMBINE_PARAMS, args), **kwargs)
+        if len(args) > len(COMBINE_PARAMS) or type(a.get("out_partial")).__name__ != "FakeTensor":
+            return p.original(*args, **kwargs)
+        extra = [n for n, v in a.items() if n not in COMBINE_PARAMS[:3] + ("cu_seqlens",)
+                 and v is not None]
+        call = C.describe(a.get("out_partial"), a.get("lse_partial"), a.get("out"))
+        if extra:
+            return p.handback(f"combine warm-up with {', '.join(sorted(extra))}", call, args,
+                              kwargs)
+        try:
+            vllm_abi.warm_combine(default_runtime(), a["out_partial"], a["lse_partial"],
+                                  a["out"], varlen=a.get("cu_seqlens") is not None)
+        except C.MISS_ERRORS as e:
+            return p.miss(e, None, call, args, kwargs)
+        p.counters.hits += 1
+        return None
+
+    return wrapper
+
+
 engine = C.Engine("vllm", "vLLM", MODULE, ATTR, PARAMS, HAND_BACK, _convert, _result)
 plugin = engine.plugin
 counters = plugin.counters
-# install(): wrap vLLM's FA4 entry now, or when vllm.vllm_flash_attn.cute.interface is first
-# imported (idempotent; returns the counters); register: the `vllm.general_plugins` entry point
-install, uninstall, register = engine.install, engine.uninstall, engine.register
+# the combine warm-up's own counts (hits: answered from the store; misses: vLLM compiled it)
+combine_plugin = C.Plugin("vllm", f"{MODULE}.{COMBINE}")
+combine_counters = combine_plugin.counters
+
+
+def _patch_combine(mod) -> None:
+    C.patch(combine_plugin, mod, COMBINE, _combine_wrapper)
+
+
+def install() -> C.Counters:
+    """Wrap vLLM's FA4 entry and its combine now, or when vllm.vllm_flash_attn.cute.interface
+    is first imported (idempotent); returns the forward's counters."""
+    engine.install()
+    C.apply_when_imported(MODULE, _patch_combine)
+    return counters
+
+
+def uninstall() -> None:
+    engine.uninstall()
+    C.unpatch(combine_plugin, MODULE, COMBINE)
+
+
+def register() -> None:
+    """The `vllm.general_plugins` entry point: install() unless FA4AOT_ENGINE_PLUGIN=0."""
+    if C.disabled():
+        C.log.info("fa4aot: vLLM plugin off (%s=0)", C.ENV_DISABLE)
+        return
+    install()

@@ -21,8 +21,9 @@ policy/split.choose_splits, so nothing syncs and a captured CUDA graph replays i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -293,5 +294,33 @@ def warm(rt, q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
     if rt.plan(variant, sms) is None:
         rt.miss(variant, sms, False)  # (raises ArtifactMissing naming the build)
     if num_splits != 1:
-        split_kernels(rt, variant, sms)
+        sk = split_kernels(rt, variant, sms)
+        if sk is not None:  # its combines answer the combine warm-up that follows (warm_combine)
+            held = rt._modules.setdefault(_warmed_key(arch, q.dtype, dv, varlen_q), set())
+            held.update(sk.combines)
     return out, lse
+
+
+def _warmed_key(arch: str, dtype, head_dim_v: int, varlen_q: bool) -> tuple:
+    return ("vllm-warmed-combines", arch, str(dtype), head_dim_v, varlen_q)
+
+
+def warm_combine(rt, out_partial, lse_partial, out, *, varlen: bool) -> None:
+    """vLLM's combine warm-up (`_flash_attn_fwd_combine` on fake tensors after a split
+    compile-only call, v1/attention/backends/flash_attn.py:254) answered from `rt`'s stores:
+    the copy compiles one combine per (out dtype, head dim, query heads, split bucket, varlen),
+    and a split twin that `warm` loaded for this device holds it exactly or not at all. Nothing
+    is loaded or launched here. ArtifactMissing where no loaded twin holds that combine (the
+    warm-up then goes back, and vLLM compiles it)."""
+    from fa4aot.errors import ArtifactMissing
+
+    arch, _ = rt.device(torch.cuda.current_device())
+    heads, splits, dv = out_partial.shape[-2], out_partial.shape[0], out_partial.shape[-1]
+    held = rt._modules.get(_warmed_key(arch, out.dtype, dv, varlen), set())
+    if out_partial.dtype != torch.float32 or lse_partial.dtype != torch.float32 or (
+            heads, combine_bucket(splits)) not in held:
+        built = ", ".join(f"{h} heads/{n}" for h, n in sorted(held)) or "none loaded"
+        raise ArtifactMissing(
+            f"vLLM's FA4 copy: no stored combine for {heads} query heads, {splits} splits "
+            f"(bucket {combine_bucket(splits)}), {out.dtype} hd{dv}; the split twins warmed "
+            f"here hold: {built}")

@@ -429,3 +429,91 @@ def test_compile_only_dense_goes_back(fa4, runtime, warm):
     iface._flash_attn_fwd(q=q, k=q, v=q, compile_only=True)
     assert len(orig.calls) == 1 and warm[0] == []
     assert dict(P.counters.handbacks) == {"compile_only without a varlen or paged layout": 1}
+
+
+def combine_warmup(num_splits: int, dtype=torch.bfloat16):
+    """vLLM's combine warm-up, the wheel's own statements: the `if compile_key.head_dim == 512
+    and compile_key.num_splits > 1:` block of FA4DenseAttentionKernel.compile
+    (v1/attention/backends/flash_attn.py:240-262), cut from the wheel's source and run for one
+    compile key. It imports `_flash_attn_fwd_combine` from the (stand-in) copy at call time."""
+    import ast
+    from types import SimpleNamespace
+
+    text = wheels.source("vllm", "vllm/v1/attention/backends/flash_attn.py")
+    if text is None:
+        pytest.skip(wheels.skip_reason("vllm"))
+    cls = next(n for n in ast.parse(text).body
+               if isinstance(n, ast.ClassDef) and n.name == "FA4DenseAttentionKernel")
+    fn = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "compile")
+    [block] = [n for n in fn.body if isinstance(n, ast.If)
+               and "_flash_attn_fwd_combine" in ast.unparse(n)]
+    key = SimpleNamespace(head_dim=512, num_splits=num_splits, dtype=dtype)
+    exec(compile(ast.Module([block], []), "flash_attn.py", "exec"),
+         {"torch": torch, "compile_key": key})
+
+
+@pytest.fixture
+def combine(fa4, engine_fn, monkeypatch):
+    """The stand-in copy's `_flash_attn_fwd_combine` (recording; the plugin wraps it) and a
+    recording stand-in for runtime/vllm_abi.warm_combine: (engine's combine, calls, state)."""
+    from fa4aot.runtime import vllm_abi
+
+    iface, _ = fa4
+    orig = engine_fn(None)
+    orig.compile_cache = {}
+    iface._flash_attn_fwd_combine = orig
+    P.uninstall()
+    P.install()
+    calls, state = [], {"error": None}
+
+    def fake_warm_combine(rt, out_partial, lse_partial, out, *, varlen):
+        calls.append(dict(out_partial=out_partial, lse_partial=lse_partial, out=out,
+                          varlen=varlen))
+        if state["error"] is not None:
+            raise state["error"]
+
+    monkeypatch.setattr(vllm_abi, "warm_combine", fake_warm_combine)
+    yield orig, calls, state
+    P.combine_plugin.counters.reset()
+
+
+@pytest.mark.parametrize("splits", [32, 64, 128, 256])
+def test_combine_warm_up_answered_from_the_store(combine, splits):
+    """vLLM's own combine warm-up reaches the plugin with fake tensors: (splits, 2 rows, 1 head,
+    512) fp32 partials, packed q (cu_seqlens of 3), no LSE; answered, the copy not called."""
+    orig, calls, _ = combine
+    combine_warmup(splits)
+    assert orig.calls == [] and P.combine_counters.hits == 1
+    [kw] = calls
+    assert type(kw["out_partial"]).__name__ == "FakeTensor" and kw["varlen"] is True
+    assert kw["out_partial"].shape == (splits, 2, 1, 512)
+    assert kw["out_partial"].dtype == kw["lse_partial"].dtype == torch.float32
+    assert kw["lse_partial"].shape == (splits, 2, 1) and kw["out"].dtype == torch.bfloat16
+
+
+def test_combine_warm_up_the_store_lacks_goes_back(combine, miss_log):
+    orig, calls, state = combine
+    state["error"] = fa4aot.errors.ArtifactMissing("no stored combine for 1 query heads")
+    combine_warmup(32)
+    [(args, kw)] = orig.calls  # vLLM's call, verbatim: the copy compiles it
+    assert len(args) == 3 and set(kw) == {"cu_seqlens"} and len(calls) == 1
+    assert P.combine_counters.hits == 0 and sum(P.combine_counters.misses.values()) == 1
+    [rec] = _common.read_handbacks(miss_log)
+    assert rec["function"].endswith("._flash_attn_fwd_combine") and rec["kind"] == "miss"
+
+
+def test_combine_real_tensors_and_extras_go_to_the_copy(combine):
+    """The copy's own split forward (a call fa4aot handed back) combines real tensors: passed
+    through uncounted; a fake call with an argument the stored combines lack goes back."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    orig, calls, _ = combine
+    iface = sys.modules[MOD]
+    op, lp, out = torch.zeros(32, 2, 8, 512), torch.zeros(32, 2, 8), torch.zeros(2, 8, 512)
+    iface._flash_attn_fwd_combine(op, lp, out, None, None, _arch=90)
+    assert len(orig.calls) == 1 and P.combine_counters.calls == 0
+    with FakeTensorMode():
+        op, lp = torch.empty(32, 2, 1, 512), torch.empty(32, 2, 1)
+        iface._flash_attn_fwd_combine(op, lp, torch.empty(2, 1, 512), torch.empty(2, 1))
+    assert len(orig.calls) == 2 and calls == []
+    assert dict(P.combine_counters.handbacks) == {"combine warm-up with lse": 1}

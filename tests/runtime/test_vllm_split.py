@@ -332,6 +332,15 @@ def test_warm_loads_the_kernel_and_its_twin_and_launches_nothing(serve, monkeypa
     assert out is spec["out"] and lse is None and rt.log == []
     assert [i for i, _ in rt.loads] == [v.id, twin.id]
     assert set(rt.loads[1][1]) == set(_parts(twin))  # the split forward and every combine
+    # vLLM's combine warm-up that follows: answered by the twin's combines, nothing loaded;
+    # its own 1-head combine (flash_attn.py:254) is in no twin of 8 query heads per KV head
+    part = torch.empty(64, 2, 8, D)
+    VA.warm_combine(rt, part, torch.empty(64, 2, 8), torch.empty(2, 8, D, dtype=torch.bfloat16),
+                    varlen=True)
+    with pytest.raises(ArtifactMissing, match="no stored combine for 1 query heads"):
+        VA.warm_combine(rt, part[:, :, :1], torch.empty(64, 2, 1),
+                        torch.empty(2, 1, D, dtype=torch.bfloat16), varlen=True)
+    assert len(rt.loads) == 2
     q, k, vv, kw = _call(4, [5000] * 4, fp8=fp8)  # Gemma-4 TP1: 32 query heads, 4 KV heads
     R.flash_attn_varlen_func(q, k, vv, **kw)
     assert len(rt.loads) == 2 and _split_of(rt.log)[0] > 1
@@ -357,3 +366,30 @@ def test_a_missing_bucket_falls_back_to_a_smaller_combine():
     assert sk.count(setting=48, **kw) == 32  # (bucket 64 missing)
     assert sk.count(setting=100, **kw) == 100
     assert sk.count(setting=48, **{**kw, "hq": 16}) == 1
+
+
+def test_warm_combine_answers_what_a_warmed_twin_holds(monkeypatch):
+    """vllm_abi.warm_combine: a combine warm-up is answered where a split twin `warm` loaded
+    for (arch, out dtype, head dim, varlen) holds its (query heads, split bucket) combine, and
+    is a miss naming what the twins hold otherwise (vLLM's 1-head warm-up beside ratio-8 twins)."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    rt = SimpleNamespace(_modules={}, device=lambda dev: ("sm90", 132))
+    held = {(8 * hk, n) for hk in (1, 2, 4, 8) for n in (32, 64, 128)}
+    rt._modules[VA._warmed_key("sm90", torch.bfloat16, 512, True)] = held
+
+    def ask(heads, splits, dtype=torch.bfloat16, varlen=True, partial=torch.float32):
+        op = torch.empty(splits, 2, heads, 512, dtype=partial)
+        VA.warm_combine(rt, op, torch.empty(splits, 2, heads, dtype=torch.float32),
+                        torch.empty(2, heads, 512, dtype=dtype), varlen=varlen)
+
+    ask(8, 32)
+    ask(32, 33)  # (bucket 64)
+    ask(64, 128)
+    for bad in (dict(heads=1, splits=32), dict(heads=8, splits=256),
+                dict(heads=8, splits=32, dtype=torch.float16),
+                dict(heads=8, splits=32, varlen=False),
+                dict(heads=8, splits=32, partial=torch.bfloat16)):
+        with pytest.raises(ArtifactMissing, match="no stored combine"):
+            ask(**bad)
