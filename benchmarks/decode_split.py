@@ -11,7 +11,8 @@ for cells of under 1 GB of KV, which take milliseconds: a slow phase of the shar
 their eager times most), and each column is the median of its rounds.
 limit = K+V bytes / 4.8 TB/s. n: the plan's chunks ("w": on the wide split kernel,
 split.wide_split). "unsplit" is the same fa4aot call with FA4AOT_SPLIT_KV=0 (what
-FA4 itself runs). Every fa4aot output is checked against SDPA's before it is timed.
+FA4 itself runs). Every fa4aot output is checked against SDPA's before it is timed. Paged rows
+also time the uniform plan alone ("uniform": Runtime.ragged off), in alternation with today's.
 """
 
 from __future__ import annotations
@@ -150,6 +151,26 @@ def _bench(table_only=False, grid_only=False):
         row["fa4aot_graph"] = graph_us(
             lambda: fa4aot.flash_attn_varlen_func(q, kp, vp, out=out, **kw), calls=5, replays=20
         )
+        # the uniform plan alone (Runtime.ragged off), in alternation with today's: the ragged
+        # plan must not cost a uniform batch more than 3% (policy/ragged.py)
+        ragged = []
+        for _ in range(ROUNDS):
+            rt.ragged = False
+            rt._split_runs.clear()
+            ragged.append((
+                eager_us(lambda: fa4aot.flash_attn_varlen_func(q, kp, vp, out=out, **kw)),
+                graph_us(lambda: fa4aot.flash_attn_varlen_func(q, kp, vp, out=out, **kw),
+                         calls=5, replays=20)))
+            rt.ragged = True
+            rt._split_runs.clear()
+            ragged.append((
+                eager_us(lambda: fa4aot.flash_attn_varlen_func(q, kp, vp, out=out, **kw)),
+                graph_us(lambda: fa4aot.flash_attn_varlen_func(q, kp, vp, out=out, **kw),
+                         calls=5, replays=20)))
+        row["uniform"] = statistics.median(x[0] for x in ragged[0::2])
+        row["uniform_graph"] = statistics.median(x[1] for x in ragged[0::2])
+        row["fa4aot"] = statistics.median(x[0] for x in ragged[1::2])
+        row["fa4aot_graph"] = statistics.median(x[1] for x in ragged[1::2])
         rt.split = 0
         row["unsplit"] = eager_us(lambda: fa4aot.flash_attn_varlen_func(q, kp, vp, out=out, **kw))
         rt.split = -1
@@ -163,6 +184,7 @@ def _bench(table_only=False, grid_only=False):
             res["paged"].append(paged_case(b, sk, hq, hk, page))
             r = res["paged"][-1]
             print(f"  paged {page:>3}: fa4aot {r['fa4aot']:.1f} graph {r['fa4aot_graph']:.1f} "
+                  f"uniform plan {r['uniform']:.1f} graph {r['uniform_graph']:.1f} "
                   f"unsplit {r['unsplit']:.1f} diff {r['max_diff_vs_dense']:.2e}", flush=True)
     if table_only:
         return res
@@ -199,6 +221,11 @@ def summary(res: dict) -> dict:
             p["fa4aot_graph"] / dense[(p["b"], p["sk"], p["hq"], p["hk"])]["fa4aot_graph"], 3
         )
         for p in res["paged"]
+    }
+    out["paged_vs_uniform_plan"] = {  # (today's plan over the uniform plan: ragged at b >= 2)
+        f"b{p['b']} sk{p['sk']} page{p['page']}": [
+            round(p["fa4aot"] / p["uniform"], 3), round(p["fa4aot_graph"] / p["uniform_graph"], 3)]
+        for p in res["paged"] if p.get("uniform")
     }
     return out
 

@@ -2,7 +2,8 @@
 `fa4aot build`).
 
 Ragged decode batches (an empty and a one-key sequence beside long ones) over a paged K at
-pages of 16, 64 and 128, a packed K, and a batch-form KV cache with seqused_k; GQA ratios 1 to 8
+pages of 16, 64 and 128, a packed K (with and without seqused_k), and a batch-form KV cache
+with seqused_k; GQA ratios 1 to 8
 (the fold), head dims 64 to 256, learnable sinks; speculative steps of 2 to 16 query rows over
 pages, causal and not (sequences shorter than the rows included). Each case draws fresh inputs, runs
 the ragged plan and the unsplit kernel (FA4AOT_SPLIT_KV=0) into NaN-poisoned buffers and
@@ -61,8 +62,8 @@ def _rt(split):
 
 
 def _batch(lens, hq, hk, d, layout, page, seed, rows=1):
-    """Fresh inputs: q (b * rows, hq, d), K/V as `layout` ("paged", "packed", "cache"), the
-    call's keywords, and the batch-form K/V the reference reads."""
+    """Fresh inputs: q (b * rows, hq, d), K/V as `layout` ("paged", "packed", "packed_used",
+    "cache"), the call's keywords, and the batch-form K/V the reference reads."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     b, mx = len(lens), max(lens)
     q = torch.randn(b * rows, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
@@ -80,6 +81,20 @@ def _batch(lens, hq, hk, d, layout, page, seed, rows=1):
         vv = torch.cat([v[i, :n] for i, n in enumerate(lens)])
         cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
         kw.update(cu_seqlens_k=cu.cuda())
+    elif layout == "packed_used":
+        # a packed K whose sequences hold more keys than they use (seqused_k): the gaps hold
+        # large keys and values, which a step reading them would not survive
+        gap = [int(x) for x in torch.randint(0, 300, (b,), generator=g, device="cuda")]
+
+        def with_gaps(x):
+            return torch.cat([torch.cat([x[i, :n], 100 * torch.randn(
+                gap[i], hk, d, device="cuda", dtype=x.dtype, generator=g)])
+                for i, n in enumerate(lens)])
+
+        kk, vv = with_gaps(k), with_gaps(v)
+        cap = [n + x for n, x in zip(lens, gap)]
+        cu = torch.tensor([0, *torch.tensor(cap).cumsum(0).tolist()], dtype=torch.int32)
+        kw.update(cu_seqlens_k=cu.cuda(), seqused_k=used, max_seqlen_k=max(cap))
     else:  # a batch-form cache with seqused_k (flash_attn_with_kvcache's layout)
         kk, vv = k, v
         kw.update(seqused_k=used)
@@ -136,7 +151,8 @@ def _check(q, kk, vv, kw, k, v, lens, sink, spy):
 
 
 @pytest.mark.parametrize("layout,page", [("paged", 16), ("paged", 64), ("paged", 128),
-                                         ("packed", None), ("cache", None)])
+                                         ("packed", None), ("packed_used", None),
+                                         ("cache", None)])
 @pytest.mark.parametrize("hq,hk,d", [(32, 8, 128), (8, 1, 128), (16, 2, 64), (8, 2, 256),
                                      (8, 8, 128)])
 @pytest.mark.parametrize("sink", [False, True])
