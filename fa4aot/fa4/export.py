@@ -48,25 +48,8 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
         )
     chunk_modes = variant.split_kernel and variant.arch == "sm90"
     bounds, used, wides, tma_page = [], [], {}, None
-    if chunk_modes:  # the chunk kernel: FA4's, reading q and KV lengths in chunk modes, and
-        # each of its kernels a programmatic dependent launch (_pdl_secondary)
-        fwd = [(fwd[0][0], trace_chunk_modes(compiles, pdl=True))]
-        if not variant.paged:  # and a packed K's chunk bounds (its own ABI: part fwd_bounds)
-            bounds = [(fwd[0][0], trace_chunk_modes(compiles, bounds=True, pdl=True))]
-            # and its entries with seqused_k (policy/ragged.py: part fwd_used)
-            used = [(fwd[0][0], trace_chunk_modes(compiles, pdl=True, used=True))]
-        # and the fold's kernels for a full chip (parts fwd_wide, fwd_wide1)
-        wides = {w.part: w for w in C.wide_folds(variant.arch, variant.head_dim,
-                                                 variant.head_dim_v, variant.tile_m,
-                                                 variant.paged)}
-        # and, for a dense K's long split steps, fwd_wide through the chunk modes
-        # (fwd_wide_split; split.wide_split)
-        wide_split = C.wide_split(variant.arch, variant.head_dim, variant.head_dim_v,
-                                  variant.tile_m, variant.paged)
-        if wide_split:
-            wides[wide_split.part] = wide_split
-        # and, paged on FA4's cp.async path, one on its TMA path for pages of one tile (fwd_tma)
-        tma_page = C.tma_page(variant.arch, variant.tile_m, variant.paged, variant.paged_tma)
+    if chunk_modes:
+        fwd, bounds, used, wides, tma_page = _chunk_kernels(variant, compiles, fwd)
     seconds = time.perf_counter() - t0
     modelled = variant.mla is not None or variant.two_cta is not None
     if modelled and variant_from_fa4_key(fwd[0][0], variant.arch) != variant:
@@ -126,6 +109,28 @@ def compile_variant(call: Call, variant: Variant, outdir: Path) -> dict[str, Any
     if tma_page:  # the page size (and tile) it serves
         parts["fwd_tma"]["page_size"] = tma_page
     return {"parts": parts, "compile_seconds": seconds, "fa4_key": parts["fwd"]["key"]}
+
+
+def _chunk_kernels(variant: Variant, compiles: list, fwd: list):
+    """A split chunk kernel's forwards: (FA4's, reading q and KV lengths in chunk modes; a
+    packed K's chunk bounds (its own ABI: part fwd_bounds) and its entries with seqused_k
+    (policy/ragged.py: part fwd_used); the fold's kernels for a full chip (parts fwd_wide,
+    fwd_wide1) and, for a dense K's long split steps, fwd_wide through the chunk modes
+    (fwd_wide_split; split.wide_split); paged on FA4's cp.async path, the page size of one on
+    its TMA path (fwd_tma)), each a programmatic dependent launch (_pdl_secondary)."""
+    fwd = [(fwd[0][0], trace_chunk_modes(compiles, pdl=True))]
+    bounds, used = [], []
+    if not variant.paged:
+        bounds = [(fwd[0][0], trace_chunk_modes(compiles, bounds=True, pdl=True))]
+        used = [(fwd[0][0], trace_chunk_modes(compiles, pdl=True, used=True))]
+    wides = {w.part: w for w in C.wide_folds(variant.arch, variant.head_dim,
+                                             variant.head_dim_v, variant.tile_m, variant.paged)}
+    wide_split = C.wide_split(variant.arch, variant.head_dim, variant.head_dim_v,
+                              variant.tile_m, variant.paged)
+    if wide_split:
+        wides[wide_split.part] = wide_split
+    tma_page = C.tma_page(variant.arch, variant.tile_m, variant.paged, variant.paged_tma)
+    return fwd, bounds, used, wides, tma_page
 
 
 def _export_part(name: str, key, fn, variant: Variant, outdir: Path, wide) -> dict:
