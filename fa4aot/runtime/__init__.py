@@ -40,10 +40,10 @@ from fa4aot.runtime import pad as X
 from fa4aot.runtime import plan as P
 from fa4aot.runtime import splitkv as SK
 from fa4aot.runtime import validate as V
-from fa4aot.runtime.plan import Runtime
-from fa4aot.runtime.validate import _prep
 from fa4aot.runtime import vllm_abi as VA
 from fa4aot.runtime.launch import SM90_VLLM as _VLLM
+from fa4aot.runtime.plan import Runtime
+from fa4aot.runtime.validate import _prep
 from fa4aot.runtime.vllm_abi import FP8_KV as _FP8_KV
 
 # The decode/prefill choice depends on the query length only up to the largest tile_m (192):
@@ -51,7 +51,7 @@ from fa4aot.runtime.vllm_abi import FP8_KV as _FP8_KV
 _Q_KEY_CAP = 193
 _SPLIT_ROWS = S.MAX_ROWS
 _SPLIT_MIN = S.NEVER_SPLIT_KEYS
-_step, _Step = SK.new_step, SK.Step
+_F32 = torch.float32
 
 _DEFAULT: Runtime | None = None
 _DEFAULT_LOCK = threading.Lock()
@@ -127,9 +127,8 @@ def flash_attn_func(
         0 < sq <= _SPLIT_ROWS and rt.split and wl is None and wr is None and cap is None
         and sk > _SPLIT_MIN and b and dq >= 0
     ):
-        got = SK.split_step(
-            rt, dq, q, k, v, _step(_Step, ("dense", b, sq, hq, hk, d, dv, sk, None, causal,
-                                             False)),
+        got = SK.split_step(  # (the step as a plain tuple in splitkv.Step's order)
+            rt, dq, q, k, v, ("dense", b, sq, hq, hk, d, dv, sk, None, causal, False),
             None, None, None, learnable_sink, softmax_scale, out, lse, return_lse,
         )
         if got is not None:
@@ -140,42 +139,14 @@ def flash_attn_func(
         d == 256 and P.hd256_class(rt, dq, b, hq, hk),
     )
     plan = rt._plans.get(key)
-    if plan is None:
-        V.require_cuda(dq, q)
-        feat = CallFeatures(
-            V.DTYPE_NAMES[q.dtype], d, dv, hq, hk, bool(causal), wl, wr, return_lse, sink_dt,
-            b, sq, b * sq, None, softcap=cap, pack_gqa=pack_gqa, descales=ds,
-        )
-        plan = P.resolve(rt, key, dq, pad_ok, feat)
-        if plan is None:
-            return P.on_miss(
-                rt, dq, pad_ok, feat, "jit_flash_attn_func", (q, k, v),
-                dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
-                     learnable_sink=learnable_sink, return_lse=return_lse, softcap=softcap,
-                     pack_gqa=pack_gqa),
-                out, lse,
-            )
-    if plan.special:  # a fold or padding plan, or a Blackwell one
-        if plan.pad is None:
-            return B.run(
-                rt, plan, q, k, v, out, lse,
-                B.Options(softmax_scale, causal, wl, wr, return_lse, learnable_sink,
-                          None if ds is None else (q_descale, k_descale, v_descale), None, None),
-                B.NO_TENSORS, B.Shape(b, b * sq, sq, sk, hq, hk, dq),
-            )
-        if plan.pad.fold > 1:
-            return X.folded(
-                plan, q, k, v, out, lse, softmax_scale, return_lse, False, sk, (None, None, None),
-                None if ds is None else (q_descale, k_descale, v_descale),
-            )
-        # (FP8: padding keeps the KV heads and the batch, so the descales pass on as they are)
-        return X.padded(
-            flash_attn_func, plan.pad, q, k, v, hk, learnable_sink, softmax_scale,
-            dict(causal=causal, window_size=window_size, return_lse=return_lse, softcap=softcap,
-                 pack_gqa=pack_gqa, q_descale=q_descale, k_descale=k_descale,
-                 v_descale=v_descale),
-            varlen=False, out=out, lse=lse,
-        )
+    if plan is None or plan.special:  # not planned yet; a fold, padding or Blackwell plan
+        plan = _dense_unplanned(
+            rt, key, plan, dq, pad_ok, q, k, v, out, lse, softmax_scale, causal, window_size,
+            learnable_sink, return_lse, softcap, pack_gqa, q_descale, k_descale, v_descale,
+            (b, sq, sk, hq, hk, d, dv, wl, wr, sink_dt, cap, ds),
+        )  # fmt: skip
+        if type(plan) is tuple:  # served: (out, lse)
+            return plan
     # exact
     if out is None:
         # empty_like skips shape parsing (~1 us); for a contiguous q it is contiguous too
@@ -193,34 +164,65 @@ def flash_attn_func(
     return out, lse
 
 
+def _dense_unplanned(
+    rt, key, plan, dq, pad_ok, q, k, v, out, lse, softmax_scale, causal, window_size,
+    learnable_sink, return_lse, softcap, pack_gqa, q_descale, k_descale, v_descale, shape,
+):  # fmt: skip
+    """flash_attn_func off its exact path: a key not planned yet (planned from the call's
+    CallFeatures; where no stored kernel serves it, the miss policy's (out, lse)), or a
+    Blackwell, fold or padding plan, served here -> (out, lse); else the new exact plan."""
+    b, sq, sk, hq, hk, d, dv, wl, wr, sink_dt, cap, ds = shape
+    if plan is None:
+        V.require_cuda(dq, q)
+        feat = CallFeatures(
+            V.DTYPE_NAMES[q.dtype], d, dv, hq, hk, bool(causal), wl, wr, return_lse, sink_dt,
+            b, sq, b * sq, None, softcap=cap, pack_gqa=pack_gqa, descales=ds,
+        )
+        plan = P.resolve(rt, key, dq, pad_ok, feat)
+        if plan is None:
+            return P.on_miss(
+                rt, dq, pad_ok, feat, "jit_flash_attn_func", (q, k, v),
+                dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                     learnable_sink=learnable_sink, return_lse=return_lse, softcap=softcap,
+                     pack_gqa=pack_gqa),
+                out, lse,
+            )
+        if not plan.special:
+            return plan
+    ds_t = None if ds is None else (q_descale, k_descale, v_descale)
+    if plan.pad is None:
+        return B.run(
+            rt, plan, q, k, v, out, lse,
+            B.Options(softmax_scale, causal, wl, wr, return_lse, learnable_sink, ds_t, None,
+                      None),
+            B.NO_TENSORS, B.Shape(b, b * sq, sq, sk, hq, hk, dq),
+        )
+    if plan.pad.fold > 1:
+        return X.folded(plan, q, k, v, out, lse, softmax_scale, return_lse, False, sk,
+                        (None, None, None), ds_t)
+    # (FP8: padding keeps the KV heads and the batch, so the descales pass on as they are)
+    return X.padded(
+        flash_attn_func, plan.pad, q, k, v, hk, learnable_sink, softmax_scale,
+        dict(causal=causal, window_size=window_size, return_lse=return_lse, softcap=softcap,
+             pack_gqa=pack_gqa, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale),
+        varlen=False, out=out, lse=lse,
+    )
+
+
 def flash_attn_varlen_func(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens_q: torch.Tensor | None = None,
-    cu_seqlens_k: torch.Tensor | None = None,
-    max_seqlen_q: int | None = None,
-    max_seqlen_k: int | None = None,
-    seqused_q: torch.Tensor | None = None,
-    seqused_k: torch.Tensor | None = None,
-    page_table: torch.Tensor | None = None,
-    softmax_scale: float | None = None,
-    causal: bool = False,
-    window_size: tuple[int | None, int | None] = (None, None),
-    learnable_sink: torch.Tensor | None = None,
-    return_lse: bool = False,
-    *,
-    out: torch.Tensor | None = None,
-    lse: torch.Tensor | None = None,
-    padding: bool | None = None,
-    softcap: float = 0.0,
-    pack_gqa: bool | None = None,
-    q_descale: torch.Tensor | None = None,
-    k_descale: torch.Tensor | None = None,
-    v_descale: torch.Tensor | None = None,
-    qv: torch.Tensor | None = None,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None,
+    max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
+    seqused_q: torch.Tensor | None = None, seqused_k: torch.Tensor | None = None,
+    page_table: torch.Tensor | None = None, softmax_scale: float | None = None,
+    causal: bool = False, window_size: tuple[int | None, int | None] = (None, None),
+    learnable_sink: torch.Tensor | None = None, return_lse: bool = False, *,
+    out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
+    padding: bool | None = None, softcap: float = 0.0, pack_gqa: bool | None = None,
+    q_descale: torch.Tensor | None = None, k_descale: torch.Tensor | None = None,
+    v_descale: torch.Tensor | None = None, qv: torch.Tensor | None = None,
     fp8_kv_dequant: bool | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
     """Varlen / paged forward with FA4's calling convention.
 
     q: (total_q, hq, d) with cu_seqlens_q (batch+1,) int32 [or (b, sq, hq, d) without it].
@@ -233,8 +235,7 @@ def flash_attn_varlen_func(
     cover ceil(seqused_k / page_size) pages per sequence; seqused_k <= pages * page_size.
     Returns (out, lse): out like q with head_dim_v; lse (hq, total_q) float32 or None.
     out / lse: caller-owned buffers, as in flash_attn_func; descales as there (on Blackwell
-    max_seqlen_q is the kernel's `max_seqlen_q` argument: it must bound every sequence's query
-    length, or rows go uncomputed).
+    max_seqlen_q is the kernel's own argument: rows past it go uncomputed).
     qv (absorbed MLA, Blackwell): q (total_q, h, 64) rope part with cu_seqlens_q, qv (total_q,
     h, 512) latent part, one latent K/V head packed or paged; LSE (total_q, h), heads last.
     Head ratios FA4's kernel refuses are padded (runtime/mla.py); never split.
@@ -243,71 +244,32 @@ def flash_attn_varlen_func(
     served from a store built with `fa4aot build --fa4 vllm` (sm90, pages of the kernel's
     tile_n: 64 at head dim 512); out in q's dtype (runtime/fp8kv.py).
     """
-    # is_fp8_kv only where it can be: a call per decode step costs host time
-    if (fp8_kv_dequant or getattr(k, "dtype", None) in _FP8_KV) and FK.is_fp8_kv(
-        q, k, v, fp8_kv_dequant
-    ):
-        return FK.varlen(
-            _DEFAULT or default_runtime(), q, k, v, cu_seqlens_q, max_seqlen_q, seqused_k,
-            page_table, softmax_scale, causal, window_size, learnable_sink, return_lse, out,
-            lse, k_descale, v_descale, max_seqlen_k,
-        )  # fmt: skip
-    if qv is not None:
-        return M.varlen(
-            _DEFAULT or default_runtime(), q, k, v, qv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-            max_seqlen_k, seqused_q, seqused_k, page_table, softmax_scale, causal, window_size,
-            learnable_sink, return_lse, out, lse, padding, softcap, pack_gqa, q_descale,
-            k_descale, v_descale,
-        )  # fmt: skip
-    (dev, batch, total_q, sq_dense, seqlen_k, hq, hk, d, dv, page_size, wl, wr, sink_dt, cap,
-     return_lse, aligned) = V.check_varlen(
+    shape = None if qv is not None or fp8_kv_dequant else V.check_varlen(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_q, seqused_k, page_table,
         window_size, learnable_sink, return_lse, out, lse, softcap, pack_gqa,
-    )
-    ds = None
-    if q_descale is not None or k_descale is not None or v_descale is not None:
-        ds = B.extras(q.dtype, q_descale, k_descale, v_descale)
-    varlen_q = cu_seqlens_q is not None
-    rt = _DEFAULT or default_runtime()
+        fp8_kv_dequant is None,
+    )  # fmt: skip
+    if shape is None:  # qv or fp8_kv_dequant given, or FP8-KV dequant inferred from the dtypes
+        return _varlen_other(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
+            seqused_k, page_table, softmax_scale, causal, window_size, learnable_sink,
+            return_lse, out, lse, padding, softcap, pack_gqa, q_descale, k_descale, v_descale,
+            qv, fp8_kv_dequant,
+        )  # fmt: skip
+    (dev, batch, total_q, sq_dense, seqlen_k, hq, hk, d, dv, page_size, wl, wr, sink_dt, cap,
+     return_lse, aligned) = shape
+    ds = (None if q_descale is None and k_descale is None and v_descale is None
+          else B.extras(q.dtype, q_descale, k_descale, v_descale))
+    rt, varlen_q = _DEFAULT or default_runtime(), cu_seqlens_q is not None
     pad_ok = rt.padding if padding is None else bool(padding)
     if not aligned:
         q, k, v = _prep(q, "q", pad_ok), _prep(k, "k", pad_ok), _prep(v, "v", pad_ok)
-    paged = page_size is not None
-    if (
-        rt.split
-        and wl is None
-        and wr is None
-        and cap is None
-        and seqused_q is None
-        and batch
-        and dev >= 0
-        # a packed K with seqused_k too: the chunks' bounds would ignore seqused_k (found in
-        # review once FA4's cu_seqlens_k + seqused_k layout became buildable)
-        and (paged or cu_seqlens_k is None or seqused_k is None)
-    ):
-        rows = max_seqlen_q if varlen_q else sq_dense
-        if rows is not None and 0 < rows <= _SPLIT_ROWS and total_q == batch * rows:
-            # K in batch form: all its keys (a dense K), or a KV cache with seqused_k
-            kind = ("paged" if paged else "varlen" if cu_seqlens_k is not None
-                    else "dense" if seqused_k is None else "padded")
-            if kind == "dense":
-                bound = seqlen_k  # (its exact length: the chunk bounds are constants)
-            elif type(max_seqlen_k) is int and max_seqlen_k >= 0:
-                bound = max_seqlen_k  # the caller's contract: it bounds every KV length
-                if kind == "padded":
-                    bound = min(bound, seqlen_k)
-            else:
-                bound = page_table.size(1) * page_size if paged else seqlen_k
-            if bound > _SPLIT_MIN:
-                got = SK.split_step(
-                    rt, dev, q, k, v,
-                    _step(_Step, (kind, batch, rows, hq, hk, d, dv, bound, page_size, causal,
-                                    varlen_q)),
-                    cu_seqlens_k, seqused_k, page_table, learnable_sink, softmax_scale, out, lse,
-                    return_lse,
-                )
-                if got is not None:
-                    return got
+    if (rt.split and wl is None and wr is None and cap is None and seqused_q is None and batch
+            and dev >= 0 and 0 < ((max_seqlen_q if varlen_q else sq_dense) or 0) <= _SPLIT_ROWS):
+        got = _varlen_split(rt, q, k, v, shape, cu_seqlens_k, seqused_k, page_table, max_seqlen_q,
+                            max_seqlen_k, causal, learnable_sink, softmax_scale, out, lse)
+        if got is not None:
+            return got
     eff_q = max_seqlen_q if max_seqlen_q is not None else (total_q if varlen_q else sq_dense)
     key = (
         "varlen", q.dtype, d, dv, hq // hk, bool(causal), wl, wr, return_lse, sink_dt, varlen_q,
@@ -317,6 +279,124 @@ def flash_attn_varlen_func(
         dev, pad_ok, cap, pack_gqa, ds, d == 256 and P.hd256_class(rt, dev, batch, hq, hk),
     )
     plan = rt._plans.get(key)
+    if plan is None or plan.special:  # not planned yet; a fold, padding or Blackwell plan
+        plan = _varlen_unplanned(
+            rt, key, plan, pad_ok, q, k, v, out, lse, shape, ds, cu_seqlens_q, cu_seqlens_k,
+            max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, page_table, softmax_scale, causal,
+            window_size, learnable_sink, softcap, pack_gqa, q_descale, k_descale, v_descale,
+        )  # fmt: skip
+        if type(plan) is tuple:  # served: (out, lse)
+            return plan
+    if out is None:  # exact (empty_like: as in flash_attn_func)
+        out = (torch.empty_like(q) if dv == d and q.is_contiguous()
+               else q.new_empty(*q.shape[:-1], dv))
+    if lse is None and return_lse:
+        lse = q.new_empty(*((hq, total_q) if varlen_q else (batch, hq, sq_dense)), dtype=_F32)
+    if total_q == 0 or seqlen_k == 0:
+        return X.empty(out, lse, learnable_sink, varlen=varlen_q)
+    if learnable_sink is not None and learnable_sink.stride(0) != 1:
+        learnable_sink = learnable_sink.contiguous()
+    scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
+    if page_table is not None and plan.abi is _VLLM and rt.split:  # the copy's own split-KV
+        got = VA.split_step(rt, plan, dev, q, k, v, out, batch, hk, max_seqlen_k, page_table,
+                            seqused_k, cu_seqlens_q, scale)
+        if got is not None:
+            return got, lse
+    cu_total = None if plan.tile is None else _cu_total(  # (batch > 256)
+        plan, batch, max_seqlen_q, cu_seqlens_q, seqused_q)
+    plan.launch(
+        q, k, v, out, lse, scale, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table,
+        plan.window_left, plan.window_right, learnable_sink, cu_total,
+    )
+    return out, lse
+
+
+def _cu_total(plan, batch, max_seqlen_q, cu_seqlens_q, seqused_q):
+    """The cu_total_m_blocks of an exact sm90 call whose plan has the tile cumsum helper
+    (batch > 256)."""
+    if max_seqlen_q == 1 and plan.helper_cu and not plan.helper_seqused and plan.decode_blocks:
+        # Decode (every sequence has 0 or 1 query rows): the helper would compute, per sequence,
+        # ceil(rows * qhead_per_kvhead / tile) = rows (qhead_per_kvhead <= tile_m), i.e.
+        # cu_total == cu_seqlens_q. Passing it saves a kernel launch and an allocation.
+        return cu_seqlens_q
+    cu_total = (cu_seqlens_q if cu_seqlens_q is not None else seqused_q).new_empty(batch + 1)
+    plan.tile(
+        cu_total,
+        cu_seqlens_q if plan.helper_cu else None,
+        seqused_q if plan.helper_seqused else None,
+    )
+    return cu_total
+
+
+def _varlen_other(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
+    page_table, softmax_scale, causal, window_size, learnable_sink, return_lse, out, lse,
+    padding, softcap, pack_gqa, q_descale, k_descale, v_descale, qv, fp8_kv_dequant,
+):  # fmt: skip
+    """flash_attn_varlen_func for FP8-KV dequant, asked for or inferred (runtime/fp8kv.py), or
+    else, with qv, absorbed MLA (runtime/mla.py)."""
+    if (qv is None and not fp8_kv_dequant) or (
+        (fp8_kv_dequant or getattr(k, "dtype", None) in _FP8_KV)
+        and FK.is_fp8_kv(q, k, v, fp8_kv_dequant)
+    ):  # (the first: check_varlen found the dtypes FP8-KV's)
+        return FK.varlen(
+            _DEFAULT or default_runtime(), q, k, v, cu_seqlens_q, max_seqlen_q, seqused_k,
+            page_table, softmax_scale, causal, window_size, learnable_sink, return_lse, out,
+            lse, k_descale, v_descale, max_seqlen_k,
+        )  # fmt: skip
+    return M.varlen(
+        _DEFAULT or default_runtime(), q, k, v, qv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+        max_seqlen_k, seqused_q, seqused_k, page_table, softmax_scale, causal, window_size,
+        learnable_sink, return_lse, out, lse, padding, softcap, pack_gqa, q_descale,
+        k_descale, v_descale,
+    )  # fmt: skip
+
+
+def _varlen_split(rt, q, k, v, shape, cu_seqlens_k, seqused_k, page_table, max_seqlen_q,
+                  max_seqlen_k, causal, sink, softmax_scale, out, lse):
+    """A varlen decode step (the same number of query rows in every sequence; `shape`:
+    check_varlen's) served split-KV (SK.split_step), or None (run unsplit): its K's kind and a
+    host bound on its KV lengths."""
+    (dev, batch, total_q, sq_dense, seqlen_k, hq, hk, d, dv, page_size, _, _, _, _, return_lse,
+     _) = shape
+    varlen_q = sq_dense is None
+    rows = max_seqlen_q if varlen_q else sq_dense
+    # (not a packed K with seqused_k too: the chunks' bounds would ignore seqused_k)
+    if total_q != batch * rows or page_size is None and cu_seqlens_k is not None and (
+            seqused_k is not None):
+        return None
+    # K in batch form: all its keys (a dense K), or a KV cache with seqused_k
+    paged = page_size is not None
+    kind = ("paged" if paged else "varlen" if cu_seqlens_k is not None
+            else "dense" if seqused_k is None else "padded")
+    if kind == "dense":
+        bound = seqlen_k  # (its exact length: the chunk bounds are constants)
+    elif type(max_seqlen_k) is int and max_seqlen_k >= 0:
+        bound = max_seqlen_k  # the caller's contract: it bounds every KV length
+        if kind == "padded":
+            bound = min(bound, seqlen_k)
+    else:
+        bound = page_table.size(1) * page_size if paged else seqlen_k
+    if bound <= _SPLIT_MIN:
+        return None
+    return SK.split_step(  # (the step as a plain tuple in splitkv.Step's order)
+        rt, dev, q, k, v, (kind, batch, rows, hq, hk, d, dv, bound, page_size, causal, varlen_q),
+        cu_seqlens_k, seqused_k, page_table, sink, softmax_scale, out, lse, return_lse,
+    )
+
+
+def _varlen_unplanned(
+    rt, key, plan, pad_ok, q, k, v, out, lse, shape, ds, cu_seqlens_q, cu_seqlens_k,
+    max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, page_table, softmax_scale, causal,
+    window_size, learnable_sink, softcap, pack_gqa, q_descale, k_descale, v_descale,
+):  # fmt: skip
+    """flash_attn_varlen_func off its exact path: a key not planned yet (planned from the call's
+    CallFeatures; where no stored kernel serves it, the miss policy's (out, lse)), or a
+    Blackwell, fold or padding plan, served here -> (out, lse); else the new exact plan.
+    shape: check_varlen's."""
+    (dev, batch, total_q, sq_dense, seqlen_k, hq, hk, d, dv, page_size, wl, wr, sink_dt, cap,
+     return_lse, _) = shape
+    varlen_q = cu_seqlens_q is not None
     if plan is None:
         V.require_cuda(dev, q)
         feat = CallFeatures(
@@ -337,71 +417,31 @@ def flash_attn_varlen_func(
                      return_lse=return_lse, softcap=softcap, pack_gqa=pack_gqa),
                 out, lse,
             )
-    if plan.special:  # a fold or padding plan, or a Blackwell one
-        if plan.pad is None:
-            return B.run(
-                rt, plan, q, k, v, out, lse,
-                B.Options(softmax_scale, causal, wl, wr, return_lse, learnable_sink,
-                          None if ds is None else (q_descale, k_descale, v_descale),
-                          max_seqlen_q, max_seqlen_k),
-                B.Tensors(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table),
-                B.Shape(batch, total_q, sq_dense, seqlen_k, hq, hk, dev),
-            )
-        if plan.pad.fold > 1:  # q (batch, hq, d), one row per sequence (see the key)
-            return X.folded(
-                plan, q, k, v, out, lse, softmax_scale, return_lse, varlen_q, seqlen_k,
-                (cu_seqlens_k, seqused_k, page_table),
-                None if ds is None else (q_descale, k_descale, v_descale),
-            )
-        return X.padded(
-            flash_attn_varlen_func, plan.pad, q, k, v, hk, learnable_sink, softmax_scale,
-            dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-                 max_seqlen_k=max_seqlen_k, seqused_q=seqused_q, seqused_k=seqused_k,
-                 page_table=page_table, causal=causal, window_size=window_size,
-                 q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
-                 return_lse=return_lse, softcap=softcap, pack_gqa=pack_gqa),
-            varlen=varlen_q, out=out, lse=lse,
+        if not plan.special:
+            return plan
+    ds_t = None if ds is None else (q_descale, k_descale, v_descale)
+    if plan.pad is None:
+        return B.run(
+            rt, plan, q, k, v, out, lse,
+            B.Options(softmax_scale, causal, wl, wr, return_lse, learnable_sink, ds_t,
+                      max_seqlen_q, max_seqlen_k),
+            B.Tensors(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table),
+            B.Shape(batch, total_q, sq_dense, seqlen_k, hq, hk, dev),
         )
-    # exact
-    if out is None:
-        out = (
-            torch.empty_like(q)
-            if dv == d and q.is_contiguous()
-            else q.new_empty(*q.shape[:-1], dv)
+    if plan.pad.fold > 1:  # q (batch, hq, d), one row per sequence (see the key)
+        return X.folded(
+            plan, q, k, v, out, lse, softmax_scale, return_lse, varlen_q, seqlen_k,
+            (cu_seqlens_k, seqused_k, page_table), ds_t,
         )
-    if lse is None and return_lse:
-        lse = q.new_empty(*((hq, total_q) if varlen_q else (batch, hq, sq_dense)), dtype=torch.float32)
-    if total_q == 0 or seqlen_k == 0:
-        return X.empty(out, lse, learnable_sink, varlen=varlen_q)
-    if learnable_sink is not None and learnable_sink.stride(0) != 1:
-        learnable_sink = learnable_sink.contiguous()
-    if plan.abi is _VLLM and page_table is not None and rt.split:  # the copy's own split-KV
-        got = VA.split_step(rt, plan, dev, q, k, v, out, batch, hk, max_seqlen_k, page_table,
-                            seqused_k, cu_seqlens_q, 1.0 / math.sqrt(d) if softmax_scale is None
-                            else float(softmax_scale))
-        if got is not None:
-            return got, lse
-    cu_total = None
-    if plan.tile is None:
-        pass
-    elif max_seqlen_q == 1 and plan.helper_cu and not plan.helper_seqused and plan.decode_blocks:
-        # Decode (every sequence has 0 or 1 query rows): the helper would compute, per sequence,
-        # ceil(rows * qhead_per_kvhead / tile) = rows (qhead_per_kvhead <= tile_m), i.e.
-        # cu_total == cu_seqlens_q. Passing it saves a kernel launch and an allocation.
-        cu_total = cu_seqlens_q
-    else:
-        cu_total = cu_seqlens_q.new_empty(batch + 1) if varlen_q else seqused_q.new_empty(batch + 1)
-        plan.tile(
-            cu_total,
-            cu_seqlens_q if plan.helper_cu else None,
-            seqused_q if plan.helper_seqused else None,
-        )
-    plan.launch(
-        q, k, v, out, lse, 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale),
-        cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table, plan.window_left,
-        plan.window_right, learnable_sink, cu_total,
+    return X.padded(
+        flash_attn_varlen_func, plan.pad, q, k, v, hk, learnable_sink, softmax_scale,
+        dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+             max_seqlen_k=max_seqlen_k, seqused_q=seqused_q, seqused_k=seqused_k,
+             page_table=page_table, causal=causal, window_size=window_size,
+             q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+             return_lse=return_lse, softcap=softcap, pack_gqa=pack_gqa),
+        varlen=varlen_q, out=out, lse=lse,
     )
-    return out, lse
 
 
 __all__ = [

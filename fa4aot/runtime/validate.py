@@ -10,12 +10,13 @@ cached yet.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
 from fa4aot.errors import ContractViolation
 from fa4aot.model.fp8 import check_fp8_dtypes
+from fa4aot.runtime.vllm_abi import FP8_KV
 
 DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -115,10 +116,11 @@ def _check_page_table(page_table: Any, batch: int, dev: int) -> None:
         raise _fail("page_table rows must not overlap; pass page_table.contiguous()")
 
 
-def _check_qkv(q, k, v) -> tuple[int, Any, Any, Any]:
+def _check_qkv(q, k, v, fp8_kv: bool = False) -> tuple[int, Any, Any, Any] | None:
     """Checks shared by both entry points; -> q's device index (-1: not CUDA, refused later,
     after every other check, so that input checks are testable on a CPU) and the three shapes.
-    On the hot path every attribute is read once."""
+    On the hot path every attribute is read once. fp8_kv: None instead of a refusal for an
+    FP8-KV dequant call (`_fp8_kv`), which flash_attn_varlen_func serves (runtime/fp8kv.py)."""
     if not (
         isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
     ):
@@ -126,6 +128,8 @@ def _check_qkv(q, k, v) -> tuple[int, Any, Any, Any]:
         raise _fail(f"{bad} must be a torch.Tensor, got {type(locals()[bad]).__name__}")
     dq = q.get_device()
     if k.get_device() != dq or v.get_device() != dq:
+        if fp8_kv and _fp8_kv(q, k):
+            return None
         raise _fail(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     dt = q.dtype
     if (dt not in DTYPES or k.dtype is not dt or v.dtype is not dt) and not (
@@ -133,6 +137,8 @@ def _check_qkv(q, k, v) -> tuple[int, Any, Any, Any]:
     ):
         # an FP8 KV cache beside a bf16 q was refused as a plain dtype mismatch, naming no way
         # out: fp8.check_fp8_dtypes says what FA4 needs, on the device's arch
+        if fp8_kv and _fp8_kv(q, k):
+            return None
         if any(t.dtype in _FP8 for t in (q, k, v)):
             check_fp8_dtypes(_arch_of(dq), q, k, v)
         if dt not in DTYPES:
@@ -152,6 +158,12 @@ def _check_qkv(q, k, v) -> tuple[int, Any, Any, Any]:
     if hk == 0 or hq % hk:
         raise _fail(f"num q heads ({hq}) must be a multiple of num kv heads ({hk})")
     return dq, qs, ks, vs
+
+
+def _fp8_kv(q, k) -> bool:
+    """An e4m3 K beside a bf16/fp16 q: an FP8-KV dequant call (fp8kv.is_fp8_kv's inference; such
+    dtypes fail the plain checks, so the hot path never asks)."""
+    return q.dtype in DTYPES and k.dtype in FP8_KV
 
 
 def _arch_of(dq: int) -> str:
@@ -298,37 +310,18 @@ def check_dense(q, k, v, window_size, learnable_sink, return_lse, out, lse, soft
     return dq, b, sq, sk, hq, hk, d, dv, wl, wr, sink_dt, cap, return_lse, _all_aligned(q, k, v)
 
 
-class VarlenShape(NamedTuple):
-    """What flash_attn_varlen_func's checks derive from a call's arguments (host-known)."""
-
-    device: int
-    batch: int
-    total_q: int
-    sq_dense: int | None  # q's length in batch form; None for packed q (cu_seqlens_q)
-    seqlen_k: int  # a bound: a dense K's length, a packed K's total, a page pool's keys
-    hq: int
-    hk: int
-    d: int
-    dv: int
-    page_size: int | None
-    window_left: int | None
-    window_right: int | None
-    sink_dtype: str | None
-    softcap: float | None
-    return_lse: bool
-    aligned: bool  # q/k/v contiguous and 16-byte aligned (else the entry point copies them)
-
-
-# built as tuple.__new__ does (a C call): NamedTuple's own __new__ is Python, on the hot path
-_varlen_shape = tuple.__new__
-
-
 def check_varlen(
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_q, seqused_k, page_table,
-    window_size, learnable_sink, return_lse, out, lse, softcap, pack_gqa,
+    window_size, learnable_sink, return_lse, out, lse, softcap, pack_gqa, fp8_kv=False,
 ):
-    """flash_attn_varlen_func's checks -> VarlenShape (unpacked by the entry point)."""
-    dev, qs, ks, vs = _check_qkv(q, k, v)
+    """flash_attn_varlen_func's checks -> (device, batch, total_q, dense sq or None, seqlen_k
+    bound (a dense K's length, a packed K's total, a page pool's keys), hq, hk, d, dv,
+    page_size, window_left, window_right, sink dtype name, softcap, return_lse, q/k/v
+    aligned); with fp8_kv, None for an FP8-KV dequant call (`_check_qkv`)."""
+    got = _check_qkv(q, k, v, fp8_kv)
+    if got is None:
+        return None
+    dev, qs, ks, vs = got
     if cu_seqlens_q is not None:
         if len(qs) != 3:
             raise _fail(
@@ -412,10 +405,10 @@ def check_varlen(
     if out is not None or lse is not None:
         lse_shape = (hq, total_q) if cu_seqlens_q is not None else (batch, hq, sq_dense)
         _check_outputs(q, out, lse, (*qs[:-1], dv), lse_shape, dev)
-    return _varlen_shape(VarlenShape, (
+    return (
         dev, batch, total_q, sq_dense, seqlen_k, hq, hk, d, dv, page_size, wl, wr, sink_dt, cap,
         return_lse, _all_aligned(q, k, v),
-    ))
+    )
 
 
 def _all_aligned(q, k, v) -> bool:
