@@ -40,8 +40,8 @@ from fa4aot.runtime.splitruns import (
     _bounds,
     _const,
     _is_capturing,
-    _keep_nothing,
     _raw_stream,
+    _tls,
 )
 
 _PLAN_KEYS = S.PLAN_KEYS
@@ -87,35 +87,22 @@ def split_step(
     and _packed_plan), or one the plan does not split as one chunk per sequence on the same
     kernel (FoldRun), or return None (FA4's kernel).
 
+    step: a Step, or a plain tuple in its order (the entry points': no object built per call);
     q: the caller's q; out / lse: the caller's buffers or None (lse laid out as the entry point
     returns it)."""
     kind, b, rows, hq, hk, d, dv, seqlen_k, page_size, causal, varlen_q = step
     dense_pages = padded = False
-    if kind == "padded":
-        # the cache as its own page pool (page size: the first cached one dividing its
-        # capacity), the caller's lengths: a paged K at any number of rows
-        page_size = _dense_page(rt, dev, q.dtype, d, dv, k.size(1))
-        if not page_size:
+    if kind == "padded" or rows > 1 and kind != "paged":
+        got = _as_pages(rt, dev, q.dtype, d, dv, kind, rows, seqlen_k, k.size(1))
+        if got is None:
             return None
-        padded, kind = True, "paged"
-    elif rows > 1 and kind != "paged":
-        # several rows a sequence: a dense K whose length a cached paged split kernel's page
-        # size divides is its own page pool; else the rows run (packed into one chunk:
-        # PackedRun, or unrolled) on the packed K's bounds mode, which gives each row its own
-        # keys (forwards.trace_chunk_modes(bounds=True); a store built before it: unsplit)
-        page_size = kind == "dense" and _dense_page(rt, dev, q.dtype, d, dv, seqlen_k)
-        if page_size:
-            dense_pages, kind = True, "paged"
-        else:
-            page_size = None
-            kern = rt.split_kernel(dev, q.dtype, d, dv, None)
-            if kern is None or kern.launch_bounds is None:
-                return None
+        kind, page_size, dense_pages, padded = got
+    # keep nothing allocated here inside splitruns.fresh_scratch or while a graph is captured
     if q.is_cuda:
-        capturing = _keep_nothing(True)
+        capturing = _tls.fresh or _is_capturing()
         stream = _raw_stream(dev)
-    else:  # (CPU tensors: the tests' stand-in kernels)
-        capturing, stream = _keep_nothing(False), 0
+    else:  # (CPU tensors: the tests' stand-in kernels, never captured)
+        capturing, stream = _tls.fresh, 0
     # a dense K's chunk bounds depend on its exact length; the rest on the plan's bucket
     key = (
         kind, dev, stream, q.dtype, b, rows, hq, hk, d, dv,
@@ -125,40 +112,8 @@ def split_step(
     )
     run = None if capturing else rt._split_runs.get(key)
     if run is None:
-        fold = not S.fold_refusal(arch=rt.device(dev)[0], head_dim=d, head_dim_v=dv,
-                                  ratio=hq // hk, rows=rows, sink=sink is not None)
-        # a batch over a paged or packed K (a caller's: not a dense K viewed as pages): split
-        # by its real lengths (policy/ragged.py), where the store has the kernels and the
-        # bounds say it matters
-        rk = (kind != "dense" and not dense_pages and rt.ragged
-              and rt.split_kernel(dev, q.dtype, d, dv, page_size))
-        rg = rk and RR.plan(rt, dev, q.dtype, b, rows, hk, d, dv, S.plan_bucket(seqlen_k),
-                            page_size, sink is not None, rk)
-        sp = None if rg else rt.split_for(
-            dev, q.dtype, b * rows * hk, seqlen_k, d, dv, page_size, sink is not None,
-            b * rows, fold=fold, one_row=rows == 1)
-        pk = rows > 1 and _packed_plan(rt, dev, q.dtype, b, rows, hq, hk, d, dv, seqlen_k,
-                                       page_size, causal, sink is not None, sp, not dense_pages)
-        if rg:
-            run = RR.RaggedRun(rk, q, b, hq, hk, d, dv, rg, page_size, causal, varlen_q,
-                               ffi=q.is_cuda)
-        elif pk:
-            # a graph being captured runs the tail on a side stream (TAIL_STREAM)
-            side = TAIL_STREAM and q.is_cuda and _is_capturing()
-            run = PackedRun(rt, dev, q, b, rows, hq, hk, d, dv, pk, page_size, causal,
-                            varlen_q, seqlen_k, kind, ffi=q.is_cuda, side=side)
-        elif sp is not None:
-            run = SplitRun(rt, dev, q, b, rows, hq, hk, d, dv, kind, sp, page_size, causal,
-                           seqlen_k, varlen_q, ffi=q.is_cuda)
-        else:
-            run = fold and FoldRun.make(rt, dev, q, b, hq, hk, d, dv, kind, page_size,
-                                        seqlen_k, varlen_q)
-        if not capturing:
-            if len(rt._split_runs) > _MAX_KEYS or (run and rt._split_scratch >= _MAX_RUNS):
-                rt._split_runs.clear()
-                rt._split_scratch = 0
-            rt._split_runs[key] = run
-            rt._split_scratch += run is not False
+        run = _new_run(rt, dev, q, key, capturing, kind, b, rows, hq, hk, d, dv, seqlen_k,
+                       page_size, causal, sink is not None, varlen_q, dense_pages)
     if run is False:
         return None
     if dense_pages or padded:
@@ -173,16 +128,89 @@ def split_step(
             k, v = k.view(*run.k_shape), v.view(*run.v_shape)
         except RuntimeError:
             return None  # K/V strided across batch and sequence: no packed view
-    if run.ragged:
-        return RR.ragged_step(run, q, k, v, cu_seqlens_k, seqused_k, page_table, sink,
-                              softmax_scale, out, lse, return_lse)
+    if run.fold:
+        return _fold_step(run, q, k, v, kind, cu_seqlens_k, seqused_k, page_table,
+                          softmax_scale, out, lse, return_lse)
     if run.packed:
         return _packed_step(run, rt, dev, q, k, v, cu_seqlens_k, seqused_k, page_table,
                             dense_pages, b, seqlen_k, softmax_scale, sink, out, lse, return_lse,
                             varlen_q)
-    if run.fold:
-        return _fold_step(run, q, k, v, kind, cu_seqlens_k, seqused_k, page_table,
-                          softmax_scale, out, lse, return_lse)
+    if run.ragged:
+        return RR.ragged_step(run, q, k, v, cu_seqlens_k, seqused_k, page_table, sink,
+                              softmax_scale, out, lse, return_lse)
+    return _split_run_step(run, rt, dev, q, k, v, kind, cu_seqlens_k, seqused_k, page_table,
+                           dense_pages, padded, b, rows, seqlen_k, page_size, causal, varlen_q,
+                           sink, softmax_scale, out, lse, return_lse)
+
+
+def _as_pages(rt, dev, dtype, d, dv, kind, rows, seqlen_k, capacity):
+    """How split_step serves a KV cache in batch form ("padded") or a step of several rows
+    over a K not paged: (kind, page_size, dense K as pages, padded cache as pages), or None
+    (unsplit)."""
+    if kind == "padded":
+        # the cache as its own page pool (page size: the first cached one dividing its
+        # capacity), the caller's lengths: a paged K at any number of rows
+        page = _dense_page(rt, dev, dtype, d, dv, capacity)
+        return ("paged", page, False, True) if page else None
+    # several rows a sequence: a dense K whose length a cached paged split kernel's page
+    # size divides is its own page pool; else the rows run (packed into one chunk:
+    # PackedRun, or unrolled) on the packed K's bounds mode, which gives each row its own
+    # keys (forwards.trace_chunk_modes(bounds=True); a store built before it: unsplit)
+    page = kind == "dense" and _dense_page(rt, dev, dtype, d, dv, seqlen_k)
+    if page:
+        return "paged", page, True, False
+    kern = rt.split_kernel(dev, dtype, d, dv, None)
+    if kern is None or kern.launch_bounds is None:
+        return None
+    return kind, None, False, False
+
+
+def _new_run(rt, dev, q, key, capturing, kind, b, rows, hq, hk, d, dv, seqlen_k, page_size,
+             causal, sink, varlen_q, dense_pages):
+    """The run of a step whose key split_step has not seen (or any while capturing): a
+    RaggedRun, PackedRun, SplitRun or FoldRun, or False (unsplit); kept unless capturing."""
+    fold = not S.fold_refusal(arch=rt.device(dev)[0], head_dim=d, head_dim_v=dv,
+                              ratio=hq // hk, rows=rows, sink=sink)
+    # a batch over a paged or packed K (a caller's: not a dense K viewed as pages): split
+    # by its real lengths (policy/ragged.py), where the store has the kernels and the
+    # bounds say it matters
+    rk = (kind != "dense" and not dense_pages and rt.ragged
+          and rt.split_kernel(dev, q.dtype, d, dv, page_size))
+    rg = rk and RR.plan(rt, dev, q.dtype, b, rows, hk, d, dv, S.plan_bucket(seqlen_k),
+                        page_size, sink, rk)
+    sp = None if rg else rt.split_for(
+        dev, q.dtype, b * rows * hk, seqlen_k, d, dv, page_size, sink,
+        b * rows, fold=fold, one_row=rows == 1)
+    pk = rows > 1 and _packed_plan(rt, dev, q.dtype, b, rows, hq, hk, d, dv, seqlen_k,
+                                   page_size, causal, sink, sp, not dense_pages)
+    if rg:
+        run = RR.RaggedRun(rk, q, b, hq, hk, d, dv, rg, page_size, causal, varlen_q,
+                           ffi=q.is_cuda)
+    elif pk:
+        # a graph being captured runs the tail on a side stream (TAIL_STREAM)
+        side = TAIL_STREAM and q.is_cuda and _is_capturing()
+        run = PackedRun(rt, dev, q, b, rows, hq, hk, d, dv, pk, page_size, causal,
+                        varlen_q, seqlen_k, kind, ffi=q.is_cuda, side=side)
+    elif sp is not None:
+        run = SplitRun(rt, dev, q, b, rows, hq, hk, d, dv, kind, sp, page_size, causal,
+                       seqlen_k, varlen_q, ffi=q.is_cuda)
+    else:
+        run = fold and FoldRun.make(rt, dev, q, b, hq, hk, d, dv, kind, page_size,
+                                    seqlen_k, varlen_q)
+    if not capturing:
+        if len(rt._split_runs) > _MAX_KEYS or (run and rt._split_scratch >= _MAX_RUNS):
+            rt._split_runs.clear()
+            rt._split_scratch = 0
+        rt._split_runs[key] = run
+        rt._split_scratch += run is not False
+    return run
+
+
+def _split_run_step(run, rt, dev, q, k, v, kind, cu_seqlens_k, seqused_k, page_table,
+                    dense_pages, padded, b, rows, seqlen_k, page_size, causal, varlen_q, sink,
+                    softmax_scale, out, lse, return_lse):
+    """Serve a split step on its SplitRun (see split_step; k, v and, for a dense K as pages,
+    seqused_k and page_table as the kernels take them)."""
     if out is not None:
         if run.out_as_is:
             out_c = out  # (b, 1, hq, dv), any strides: the combine's own shape
@@ -234,14 +262,9 @@ def split_step(
         # kernel that cuts lengths into chunks itself (forwards.trace_chunk_modes) takes the
         # caller's at one decode row, and each unrolled row's (the metadata kernel's
         # meta_args say so: one chunk of 2**30 keys) at several
-        if dense_pages:
-            # a dense K as pages (_dense_as_pages): its lengths and page table are constants,
-            # and so are their chunked forms (no metadata launch, no table copy per call)
-            seqused_k, page_table = _const(
-                rt, ("dense_meta", dev, b, seqlen_k, page_size, rows, causal, run.sp,
-                     run.chunk_lengths), q.device,
-                lambda: _dense_meta(run, seqused_k, page_table, b, rows, causal, page_size),
-            )
+        if dense_pages:  # constants (_dense_meta): no metadata launch, no table copy
+            seqused_k, page_table = _dense_meta(run, rt, dev, q, seqused_k, page_table, b,
+                                                seqlen_k, page_size, rows, causal)
         else:
             if run.chunk_lengths and rows == 1:
                 pass
@@ -252,18 +275,10 @@ def split_step(
                 torch.sub(seqused_k, run.offs_col, out=run.len_t)
                 run.len_buf.clamp_(0, run.chunk)
                 seqused_k = run.len_flat_f
-            if padded:
-                # the arange table's chunked form: a constant, which the run keeps for its
-                # later steps (a run made while a CUDA graph is captured finds the eager
-                # warm-up's, so the graph computes nothing for it)
+            if padded:  # the arange table's chunked form, kept by the run (_padded_table)
                 pt = run.padded_pt
-                if pt is None or pt[0] is not page_table:
-                    table = page_table
-                    pt = run.padded_pt = (table, _const(
-                        rt, ("padded_table", dev, tuple(table.shape), page_size, rows, run.sp),
-                        q.device, lambda: guard_page_table(
-                            S.chunk_page_table(torch, table, run.sp, page_size, rows))))
-                page_table = pt[1]
+                page_table = (pt[1] if pt is not None and pt[0] is page_table
+                              else _padded_table(run, rt, dev, q, page_table, page_size, rows))
             elif run.pt_rows and page_table.size(1) == run.pt_cols and page_table.is_contiguous():
                 page_table = page_table.view(*run.pt_shape)  # the chunks' pages: a view
             else:
@@ -339,7 +354,28 @@ def _dense_as_pages(rt, dev, q, k, v, b, hk, d, dv, seqlen_k, page, used=True):
     return k, v, table, lens
 
 
-def _dense_meta(run, used, table, b, rows, causal, page_size):
+def _padded_table(run, rt, dev, q, table, page_size, rows):
+    """A padded cache's arange page table (_dense_as_pages) in its chunked form: a constant,
+    which the run keeps for its later steps (a run made while a CUDA graph is captured finds
+    the eager warm-up's, so the graph computes nothing for it)."""
+    pt = run.padded_pt = (table, _const(
+        rt, ("padded_table", dev, tuple(table.shape), page_size, rows, run.sp), q.device,
+        lambda: guard_page_table(S.chunk_page_table(torch, table, run.sp, page_size, rows))))
+    return pt[1]
+
+
+def _dense_meta(run, rt, dev, q, used, table, b, seqlen_k, page_size, rows, causal):
+    """A dense K viewed as pages (_dense_as_pages): its kernel-facing lengths and chunked page
+    table, constants per shape (`_const`; the cache read first, with no closure made)."""
+    key = ("dense_meta", dev, b, seqlen_k, page_size, rows, causal, run.sp, run.chunk_lengths)
+    got = rt._split_consts.get(key)
+    if got is None:
+        got = _const(rt, key, q.device,
+                     lambda: _dense_meta_make(run, used, table, b, rows, causal, page_size))
+    return got
+
+
+def _dense_meta_make(run, used, table, b, rows, causal, page_size):
     """The kernel-facing lengths and chunked page table (behind a guard, abi.GUARD_ALIGN:
     no call copies it) of a dense K viewed as pages
     (_dense_as_pages: every sequence holds all its keys), computed in torch once per shape:
