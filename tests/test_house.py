@@ -20,12 +20,8 @@ PKG = Path(__file__).resolve().parents[1] / "fa4aot"
 MAX_MODULE_LINES = 700
 MAX_FUNCTION_LINES = 100
 # Functions allowed over MAX_FUNCTION_LINES, each with its reason. Keep this list short.
-_HOT = "the per-call path: one Python frame, helpers would add host time per call"
 _KERNEL = "a CuTe-DSL kernel traced as one unit; only real cross-compiles and the GPU check it"
 LONG_FUNCTIONS: dict[str, str] = {
-    "fa4aot.runtime.flash_attn_func": _HOT,
-    "fa4aot.runtime.flash_attn_varlen_func": _HOT,
-    "fa4aot.runtime.splitkv.split_step": _HOT,
     "fa4aot.fa4.forwards.trace_chunk_modes": _KERNEL,
 }
 
