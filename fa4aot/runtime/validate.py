@@ -116,10 +116,11 @@ def _check_page_table(page_table: Any, batch: int, dev: int) -> None:
         raise _fail("page_table rows must not overlap; pass page_table.contiguous()")
 
 
-def _check_qkv(q, k, v, fp8_kv: bool = False) -> tuple[int, Any, Any, Any] | None:
+def _check_qkv(q, k, v, fp8_kv: bool = False) -> tuple[int, Any, Any, Any, bool] | None:
     """Checks shared by both entry points; -> q's device index (-1: not CUDA, refused later,
-    after every other check, so that input checks are testable on a CPU) and the three shapes.
-    On the hot path every attribute is read once. fp8_kv: None instead of a refusal for an
+    after every other check, so that input checks are testable on a CPU), the three shapes and
+    whether q/k/v are aligned (`_aligned`; False: the entry point copies or refuses them,
+    `_prep`). On the hot path every attribute is read once. fp8_kv: None instead of a refusal for an
     FP8-KV dequant call (`_fp8_kv`), which flash_attn_varlen_func serves (runtime/fp8kv.py)."""
     if not (
         isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
@@ -157,7 +158,12 @@ def _check_qkv(q, k, v, fp8_kv: bool = False) -> tuple[int, Any, Any, Any] | Non
         raise _fail(f"k and v must have the same number of heads, got {hk} and {vs[-2]}")
     if hk == 0 or hq % hk:
         raise _fail(f"num q heads ({hq}) must be a multiple of num kv heads ({hk})")
-    return dq, qs, ks, vs
+    # (no call for the usual contiguous, aligned inputs)
+    aligned = (
+        q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
+        and not (q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16)
+    ) or (_aligned(q) and _aligned(k) and _aligned(v))
+    return dq, qs, ks, vs, aligned
 
 
 def _fp8_kv(q, k) -> bool:
@@ -286,7 +292,7 @@ def check_mla(q, qv, dv: int, dev: int, out, lse) -> bool:
 def check_dense(q, k, v, window_size, learnable_sink, return_lse, out, lse, softcap, pack_gqa):
     """flash_attn_func's checks -> (device, b, sq, sk, hq, hk, d, dv, window_left,
     window_right, sink dtype name, softcap, return_lse, q/k/v aligned)."""
-    dq, qs, ks, vs = _check_qkv(q, k, v)
+    dq, qs, ks, vs, aligned = _check_qkv(q, k, v)
     if len(qs) != 4 or len(ks) != 4 or len(vs) != 4:
         raise _fail(
             f"flash_attn_func takes 4-D q/k/v (batch, seqlen, heads, head_dim), got "
@@ -307,7 +313,7 @@ def check_dense(q, k, v, window_size, learnable_sink, return_lse, out, lse, soft
     return_lse = bool(return_lse) or lse is not None
     if out is not None or lse is not None:
         _check_outputs(q, out, lse, (b, sq, hq, dv), (b, hq, sq), dq)
-    return dq, b, sq, sk, hq, hk, d, dv, wl, wr, sink_dt, cap, return_lse, _all_aligned(q, k, v)
+    return dq, b, sq, sk, hq, hk, d, dv, wl, wr, sink_dt, cap, return_lse, aligned
 
 
 def check_varlen(
@@ -321,7 +327,7 @@ def check_varlen(
     got = _check_qkv(q, k, v, fp8_kv)
     if got is None:
         return None
-    dev, qs, ks, vs = got
+    dev, qs, ks, vs, aligned = got
     if cu_seqlens_q is not None:
         if len(qs) != 3:
             raise _fail(
@@ -407,14 +413,5 @@ def check_varlen(
         _check_outputs(q, out, lse, (*qs[:-1], dv), lse_shape, dev)
     return (
         dev, batch, total_q, sq_dense, seqlen_k, hq, hk, d, dv, page_size, wl, wr, sink_dt, cap,
-        return_lse, _all_aligned(q, k, v),
+        return_lse, aligned,
     )
-
-
-def _all_aligned(q, k, v) -> bool:
-    """_aligned of all three (False: the entry point copies or refuses them, `_prep`), with no
-    call for the usual contiguous inputs."""
-    return (
-        q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
-        and not (q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16)
-    ) or (_aligned(q) and _aligned(k) and _aligned(v))
