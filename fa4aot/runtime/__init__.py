@@ -264,12 +264,28 @@ def flash_attn_varlen_func(
     pad_ok = rt.padding if padding is None else bool(padding)
     if not aligned:
         q, k, v = _prep(q, "q", pad_ok), _prep(k, "k", pad_ok), _prep(v, "v", pad_ok)
+    # (not a packed K with seqused_k too: the chunks' bounds would ignore seqused_k)
     if (rt.split and wl is None and wr is None and cap is None and seqused_q is None and batch
-            and dev >= 0 and 0 < ((max_seqlen_q if varlen_q else sq_dense) or 0) <= _SPLIT_ROWS):
-        got = _varlen_split(rt, q, k, v, shape, cu_seqlens_k, seqused_k, page_table, max_seqlen_q,
-                            max_seqlen_k, causal, learnable_sink, softmax_scale, out, lse)
-        if got is not None:
-            return got
+            and dev >= 0 and (page_size is not None or cu_seqlens_k is None or seqused_k is None)):
+        rows = max_seqlen_q if varlen_q else sq_dense
+        if rows is not None and 0 < rows <= _SPLIT_ROWS and total_q == batch * rows:
+            kind = ("paged" if page_size is not None else "varlen" if cu_seqlens_k is not None
+                    else "dense" if seqused_k is None else "padded")  # (splitkv.Step)
+            if kind == "dense":
+                bound = seqlen_k  # (its exact length: the chunk bounds are constants)
+            elif type(max_seqlen_k) is int and max_seqlen_k >= 0:  # (bounds every KV length)
+                bound = min(max_seqlen_k, seqlen_k) if kind == "padded" else max_seqlen_k
+            else:
+                bound = seqlen_k if page_size is None else page_table.size(1) * page_size
+            if bound > _SPLIT_MIN:
+                got = SK.split_step(  # (the step as a plain tuple in splitkv.Step's order)
+                    rt, dev, q, k, v,
+                    (kind, batch, rows, hq, hk, d, dv, bound, page_size, causal, varlen_q),
+                    cu_seqlens_k, seqused_k, page_table, learnable_sink, softmax_scale, out,
+                    lse, return_lse,
+                )  # fmt: skip
+                if got is not None:
+                    return got
     eff_q = max_seqlen_q if max_seqlen_q is not None else (total_q if varlen_q else sq_dense)
     key = (
         "varlen", q.dtype, d, dv, hq // hk, bool(causal), wl, wr, return_lse, sink_dt, varlen_q,
@@ -287,45 +303,51 @@ def flash_attn_varlen_func(
         )  # fmt: skip
         if type(plan) is tuple:  # served: (out, lse)
             return plan
-    if out is None:  # exact (empty_like: as in flash_attn_func)
+    return _varlen_exact(rt, plan, q, k, v, out, lse, shape, cu_seqlens_q, cu_seqlens_k,
+                         max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, page_table,
+                         softmax_scale, learnable_sink)
+
+
+def _varlen_exact(rt, plan, q, k, v, out, lse, shape, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                  max_seqlen_k, seqused_q, seqused_k, page_table, softmax_scale, sink):
+    """flash_attn_varlen_func on an exact sm90 plan (`shape`: check_varlen's)."""
+    dev, batch, total_q, sq_dense, seqlen_k, hq, hk, d, dv, _, _, _, _, _, return_lse, _ = shape
+    varlen_q = sq_dense is None
+    if out is None:  # (empty_like: as in flash_attn_func)
         out = (torch.empty_like(q) if dv == d and q.is_contiguous()
                else q.new_empty(*q.shape[:-1], dv))
     if lse is None and return_lse:
         lse = q.new_empty(*((hq, total_q) if varlen_q else (batch, hq, sq_dense)), dtype=_F32)
     if total_q == 0 or seqlen_k == 0:
-        return X.empty(out, lse, learnable_sink, varlen=varlen_q)
-    if learnable_sink is not None and learnable_sink.stride(0) != 1:
-        learnable_sink = learnable_sink.contiguous()
+        return X.empty(out, lse, sink, varlen=varlen_q)
+    if sink is not None and sink.stride(0) != 1:
+        sink = sink.contiguous()
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
     if page_table is not None and plan.abi is _VLLM and rt.split:  # the copy's own split-KV
         got = VA.split_step(rt, plan, dev, q, k, v, out, batch, hk, max_seqlen_k, page_table,
                             seqused_k, cu_seqlens_q, scale)
         if got is not None:
             return got, lse
-    cu_total = None if plan.tile is None else _cu_total(  # (batch > 256)
-        plan, batch, max_seqlen_q, cu_seqlens_q, seqused_q)
-    plan.launch(
-        q, k, v, out, lse, scale, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table,
-        plan.window_left, plan.window_right, learnable_sink, cu_total,
-    )
-    return out, lse
-
-
-def _cu_total(plan, batch, max_seqlen_q, cu_seqlens_q, seqused_q):
-    """The cu_total_m_blocks of an exact sm90 call whose plan has the tile cumsum helper
-    (batch > 256)."""
-    if max_seqlen_q == 1 and plan.helper_cu and not plan.helper_seqused and plan.decode_blocks:
+    cu_total = None
+    if plan.tile is None:
+        pass
+    elif max_seqlen_q == 1 and plan.helper_cu and not plan.helper_seqused and plan.decode_blocks:
         # Decode (every sequence has 0 or 1 query rows): the helper would compute, per sequence,
         # ceil(rows * qhead_per_kvhead / tile) = rows (qhead_per_kvhead <= tile_m), i.e.
         # cu_total == cu_seqlens_q. Passing it saves a kernel launch and an allocation.
-        return cu_seqlens_q
-    cu_total = (cu_seqlens_q if cu_seqlens_q is not None else seqused_q).new_empty(batch + 1)
-    plan.tile(
-        cu_total,
-        cu_seqlens_q if plan.helper_cu else None,
-        seqused_q if plan.helper_seqused else None,
+        cu_total = cu_seqlens_q
+    else:
+        cu_total = cu_seqlens_q.new_empty(batch + 1) if varlen_q else seqused_q.new_empty(batch + 1)
+        plan.tile(
+            cu_total,
+            cu_seqlens_q if plan.helper_cu else None,
+            seqused_q if plan.helper_seqused else None,
+        )
+    plan.launch(
+        q, k, v, out, lse, scale, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table,
+        plan.window_left, plan.window_right, sink, cu_total,
     )
-    return cu_total
+    return out, lse
 
 
 def _varlen_other(
@@ -350,39 +372,6 @@ def _varlen_other(
         learnable_sink, return_lse, out, lse, padding, softcap, pack_gqa, q_descale,
         k_descale, v_descale,
     )  # fmt: skip
-
-
-def _varlen_split(rt, q, k, v, shape, cu_seqlens_k, seqused_k, page_table, max_seqlen_q,
-                  max_seqlen_k, causal, sink, softmax_scale, out, lse):
-    """A varlen decode step (the same number of query rows in every sequence; `shape`:
-    check_varlen's) served split-KV (SK.split_step), or None (run unsplit): its K's kind and a
-    host bound on its KV lengths."""
-    (dev, batch, total_q, sq_dense, seqlen_k, hq, hk, d, dv, page_size, _, _, _, _, return_lse,
-     _) = shape
-    varlen_q = sq_dense is None
-    rows = max_seqlen_q if varlen_q else sq_dense
-    # (not a packed K with seqused_k too: the chunks' bounds would ignore seqused_k)
-    if total_q != batch * rows or page_size is None and cu_seqlens_k is not None and (
-            seqused_k is not None):
-        return None
-    # K in batch form: all its keys (a dense K), or a KV cache with seqused_k
-    paged = page_size is not None
-    kind = ("paged" if paged else "varlen" if cu_seqlens_k is not None
-            else "dense" if seqused_k is None else "padded")
-    if kind == "dense":
-        bound = seqlen_k  # (its exact length: the chunk bounds are constants)
-    elif type(max_seqlen_k) is int and max_seqlen_k >= 0:
-        bound = max_seqlen_k  # the caller's contract: it bounds every KV length
-        if kind == "padded":
-            bound = min(bound, seqlen_k)
-    else:
-        bound = page_table.size(1) * page_size if paged else seqlen_k
-    if bound <= _SPLIT_MIN:
-        return None
-    return SK.split_step(  # (the step as a plain tuple in splitkv.Step's order)
-        rt, dev, q, k, v, (kind, batch, rows, hq, hk, d, dv, bound, page_size, causal, varlen_q),
-        cu_seqlens_k, seqused_k, page_table, sink, softmax_scale, out, lse, return_lse,
-    )
 
 
 def _varlen_unplanned(
