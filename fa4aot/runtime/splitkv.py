@@ -146,12 +146,24 @@ def split_step(
 def _as_pages(rt, dev, dtype, d, dv, kind, rows, seqlen_k, capacity):
     """How split_step serves a KV cache in batch form ("padded") or a step of several rows
     over a K not paged: (kind, page_size, dense K as pages, padded cache as pages), or None
-    (unsplit)."""
+    (unsplit); once per shape."""
+    key = ("as_pages", dev, dtype, d, dv, kind, rows > 1,
+           capacity if kind == "padded" else seqlen_k if kind == "dense" else 0)
+    got = rt._split_consts.get(key)
+    if got is None:
+        if len(rt._split_consts) > 256:  # (bounded as splitruns._const bounds it)
+            rt._split_consts.clear()
+        got = rt._split_consts[key] = _pages_of(rt, dev, dtype, d, dv, kind, seqlen_k, capacity)
+    return got or None
+
+
+def _pages_of(rt, dev, dtype, d, dv, kind, seqlen_k, capacity):
+    """_as_pages' answer (False: unsplit)."""
     if kind == "padded":
         # the cache as its own page pool (page size: the first cached one dividing its
         # capacity), the caller's lengths: a paged K at any number of rows
         page = _dense_page(rt, dev, dtype, d, dv, capacity)
-        return ("paged", page, False, True) if page else None
+        return ("paged", page, False, True) if page else False
     # several rows a sequence: a dense K whose length a cached paged split kernel's page
     # size divides is its own page pool; else the rows run (packed into one chunk:
     # PackedRun, or unrolled) on the packed K's bounds mode, which gives each row its own
@@ -161,7 +173,7 @@ def _as_pages(rt, dev, dtype, d, dv, kind, rows, seqlen_k, capacity):
         return "paged", page, True, False
     kern = rt.split_kernel(dev, dtype, d, dv, None)
     if kern is None or kern.launch_bounds is None:
-        return None
+        return False
     return kind, None, False, False
 
 
@@ -242,8 +254,8 @@ def _split_run_step(run, rt, dev, q, k, v, kind, cu_seqlens_k, seqused_k, page_t
         # itself from cu_seqlens_k passed as (b + 1, rows, c, causal shift, anchor 1)
         # (forwards.trace_chunk_modes(bounds=True)); a dense K's cu: a constant
         launch = run.launch_bounds
-        cu_seqlens_k = (run.cu_k_f if kind == "dense" else _bounds(
-            cu_seqlens_k, run.cu_bounds_size))
+        cu_seqlens_k = run.cu_k_f if kind == "dense" else torch.as_strided(  # (_bounds)
+            cu_seqlens_k, run.cu_bounds_size, (cu_seqlens_k.stride(0), 0, 0, 0, 0))
     elif kind == "dense":
         cu_seqlens_k = run.cu_k_f
     elif kind == "varlen":
