@@ -54,8 +54,10 @@ _MAX_KEYS = 4096
 # overlap gains).
 TAIL_STREAM = True
 
+
 class Step(NamedTuple):
-    """A decode step's host-known shape, as an entry point hands it to split_step.
+    """A decode step's host-known shape, as split_step takes it (the entry points pass a plain
+    tuple in this order: no object built per call).
 
     kind: "dense" | "varlen" | "paged" | "padded" K (a KV cache in batch form, (b, capacity,
     hk, d), with seqused_k: FA2's flash_attn_with_kvcache layout, split as a page pool whose
@@ -73,10 +75,6 @@ class Step(NamedTuple):
     page_size: int | None
     causal: bool
     varlen_q: bool
-
-
-# built as tuple.__new__ does (a C call): NamedTuple's own __new__ is Python, on the hot path
-new_step = tuple.__new__
 
 
 def split_step(
