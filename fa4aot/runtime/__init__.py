@@ -264,12 +264,14 @@ def flash_attn_varlen_func(
     pad_ok = rt.padding if padding is None else bool(padding)
     if not aligned:
         q, k, v = _prep(q, "q", pad_ok), _prep(k, "k", pad_ok), _prep(v, "v", pad_ok)
-    # (not a packed K with seqused_k too: the chunks' bounds would ignore seqused_k)
     if (rt.split and wl is None and wr is None and cap is None and seqused_q is None and batch
-            and dev >= 0 and (page_size is not None or cu_seqlens_k is None or seqused_k is None)):
+            and dev >= 0):
         rows = max_seqlen_q if varlen_q else sq_dense
-        if rows is not None and 0 < rows <= _SPLIT_ROWS and total_q == batch * rows:
+        # a packed K with seqused_k ("used"): one row a sequence, the ragged plan alone
+        if rows is not None and 0 < rows <= _SPLIT_ROWS and total_q == batch * rows and (
+                page_size is not None or cu_seqlens_k is None or seqused_k is None or rows == 1):
             kind = ("paged" if page_size is not None else "varlen" if cu_seqlens_k is not None
+                    and seqused_k is None else "used" if cu_seqlens_k is not None
                     else "dense" if seqused_k is None else "padded")  # (splitkv.Step)
             if kind == "dense":
                 bound = seqlen_k  # (its exact length: the chunk bounds are constants)

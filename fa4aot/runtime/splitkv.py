@@ -61,7 +61,7 @@ class Step(NamedTuple):
 
     kind: "dense" | "varlen" | "paged" | "padded" K (a KV cache in batch form, (b, capacity,
     hk, d), with seqused_k: FA2's flash_attn_with_kvcache layout, split as a page pool whose
-    table is an arange); seqlen_k: a host bound on every KV length (a dense K's exact length);
+    table is an arange) | "used" (a packed K with seqused_k: the ragged plan only); seqlen_k: a host bound on every KV length (a dense K's exact length);
     varlen_q: q is packed, (b * rows, hq, d), else (b, rows, hq, d)."""
 
     kind: str
@@ -183,19 +183,20 @@ def _new_run(rt, dev, q, key, capturing, kind, b, rows, hq, hk, d, dv, seqlen_k,
                               ratio=hq // hk, rows=rows, sink=sink)
     # a batch over a paged or packed K (a caller's: not a dense K viewed as pages): split
     # by its real lengths (policy/ragged.py), where the store has the kernels and the
-    # bounds say it matters
+    # bounds say it matters; a packed K with seqused_k ("used") by that plan alone
+    used = kind == "used"
     rk = (kind != "dense" and not dense_pages and rt.ragged
           and rt.split_kernel(dev, q.dtype, d, dv, page_size))
     rg = rk and RR.plan(rt, dev, q.dtype, b, rows, hk, d, dv, S.plan_bucket(seqlen_k),
-                        page_size, sink, rk)
-    sp = None if rg else rt.split_for(
+                        page_size, sink, rk, used=used)
+    sp = None if rg or used else rt.split_for(
         dev, q.dtype, b * rows * hk, seqlen_k, d, dv, page_size, sink,
         b * rows, fold=fold, one_row=rows == 1)
     pk = rows > 1 and _packed_plan(rt, dev, q.dtype, b, rows, hq, hk, d, dv, seqlen_k,
                                    page_size, causal, sink, sp, not dense_pages)
     if rg:
         run = RR.RaggedRun(rk, q, b, hq, hk, d, dv, rg, page_size, causal, varlen_q,
-                           ffi=q.is_cuda)
+                           ffi=q.is_cuda, used=used)
     elif pk:
         # a graph being captured runs the tail on a side stream (TAIL_STREAM)
         side = TAIL_STREAM and q.is_cuda and _is_capturing()
@@ -205,8 +206,8 @@ def _new_run(rt, dev, q, key, capturing, kind, b, rows, hq, hk, d, dv, seqlen_k,
         run = SplitRun(rt, dev, q, b, rows, hq, hk, d, dv, kind, sp, page_size, causal,
                        seqlen_k, varlen_q, ffi=q.is_cuda)
     else:
-        run = fold and FoldRun.make(rt, dev, q, b, hq, hk, d, dv, kind, page_size,
-                                    seqlen_k, varlen_q)
+        run = fold and not used and FoldRun.make(rt, dev, q, b, hq, hk, d, dv, kind,
+                                                 page_size, seqlen_k, varlen_q)
     if not capturing:
         if len(rt._split_runs) > _MAX_KEYS or (run and rt._split_scratch >= _MAX_RUNS):
             rt._split_runs.clear()

@@ -23,8 +23,11 @@ LENS = [0, 1, 700, 5000, 77, 1024, 129, 3000]
 
 
 def _parts(variant):
-    return {"fwd": {}, "merge": {"partial_dtype": "bfloat16", "max_splits": 128, "threads": 256},
-            "ragged_meta": {"version": C.RAGGED_VERSION}, "ragged_merge": {"max_splits": 128}}
+    got = {"fwd": {}, "merge": {"partial_dtype": "bfloat16", "max_splits": 128, "threads": 256},
+           "ragged_meta": {"version": C.RAGGED_VERSION}, "ragged_merge": {"max_splits": 128}}
+    if not variant.paged:  # (a packed K's entries with seqused_k)
+        got.update(fwd_used={}, ragged_meta_used={})
+    return got
 
 
 @pytest.fixture
@@ -36,7 +39,8 @@ def serve(monkeypatch, tmp_path, knobs):
 
     def load(self, art, *names):
         got = {"fwd": fake_fwd, "merge": fake_combine, "ragged_meta": fake_ragged_meta,
-               "ragged_merge": fake_ragged_merge}
+               "ragged_merge": fake_ragged_merge, "fwd_used": fake_fwd,
+               "ragged_meta_used": fake_ragged_meta}
 
         def counted(name):
             fn = got[name]
@@ -101,6 +105,36 @@ def test_a_ragged_batch_is_split_by_its_real_lengths(serve, page, sink):
     assert len(runs) == 1 and isinstance(runs[0], RR.RaggedRun)
     assert rt.calls == ["ragged_meta", "fwd", "ragged_merge"]
     assert runs[0].rg.entries == runs[0].rg.n + b
+
+
+@pytest.mark.parametrize("sink", [False, True])
+def test_a_packed_k_with_seqused_k_is_split_by_its_used_lengths(serve, sink):
+    """A packed K whose sequences hold more keys than they use (cu_seqlens_k over their
+    capacity, seqused_k): the ragged plan on its own parts (the entries' first keys and keys),
+    the gaps, large keys and values, unread; out and LSE the reference's."""
+    rt = serve(None)
+    hq, hk = 8, 2
+    q, k, v = _batch(LENS, hq, hk)
+    s = torch.randn(hq) if sink else None
+    b = len(LENS)
+    gaps = [3, 0, 129, 7, 1000, 0, 64, 5]
+
+    def with_gaps(x):
+        return torch.cat([torch.cat([x[i, :n], 100 * torch.randn(gaps[i], hk, x.shape[-1]).to(
+            BF16)]) for i, n in enumerate(LENS)])
+
+    cap = [n + g for n, g in zip(LENS, gaps)]
+    cu_k = torch.tensor([0, *torch.tensor(cap).cumsum(0).tolist()], dtype=torch.int32)
+    o, lse = R.flash_attn_varlen_func(
+        q, with_gaps(k), with_gaps(v), cu_seqlens_q=torch.arange(b + 1, dtype=torch.int32),
+        cu_seqlens_k=cu_k, seqused_k=torch.tensor(LENS, dtype=torch.int32), max_seqlen_q=1,
+        max_seqlen_k=max(cap), causal=True, learnable_sink=s, return_lse=True)
+    ro, rl = _reference(q, k, v, LENS, s)
+    assert rel_err(o, ro) < 1e-2
+    assert torch.allclose(lse, rl.reshape(b, hq).t(), atol=1e-3)
+    runs = [r for r in rt._split_runs.values() if r]
+    assert len(runs) == 1 and isinstance(runs[0], RR.RaggedRun) and runs[0].used
+    assert rt.calls == ["ragged_meta_used", "fwd_used", "ragged_merge"]
 
 
 def test_a_forced_split_count_one_sequence_or_an_old_store_keep_the_uniform_plan(serve):
