@@ -40,6 +40,10 @@ RAGGED_MIN_BYTES = 256 << 20
 # The most query rows a sequence the plan takes (packed into one entry's rows, as the
 # uniform plan's PackedRun takes them: a tail within two pages).
 RAGGED_ROWS = 16
+# The shortest bound on the KV lengths at which a step of several rows a sequence takes the
+# plan: under it every sequence is short and the uniform plan's packed rows beat the b * rows
+# tail entries (docs/design.md, Tuned thresholds).
+RAGGED_ROWS_MIN_KEYS = 8192
 # Keys of the shortest chunk: one 128-key tile of the chunk kernel.
 MIN_CHUNK = 128
 
@@ -80,9 +84,10 @@ def plan_ragged(
     """The ragged plan of a decode step of `rows` query rows a sequence, or None (the uniform
     plan decides): at least two sequences (one has no raggedness), the automatic split setting
     (a forced count keeps its meaning: that many chunks a sequence), at most RAGGED_ROWS rows
-    (one over a packed K: its entries tile it; several over pages), and K/V of at least
-    RAGGED_MIN_BYTES at the bound seqlen_k. Shared by the runtime and `fa4aot explain`."""
-    if setting != -1 or batch < 2 or rows > RAGGED_ROWS or (rows > 1 and page_size is None):
+    (one over a packed K: its entries tile it; several over pages, from RAGGED_ROWS_MIN_KEYS
+    keys at the bound), and K/V of at least RAGGED_MIN_BYTES at the bound seqlen_k. Shared by the runtime and `fa4aot explain`."""
+    if setting != -1 or batch < 2 or rows > RAGGED_ROWS or (rows > 1 and (
+            page_size is None or seqlen_k < RAGGED_ROWS_MIN_KEYS)):
         return None
     if batch * kv_heads * seqlen_k * bytes_per_key < RAGGED_MIN_BYTES:
         return None

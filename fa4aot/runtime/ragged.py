@@ -70,9 +70,10 @@ class RaggedRun:
         self.kl = conv(kl)
         self.op_m = self.ko  # the merge's (entry, M * rows, heads, dv): the same view
         self.lp_m = conv(kl.permute(0, 2, 1))  # (w, r * rows, hk)
+        if used:  # (the metadata kernel's first keys: the entries' w; the chunk kernel's: w + 1)
+            self.len_v = (conv(self.out_v[:w]), conv(self.len_v), conv(self.len_v[:, 0]))
         self.first, self.out_v = conv(self.first), conv(self.out_v)
         self.table_v = None if self.table_v is None else conv(self.table_v)
-        self.len_v = None if self.len_v is None else (conv(self.len_v), conv(self.len_v[:, 0]))
         self.no_sink = conv(self.no_sink)
 
 
@@ -108,9 +109,9 @@ def ragged_step(run: RaggedRun, q, k, v, cu_seqlens_k, seqused_k, page_table, si
                  *run.meta_args)
         kv = (None, None, None, run.out_v, run.table_v)
     elif run.used:
-        run.meta(seqused_k, cu_seqlens_k, q3, run.qv, run.out_v, run.len_v[0], run.first,
+        run.meta(seqused_k, cu_seqlens_k, q3, run.qv, run.len_v[0], run.len_v[1], run.first,
                  *run.meta_args)
-        kv = (None, run.out_v, None, run.len_v[1], None)
+        kv = (None, run.out_v, None, run.len_v[2], None)
     else:
         run.meta(cu_seqlens_k, None, q3, run.qv, run.out_v, None, run.first, *run.meta_args)
         kv = (None, run.out_v, None, None, None)

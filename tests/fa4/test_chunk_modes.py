@@ -154,7 +154,7 @@ def test_wide_fold_compiles_two_ctas_per_sm_and_refuses_other_tiles():
         "fwd_wide": {"tile_n": 64, "ctas_per_sm": 2, "registers": 128, "pdl": True},
         "fwd_wide1": {"tile_n": 64, "ctas_per_sm": 1, "registers": 240, "pdl": True}}
     # every forward of the split kernel a programmatic dependent launch (forwards._pdl_secondary)
-    assert doc["pdl"] == ["fwd", "fwd_bounds", "fwd_wide", "fwd_wide1"]
+    assert doc["pdl"] == ["fwd", "fwd_bounds", "fwd_used", "fwd_wide", "fwd_wide1"]
     assert "no PDL launch" in doc["pdl_guard"]
     assert doc["regs"] == {"fwd": [255], "fwd_wide": [128], "fwd_wide1": [240]}
     assert doc["wide_split"] == {"tile_n": 64, "ctas_per_sm": 2, "registers": 128,

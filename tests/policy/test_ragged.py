@@ -33,11 +33,14 @@ def test_the_plan_leaves_the_uniform_cases_to_the_uniform_plan(kw):
 
 def test_several_rows_over_pages_are_packed_with_a_tail_entry_a_row(monkeypatch):
     monkeypatch.setattr(RG, "RAGGED_MIN_BYTES", 0)
+    assert _plan(rows=4, sk=RG.RAGGED_ROWS_MIN_KEYS - 1) is None  # all short: the uniform plan
+    assert _plan(rows=1, sk=RG.RAGGED_ROWS_MIN_KEYS - 1) is not None
     rg = _plan(rows=4)
     # the rows share each entry's CTAs: n as for one row; rows * batch tail entries
     assert rg.rows == 4 and rg.n == 66 and rg.entries == 66 + 8 + 4 * 8
     assert _plan(rows=17) is None  # (RAGGED_ROWS)
     # a page of 128 keys: a tail entry's keys (under a page plus the rows) need two columns
+    monkeypatch.setattr(RG, "RAGGED_ROWS_MIN_KEYS", 0)
     assert _plan(rows=4, page=128, b=2, sk=64).pages == 2
     assert _plan(rows=1, page=128, b=2, sk=64).pages == 1
     assert _plan(rows=4, hk=1).n == 126  # the merge's 128 slots: the tail's and the sink's
@@ -47,10 +50,12 @@ def test_several_rows_over_pages_are_packed_with_a_tail_entry_a_row(monkeypatch)
 @pytest.mark.parametrize("page,rows", [(16, 1), (64, 1), (128, 1), (None, 1), (16, 3),
                                        (64, 4), (128, 16)])
 @pytest.mark.parametrize("causal", [True, False])
-def test_the_entries_tile_every_sequence_once_within_the_bounds(seed, page, rows, causal):
+def test_the_entries_tile_every_sequence_once_within_the_bounds(monkeypatch, seed, page, rows,
+                                                                causal):
     """Each sequence's body entries cover the keys every row sees once, in order, from
     page-aligned starts, at most n of them; a causal step of several rows follows them with
     one tail entry a row, from the body's end to the row's last key; the rest unused."""
+    monkeypatch.setattr(RG, "RAGGED_ROWS_MIN_KEYS", 0)
     rng = random.Random(seed)
     b = rng.choice([2, 8, 32, 100])
     sk = 131072

@@ -164,11 +164,13 @@ def test_a_forced_split_count_one_sequence_or_an_old_store_keep_the_uniform_plan
 
 @pytest.mark.parametrize("varlen_q", [True, False])
 @pytest.mark.parametrize("causal", [True, False])
-def test_speculative_rows_over_pages_are_packed_into_the_entries(serve, varlen_q, causal):
+def test_speculative_rows_over_pages_are_packed_into_the_entries(serve, monkeypatch, varlen_q,
+                                                                 causal):
     """A step of 3 query rows a sequence over pages: the rows packed into each body entry,
     a causal step's rows seeing their own keys through a tail entry a row (sequences shorter
     than the rows included); q packed (b * rows, hq, d) or in batch form (b, rows, hq, d),
     out and LSE in the caller's layout, equal to the reference."""
+    monkeypatch.setattr(RG, "RAGGED_ROWS_MIN_KEYS", 0)  # (CPU-sized lengths)
     rt = serve(16)
     hq, hk, rows = 8, 2, 3
     lens = [0, 2, 700, 5000, 77, 1024]
