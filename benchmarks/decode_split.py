@@ -147,32 +147,23 @@ def _bench(table_only=False, grid_only=False):
                "limit": b * sk * hk * 2 * d * 2 / HBM * 1e6,
                "max_diff_vs_dense": (out.float() - ref.float()).abs().max().item(),
                "nan": bool(out.isnan().any())}
-        row["fa4aot"] = eager_us(lambda: fa4aot.flash_attn_varlen_func(q, kp, vp, out=out, **kw))
-        row["fa4aot_graph"] = graph_us(
-            lambda: fa4aot.flash_attn_varlen_func(q, kp, vp, out=out, **kw), calls=5, replays=20
-        )
-        # the uniform plan alone (Runtime.ragged off), in alternation with today's: the ragged
-        # plan must not cost a uniform batch more than 3% (policy/ragged.py)
-        ragged = []
+
+        def step():
+            fa4aot.flash_attn_varlen_func(q, kp, vp, out=out, **kw)
+
+        # today's plan and the uniform plan alone (Runtime.ragged off), in alternation: the
+        # ragged plan must not cost a uniform batch more than 3% (policy/ragged.py)
+        times = {False: [], True: []}
         for _ in range(ROUNDS):
-            rt.ragged = False
-            rt._split_runs.clear()
-            ragged.append((
-                eager_us(lambda: fa4aot.flash_attn_varlen_func(q, kp, vp, out=out, **kw)),
-                graph_us(lambda: fa4aot.flash_attn_varlen_func(q, kp, vp, out=out, **kw),
-                         calls=5, replays=20)))
-            rt.ragged = True
-            rt._split_runs.clear()
-            ragged.append((
-                eager_us(lambda: fa4aot.flash_attn_varlen_func(q, kp, vp, out=out, **kw)),
-                graph_us(lambda: fa4aot.flash_attn_varlen_func(q, kp, vp, out=out, **kw),
-                         calls=5, replays=20)))
-        row["uniform"] = statistics.median(x[0] for x in ragged[0::2])
-        row["uniform_graph"] = statistics.median(x[1] for x in ragged[0::2])
-        row["fa4aot"] = statistics.median(x[0] for x in ragged[1::2])
-        row["fa4aot_graph"] = statistics.median(x[1] for x in ragged[1::2])
+            for ragged in (False, True):
+                rt.ragged = ragged
+                rt._split_runs.clear()
+                times[ragged].append((eager_us(step), graph_us(step, calls=5, replays=20)))
+        for ragged, name in ((False, "uniform"), (True, "fa4aot")):
+            row[name] = statistics.median(x[0] for x in times[ragged])
+            row[name + "_graph"] = statistics.median(x[1] for x in times[ragged])
         rt.split = 0
-        row["unsplit"] = eager_us(lambda: fa4aot.flash_attn_varlen_func(q, kp, vp, out=out, **kw))
+        row["unsplit"] = eager_us(step)
         rt.split = -1
         return row
 
