@@ -385,3 +385,73 @@ class RaggedMeta:
         if cutlass.const_expr(not self.paged and not self.used):
             if v == entries - 1 and tidx == 0:
                 mOut[entries] = mLen[b]  # (the last entry's end)
+
+
+class ChunkModes:
+    """FA4's sm90 forward (`inner`) with q's batch mode broadcast over the virtual sequences, a
+    paged K's lengths and a packed K's bounds viewed for ChunkLengths / RowChunks
+    (forwards.trace_chunk_modes); `assume`: FA4's own alignment step, applied to the flat q."""
+
+    def __init__(self, inner, assume):
+        self.inner, self.assume = inner, assume
+
+    @cute.jit
+    def __call__(self, mQ, mK, mV, mO, mLSE, scale, cu_q, cu_k, used_q, used_k, pages,
+                 wl, wr, sink, sparse, aux, cu_m, cu_sm, stream):  # FA4's sm90 order
+        mQ = self.assume(mQ)  # (FA4's own first step, on the flat q)
+        b = mQ.shape[0]
+        n = mO.shape[0] // b  # out's batch: the virtual sequences
+        layout = cute.make_layout(
+            ((n, b), mQ.shape[1], mQ.shape[2], mQ.shape[3]),
+            stride=((0, mQ.stride[0]), mQ.stride[1], mQ.stride[2], mQ.stride[3]),
+        )
+        if cutlass.const_expr(pages is not None and used_k is not None):
+            bu = used_k.shape[0]
+            used_k = cute.make_tensor(used_k.iterator, cute.make_layout(
+                ((mO.shape[0] // bu, bu), pages.shape[1] * mK.shape[1]),
+                stride=((0, used_k.stride[0]), 0),
+            ))
+        if cutlass.const_expr(cu_k is not None and cute.rank(cu_k) == 5):
+            b1, rows = cu_k.shape[0], cu_k.shape[1]
+            cu_k = cute.make_tensor(cu_k.iterator, cute.make_layout(
+                ((mO.shape[0] // ((b1 - 1) * rows), rows, b1), cu_k.shape[2],
+                 cu_k.shape[3], cu_k.shape[4]),
+                stride=((0, 0, cu_k.stride[0]), 0, 0, 0),
+            ))
+        self.inner(cute.make_tensor(mQ.iterator, layout), mK, mV, mO, mLSE, scale, cu_q,
+                   cu_k, used_q, used_k, pages, wl, wr, sink, sparse, aux, cu_m, cu_sm,
+                   stream)
+
+class ChunkLengths:
+    """What FA4's SeqlenInfoQK.create reads as seqused_k[v]: chunk v % u's keys."""
+
+    def __init__(self, t):
+        self.t = t
+
+    def __getitem__(self, v):
+        u, c = self.t.shape[0][0], self.t.shape[1]
+        return cutlass.min(cutlass.max(self.t[v, 0] - (v % u) * c, 0), c)
+
+class RowChunks:
+    """What FA4's SeqlenInfoQK.create reads as cu_seqlens_k[v] (`lengths` False: chunk
+    v % u's first key) and as seqused_k[v] (True: its keys) in the bounds mode; t: cu as
+    ((u, R, b + 1), c, K, A)."""
+
+    def __init__(self, t, lengths):
+        self.t, self.lengths = t, lengths
+
+    def __getitem__(self, v):
+        t = self.t
+        u, rows, last = t.shape[0][0], t.shape[0][1], t.shape[0][2] - 1
+        c, shift, anchor = t.shape[1], t.shape[2], t.shape[3]
+        r = v // u  # the decode row; its sequence i, its row tt of the sequence's rows
+        i = r // rows
+        j = v - r * u
+        start = t[i * rows * u, 0, 0, 0]
+        nxt = t[cutlass.min(i + 1, last) * rows * u, 0, 0, 0]
+        # the anchor: a causal tail's chunks start anchor - 1 keys before the end
+        skip = cutlass.min(anchor - 1, 1) * cutlass.max(nxt - start - anchor + 1, 0)
+        if cutlass.const_expr(not self.lengths):
+            return cutlass.min(start + skip + j * c, nxt)
+        back = cutlass.max(shift - 1 - (r - i * rows), 0)  # causal: row tt's keys
+        return cutlass.min(cutlass.max(nxt - start - back - skip - j * c, 0), c)

@@ -136,11 +136,12 @@ def trace_chunk_modes(compiles: list, bounds: bool = False, kernel: Any = None,
     passes the caller's q and seqused_k as they are. Called in FA4's own form (q's, out's and
     the lengths' batches equal: u = n = 1, and c spans the page table), it is FA4's kernel
     exactly. The same compile key as FA4's; outputs and LSE bit-identical to the q copy's."""
-    import cutlass
     import cutlass.cute as cute
     from flash_attn.cute import flash_fwd as F80
     from flash_attn.cute import flash_fwd_sm90 as F90
     from flash_attn.cute.seqlen_info import SeqlenInfoQK
+
+    from fa4aot.fa4 import cute_kernels as K
 
     fa_fwd, args, kwargs = _sm90_forward(compiles)
     if kernel is not None:  # another forward of FA4's ABI, compiled from the same arguments
@@ -155,86 +156,7 @@ def trace_chunk_modes(compiles: list, bounds: bool = False, kernel: Any = None,
                            "chunk-length mode reads seqused_k through it")
     paged = args[9] is not None and args[10] is not None  # seqused_k and a page table
     applied = []  # chunk-mode reads traced: a kernel that made none must not ship
-    if used:
-        if args[7] is None or paged or bounds or args[9] is not None:
-            raise RuntimeError("seqused_k beside cu_seqlens_k is for a packed K's kernel")
-        args = list(args)
-        args[9] = cute.runtime.make_fake_tensor(
-            cutlass.Int32, (cute.sym_int(),), stride=(1,), assumed_align=4)
-    if bounds:
-        if args[7] is None or paged:
-            raise RuntimeError("the chunk-bounds mode is for a packed K's kernel")
-        args = list(args)
-        args[7] = cute.runtime.make_fake_tensor(  # cu_seqlens_k as (b + 1, R, c, K, A)
-            cutlass.Int32, tuple(cute.sym_int() for _ in range(5)),
-            stride=(cute.sym_int64(divisibility=1), 0, 0, 0, 0), assumed_align=4,
-        )
-
-    class ChunkModes:
-        def __init__(self, inner):
-            self.inner = inner
-
-        # (no annotations: see _merge_class)
-        @cute.jit
-        def __call__(self, mQ, mK, mV, mO, mLSE, scale, cu_q, cu_k, used_q, used_k, pages,
-                     wl, wr, sink, sparse, aux, cu_m, cu_sm, stream):  # FA4's sm90 order
-            mQ = assume(mQ)  # (FA4's own first step, on the flat q)
-            b = mQ.shape[0]
-            n = mO.shape[0] // b  # out's batch: the virtual sequences
-            layout = cute.make_layout(
-                ((n, b), mQ.shape[1], mQ.shape[2], mQ.shape[3]),
-                stride=((0, mQ.stride[0]), mQ.stride[1], mQ.stride[2], mQ.stride[3]),
-            )
-            if cutlass.const_expr(pages is not None and used_k is not None):
-                bu = used_k.shape[0]
-                used_k = cute.make_tensor(used_k.iterator, cute.make_layout(
-                    ((mO.shape[0] // bu, bu), pages.shape[1] * mK.shape[1]),
-                    stride=((0, used_k.stride[0]), 0),
-                ))
-            if cutlass.const_expr(cu_k is not None and cute.rank(cu_k) == 5):
-                b1, rows = cu_k.shape[0], cu_k.shape[1]
-                cu_k = cute.make_tensor(cu_k.iterator, cute.make_layout(
-                    ((mO.shape[0] // ((b1 - 1) * rows), rows, b1), cu_k.shape[2],
-                     cu_k.shape[3], cu_k.shape[4]),
-                    stride=((0, 0, cu_k.stride[0]), 0, 0, 0),
-                ))
-            self.inner(cute.make_tensor(mQ.iterator, layout), mK, mV, mO, mLSE, scale, cu_q,
-                       cu_k, used_q, used_k, pages, wl, wr, sink, sparse, aux, cu_m, cu_sm,
-                       stream)
-
-    class ChunkLengths:
-        """What FA4's SeqlenInfoQK.create reads as seqused_k[v]: chunk v % u's keys."""
-
-        def __init__(self, t):
-            self.t = t
-
-        def __getitem__(self, v):
-            u, c = self.t.shape[0][0], self.t.shape[1]
-            return cutlass.min(cutlass.max(self.t[v, 0] - (v % u) * c, 0), c)
-
-    class RowChunks:
-        """What FA4's SeqlenInfoQK.create reads as cu_seqlens_k[v] (`lengths` False: chunk
-        v % u's first key) and as seqused_k[v] (True: its keys) in the bounds mode; t: cu as
-        ((u, R, b + 1), c, K, A)."""
-
-        def __init__(self, t, lengths):
-            self.t, self.lengths = t, lengths
-
-        def __getitem__(self, v):
-            t = self.t
-            u, rows, last = t.shape[0][0], t.shape[0][1], t.shape[0][2] - 1
-            c, shift, anchor = t.shape[1], t.shape[2], t.shape[3]
-            r = v // u  # the decode row; its sequence i, its row tt of the sequence's rows
-            i = r // rows
-            j = v - r * u
-            start = t[i * rows * u, 0, 0, 0]
-            nxt = t[cutlass.min(i + 1, last) * rows * u, 0, 0, 0]
-            # the anchor: a causal tail's chunks start anchor - 1 keys before the end
-            skip = cutlass.min(anchor - 1, 1) * cutlass.max(nxt - start - anchor + 1, 0)
-            if cutlass.const_expr(not self.lengths):
-                return cutlass.min(start + skip + j * c, nxt)
-            back = cutlass.max(shift - 1 - (r - i * rows), 0)  # causal: row tt's keys
-            return cutlass.min(cutlass.max(nxt - start - back - skip - j * c, 0), c)
+    args = _mode_args(args, paged, bounds, used)
 
     def assume_flat(t, **kw):  # FA4's alignment step takes flat strides: q's are done above
         if t is not None and any(isinstance(x, tuple) for x in t.stride):
@@ -243,12 +165,13 @@ def trace_chunk_modes(compiles: list, bounds: bool = False, kernel: Any = None,
 
     def create_chunked(*a, mCuSeqlensK=None, mSeqUsedK=None, **kw):
         if mSeqUsedK is not None and cute.rank(mSeqUsedK) == 2:  # the chunk-length mode
-            mSeqUsedK = ChunkLengths(mSeqUsedK)
+            mSeqUsedK = K.ChunkLengths(mSeqUsedK)
             applied.append(True)
         if mCuSeqlensK is not None and cute.rank(mCuSeqlensK) == 4:  # the chunk-bounds mode
             if mSeqUsedK is not None:
                 raise RuntimeError("the chunk-bounds mode is for a packed K without seqused_k")
-            mCuSeqlensK, mSeqUsedK = RowChunks(mCuSeqlensK, False), RowChunks(mCuSeqlensK, True)
+            mCuSeqlensK, mSeqUsedK = (K.RowChunks(mCuSeqlensK, False),
+                                      K.RowChunks(mCuSeqlensK, True))
             applied.append(True)
         return create(*a, mCuSeqlensK=mCuSeqlensK, mSeqUsedK=mSeqUsedK, **kw)
 
@@ -256,7 +179,7 @@ def trace_chunk_modes(compiles: list, bounds: bool = False, kernel: Any = None,
     SeqlenInfoQK.create = staticmethod(create_chunked)
     try:
         with _pdl_secondary(pdl):
-            fn = cute.compile(ChunkModes(fa_fwd), *args, **kwargs)
+            fn = cute.compile(K.ChunkModes(fa_fwd, assume), *args, **kwargs)
     finally:
         F90.assume_tensor_aligned = F80.assume_tensor_aligned = assume
         SeqlenInfoQK.create = staticmethod(create)
@@ -269,6 +192,28 @@ def trace_chunk_modes(compiles: list, bounds: bool = False, kernel: Any = None,
             "chunk mode cannot apply"
         )
     return fn
+
+
+def _mode_args(args: list, paged: bool, bounds: bool, used: bool) -> list:
+    """trace_chunk_modes' compile arguments: FA4's, with seqused_k added (`used`) or
+    cu_seqlens_k as the bounds mode's (b + 1, R, c, K, A) (`bounds`)."""
+    import cutlass
+    import cutlass.cute as cute
+
+    args = list(args)
+    if used:
+        if args[7] is None or paged or bounds or args[9] is not None:
+            raise RuntimeError("seqused_k beside cu_seqlens_k is for a packed K's kernel")
+        args[9] = cute.runtime.make_fake_tensor(
+            cutlass.Int32, (cute.sym_int(),), stride=(1,), assumed_align=4)
+    if bounds:
+        if args[7] is None or paged:
+            raise RuntimeError("the chunk-bounds mode is for a packed K's kernel")
+        args[7] = cute.runtime.make_fake_tensor(  # cu_seqlens_k as (b + 1, R, c, K, A)
+            cutlass.Int32, tuple(cute.sym_int() for _ in range(5)),
+            stride=(cute.sym_int64(divisibility=1), 0, 0, 0, 0), assumed_align=4,
+        )
+    return args
 
 
 def trace_wide_fold(compiles: list, wide: "C.WideFold", paged: bool, pdl: bool = False) -> Any:
