@@ -17,6 +17,7 @@ from .common import (
     layers_for,
     loadable_artifacts,
     matching_stores,
+    source_abi,
 )
 from .output import with_output
 from fa4aot.model import constraints as C
@@ -114,28 +115,12 @@ def explain(
     its KV (split-KV on sm90; FA4's native split on sm100/sm103) and how. FP8 calls (Blackwell)
     are served by kernels of their descale set. Exit 1 when nothing can serve it."""
 
-    with settings.scope(**({} if fa4 is None else {"kernel_source": _source_abi(fa4)})):
+    with settings.scope(**({} if fa4 is None else {"kernel_source": source_abi(fa4)})):
         _explain(
             arch, num_sms, gpu, dtype, descales, heads, head_dim, head_dim_v, layout, batch,
             seqlen_q, seqlen_k, page_size, causal, window, lse, sink, no_padding, hbm_tbps, qv,
             cache, out,
         )  # fmt: skip
-
-
-def _source_abi(fa4: str) -> str:
-    """--fa4 -> the FA4 ABI whose stores the runtime would serve: a name as given, a path's
-    read from its interface.py (sources.resolve; nothing imported)."""
-    from fa4aot.errors import Fa4SourceError
-    from fa4aot.fa4 import sources
-
-    if fa4 in ("auto", *sources.NAMED):
-        return fa4
-    try:
-        src = sources.resolve(fa4)
-        src.require_modelled()
-    except Fa4SourceError as e:
-        raise click.BadParameter(str(e), param_hint="--fa4") from None
-    return src.abi
 
 
 def _explain(

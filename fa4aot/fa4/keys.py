@@ -144,6 +144,29 @@ def _mla_variant_from_key(key, arch: str) -> Variant | None:
     )
 
 
+def copy_key_fields(f, arch: str) -> dict[str, Any]:
+    """The Variant fields an engine copy's forward key (KeyFields f) spells as upstream's
+    names them: head dims, ratio, causal and window, LSE, the varlen and paged inputs, pack_gqa
+    and a non-default tile_m (None where the default)."""
+    ratio = int(f["qhead_per_kvhead"])
+    causal = bool(f["causal"])
+    has_wl = bool(f["window_size_left is not None"])
+    has_wr = bool(f["window_size_right is not None"])
+    local = not causal and (has_wl or has_wr)
+    d, dv = int(f["head_dim"]), int(f["head_dim_v"])
+    tile_m = int(f["tile_m"])
+    paged = bool(f["page_table is not None"])
+    return dict(
+        head_dim=d, head_dim_v=dv, qhead_per_kvhead=ratio, causal=causal, local=local,
+        has_window_left=has_wl, has_window_right=has_wr, return_lse=not f["lse is None"],
+        cu_seqlens_q=not f["cu_seqlens_q is None"], cu_seqlens_k=not f["cu_seqlens_k is None"],
+        seqused_q=not f["seqused_q is None"], seqused_k=not f["seqused_k is None"],
+        paged=paged, paged_tma=(not f["page_size not in [None, tile_n]"]) if paged else None,
+        pack_gqa=None if bool(f["pack_gqa"]) == (ratio > 1) else bool(f["pack_gqa"]),
+        tile_m=None if tile_m == C.fwd_tile(arch, d, dv, causal, local).m else tile_m,
+    )
+
+
 def _combine_fields(rendered: str):
     """A rendered FA4 combine key (interface.py 4480-4495: arch, dtype, partial dtype, head dim,
     num_head, tile_m, k_block, log_max_splits, then six flags: cu_seqlens, seqused, lse,

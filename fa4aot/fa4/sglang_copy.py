@@ -31,7 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from fa4aot.fa4 import cubin
-from fa4aot.fa4.keys import _CUTE_DTYPES, fake_copy_call, key_repr, trace_caches
+from fa4aot.fa4.keys import (
+    _CUTE_DTYPES, copy_key_fields, fake_copy_call, key_repr, trace_caches,
+)
 from fa4aot.model import constraints as C
 from fa4aot.model.abis import ABIS, KeyFields
 from fa4aot.model.variants import Variant
@@ -172,29 +174,11 @@ def variant_from_key(key: tuple, arch: str) -> Variant | None:
                 or f["arch_forward_plan.compile_key if arch_forward_plan is not None "
                      "else None"] is not None):
             return None
-        ratio = int(f["qhead_per_kvhead"])
-        causal = bool(f["causal"])
-        has_wl = bool(f["window_size_left is not None"])
-        has_wr = bool(f["window_size_right is not None"])
-        local = not causal and (has_wl or has_wr)
-        d, dv = int(f["head_dim"]), int(f["head_dim_v"])
-        dflt = C.fwd_tile(arch, d, dv, causal, local)
-        tile_m = None if int(f["tile_m"]) == dflt.m else int(f["tile_m"])
-        paged = bool(f["page_table is not None"])
         return Variant(
-            arch=arch, dtype=_CUTE_DTYPES[f["dtype"].__name__], head_dim=d, head_dim_v=dv,
-            qhead_per_kvhead=ratio, causal=causal, local=local, has_window_left=has_wl,
-            has_window_right=has_wr, return_lse=not f["lse is None"],
+            arch=arch, dtype=_CUTE_DTYPES[f["dtype"].__name__],
             # (the copy takes bf16 sinks only: its key records their presence)
             sink_dtype="bfloat16" if f["learnable_sink is not None"] else None,
-            cu_seqlens_q=not f["cu_seqlens_q is None"],
-            cu_seqlens_k=not f["cu_seqlens_k is None"],
-            seqused_q=not f["seqused_q is None"], seqused_k=not f["seqused_k is None"],
-            paged=paged,
-            paged_tma=(not f["page_size not in [None, tile_n]"]) if paged else None,
-            cu_hint=False, static_persistent=False,
-            pack_gqa=None if bool(f["pack_gqa"]) == (ratio > 1) else bool(f["pack_gqa"]),
-            tile_m=tile_m,
+            cu_hint=False, static_persistent=False, **copy_key_fields(f, arch),
         )
     except (IndexError, KeyError, AttributeError, TypeError, ValueError):
         return None

@@ -21,7 +21,9 @@ from typing import Any
 from dataclasses import replace
 
 from fa4aot.fa4 import cubin
-from fa4aot.fa4.keys import _CUTE_DTYPES, fake_copy_call, key_repr, trace_caches
+from fa4aot.fa4.keys import (
+    _CUTE_DTYPES, copy_key_fields, fake_copy_call, key_repr, trace_caches,
+)
 from fa4aot.model import constraints as C
 from fa4aot.model.abis import ABIS, KeyFields
 from fa4aot.model.needs import Need
@@ -74,31 +76,14 @@ def variant_from_key(key: tuple, arch: str) -> Variant | None:
         q_dtype = str(f["q.dtype"]).removeprefix("torch.")
         if not fp8_kv and any(f[f"{t}_descale is not None"] for t in "qkv"):
             return None  # FP8 Q/K/V: the copy's sm100 path
-        ratio = int(f["qhead_per_kvhead"])
-        causal = bool(f["causal"])
-        has_wl = bool(f["window_size_left is not None"])
-        has_wr = bool(f["window_size_right is not None"])
-        local = not causal and (has_wl or has_wr)
-        d, dv = int(f["head_dim"]), int(f["head_dim_v"])
-        dflt = C.fwd_tile(arch, d, dv, causal, local)
-        tile_m = None if int(f["tile_m"]) == dflt.m else int(f["tile_m"])
-        paged = bool(f["page_table is not None"])
         split = bool(f["is_split_kv"])
         sink = f[SINK_FIELD]
         return Variant(
-            arch=arch, dtype=q_dtype, head_dim=d, head_dim_v=dv, qhead_per_kvhead=ratio,
-            causal=causal, local=local, has_window_left=has_wl, has_window_right=has_wr,
-            return_lse=not f["lse is None"],
+            arch=arch, dtype=q_dtype,
             sink_dtype=None if sink is None else _CUTE_DTYPES[sink.__name__],
-            cu_seqlens_q=not f["cu_seqlens_q is None"],
-            cu_seqlens_k=not f["cu_seqlens_k is None"],
-            seqused_q=not f["seqused_q is None"], seqused_k=not f["seqused_k is None"],
-            paged=paged,
-            paged_tma=(not f["page_size not in [None, tile_n]"]) if paged else None,
             cu_hint=bool(f["cu_total_m_blocks is not None"]),
             static_persistent=int(f["q_stage"]) == 1 if split else bool(f["is_static_persistent"]),
-            pack_gqa=None if bool(f["pack_gqa"]) == (ratio > 1) else bool(f["pack_gqa"]),
-            split_kv=split, tile_m=tile_m, kv_dtype=FP8_KV if fp8_kv else None,
+            split_kv=split, kv_dtype=FP8_KV if fp8_kv else None, **copy_key_fields(f, arch),
         )
     except (IndexError, KeyError, AttributeError, TypeError, ValueError):
         return None

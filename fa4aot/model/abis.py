@@ -115,7 +115,7 @@ VLLM_COMBINE_KEY = (
 
 # -- launch slots (what the interface passes the compiled sm90 functions, in order) ----------------
 
-# (the same table as runtime/abi.py's SM90_FWD, which the runtime's hot path spells out)
+# (runtime/abi.py's SM90_FWD: the order its hot-path builders spell out)
 UPSTREAM_SM90_FWD = (
     "q", "k", "v", "out", "lse", "softmax_scale",
     "cu_seqlens_q", "cu_seqlens_k", "seqused_q", "seqused_k", "page_table",

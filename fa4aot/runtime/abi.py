@@ -40,17 +40,13 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from fa4aot.model.abis import UPSTREAM_SM90_FWD
+
 # -- slot tables (names only; the builders below are written out for the hot path, and
 #    tests/runtime/test_abi.py checks that each builder fills exactly its table's order) ----
 
 # interface.py 1887-1936 (call_args), 1805-1836 (compile_args): arch // 10 in [8, 9, 12]
-SM90_FWD = (
-    "q", "k", "v", "out", "lse", "softmax_scale",
-    "cu_seqlens_q", "cu_seqlens_k", "seqused_q", "seqused_k", "page_table",
-    "window_left", "window_right", "learnable_sink",
-    "block_sparse", "aux",
-    "cu_total_m_blocks", "cu_total_splits_m_blocks",
-)  # fmt: skip
+SM90_FWD = UPSTREAM_SM90_FWD
 
 # the same call for arch // 10 in [10, 11]: a descale slot after the sink, and eight
 # scheduler slots (ending with the max_seqlen_q scalar) instead of sm90's two
