@@ -20,12 +20,18 @@ Elsewhere (a script calling SGLang's kernels): `import fa4aot.engines.sglang as 
 
 Served and handed back as in fa4aot.engines.vllm; SGLang's copy takes bfloat16 sinks only, so
 a sink of another dtype goes back (SGLang raises its own error), and MXFP8 scale factors
-(sfq/sfk/sfv), rel_bias, deterministic mode and score/mask mods go back.
+(sfq/sfk/sfv), rel_bias, deterministic mode and score/mask mods go back. So does a call the copy
+would split on sm90 (SGLang passes num_splits=0: the copy's heuristic, `copy_splits`): fa4aot
+builds no split kernels from SGLang's copy and would run it unsplit, many times slower on a long
+context.
 """
 
 from __future__ import annotations
 
+import functools
+
 from . import _common as C
+from ..model.constraints import fwd_tile
 
 MODULE = "sglang.kernels.ops.attention.flash_attention_v4"
 ATTR = "_flash_attn_varlen_func"
@@ -54,6 +60,68 @@ HAND_BACK = (
 )
 
 
+SPLIT_HANDBACK = "the copy splits this step (no split kernels are built from SGLang's copy)"
+
+
+def copy_splits(a: dict, num_sms: int) -> int:
+    """The split count SGLang 0.5.23's copy runs a call at on sm90 (interface.py:474-503 for the
+    shapes, :794-891 for the tile, the keys' bound and num_splits_heuristic(_sm90_decode)): a
+    paged K's bound is its whole pool unless max_seqlen_k is given, as the copy reads it."""
+    n = a["num_splits"]
+    if n == 1 or a["qv"] is not None:
+        return 1
+    q, v, cu_q = a["q"], a["v"], a["cu_seqlens_q"]
+    hq, d = q.shape[-2:]
+    hk, dv = v.shape[-2:]
+    if cu_q is None:
+        b, sq = q.shape[:2]
+        msq = sq if a["max_seqlen_q"] is None else a["max_seqlen_q"]
+    else:
+        b = cu_q.shape[0] - 1
+        msq = q.shape[0] if a["max_seqlen_q"] is None else a["max_seqlen_q"]
+    msk = a["max_seqlen_k"]
+    if msk is None:
+        msk = v.shape[0] * v.shape[1] if a["page_table"] is not None else v.shape[-3]
+    causal = bool(a["causal"])
+    try:
+        wl, wr = a["window_size"]
+    except (TypeError, ValueError):
+        wl = wr = None
+    # interface.py _resolve_causal_local_window
+    if causal:
+        wr = 0
+    if wl is not None and wr is not None and wl + wr < 0:
+        wl = wr = None
+    local = False
+    if wl is not None or wr is not None:
+        causal, local = (True, False) if wl is None and wr == 0 else (False, True)
+    if n > 1:
+        return n
+    tile = fwd_tile("sm90", d, dv, causal, local)
+    total = b * hk * -(-(msq * (hq // hk)) // tile.m)
+    keys = msk
+    if local:
+        keys = max(0, min(msk, (msk if wr is None else wr) + (msk if wl is None else wl) + 1
+                          + tile.m))
+    blocks = -(-keys // tile.n)
+    if msq == 1 and blocks <= 32 and total * 4 >= num_sms:
+        return 1
+    if blocks <= 4 or total == 0:
+        return 1
+    return max(1, min(num_sms // total, 128, blocks))
+
+
+@functools.cache
+def _sm90_sms(device) -> int:
+    """The device's SM count where it is an sm90 GPU, else 0 (the split check does not apply)."""
+    import torch
+
+    if device.type != "cuda":
+        return 0
+    p = torch.cuda.get_device_properties(device)
+    return p.multi_processor_count if p.major == 9 else 0
+
+
 def _convert(a: dict):
     """The FA4 copy's `flash_attn_varlen_func` arguments -> (fa4aot function, kwargs) or a
     hand-back reason."""
@@ -70,6 +138,9 @@ def _convert(a: dict):
     win = C.window(left, right)
     if isinstance(win, str):
         return win
+    sms = _sm90_sms(a["q"].device)
+    if sms and copy_splits(a, sms) > 1:
+        return SPLIT_HANDBACK
     return C.to_fa4aot(plugin, a, win)
 
 

@@ -488,3 +488,23 @@ def test_what_sglang_refuses_it_still_refuses(sgl_gpu):
         "unknown argument not_an_fa4_argument": 1,
     }
     assert P.counters.hits == 0
+
+
+@pytest.mark.gpu
+def test_a_step_the_copy_splits_is_sglangs(sgl_gpu, miss_log):
+    """Batch 1 over SGLang's whole pool: SGLang's copy splits it (num_splits=0, its sm90
+    heuristic), fa4aot has no split kernel from the copy: handed back, SGLang's split result
+    exactly, and right against fp32."""
+    from reference import rel_err
+
+    iface, m4, disp = sgl_gpu
+    case = Case("decode_b1_split", "decode", 1, 1, 3000, page=16)
+    inp = make(case, torch.Generator().manual_seed(5), "cuda")
+    P.uninstall()
+    nan = torch.full_like(inp["q"], float("nan"))
+    theirs = split_result(case, sglang_call(inp, m4, disp, nan))[0]
+    assert _combines(iface) > 0, "SGLang's copy did not split batch 1 (its heuristic changed?)"
+    _, (ours, _) = plugin_on(inp, m4, disp)
+    assert dict(P.counters.handbacks) == {P.SPLIT_HANDBACK: 1} and P.counters.hits == 0
+    assert torch.equal(ours, theirs)
+    assert rel_err(ours, reference(inp, True)[0]) < TOL

@@ -203,3 +203,83 @@ def test_fa4_unavailable_is_left_alone(cute):
     sys.modules[m4.__name__] = m4
     P.install()
     assert m4._flash_attn_varlen_func is None
+
+
+def _copy_functions(*names):
+    """Pure functions of the wheel's FA4 copy (interface.py), executed alone."""
+    import ast
+
+    text = wheels.source("sglang", "sglang/kernels/ops/attention/flash_attn/cute/interface.py")
+    if text is None:
+        pytest.skip(wheels.skip_reason("sglang"))
+    tree = ast.parse(text)
+    keep = [n for n in tree.body if getattr(n, "name", None) in names]
+    assert {n.name for n in keep} == set(names)
+    ns: dict = {"dataclass": __import__("dataclasses").dataclass}
+    exec(compile(ast.Module(keep, []), "interface.py", "exec"), ns)
+    return ns
+
+
+def test_copy_tile_is_fa4aots():
+    """copy_splits reads the copy's sm90 tile from constraints.fwd_tile: the copy's own
+    _tile_size_fwd_sm90 gives the same (M, N) for every head dim fa4aot builds."""
+    from fa4aot.model.constraints import fwd_tile
+
+    ns = _copy_functions("FwdConfig", "_tile_size_fwd_sm90")
+    for d, dv in ((64, 64), (96, 96), (128, 128), (192, 128), (192, 192), (256, 256),
+                  (512, 512)):
+        for causal, local in ((False, False), (True, False), (False, True)):
+            c = ns["_tile_size_fwd_sm90"](d, dv, causal, local)
+            t = fwd_tile("sm90", d, dv, causal, local)
+            assert (c.m_block_size, c.n_block_size) == (t.m, t.n), (d, dv, causal, local)
+
+
+def _decode(batch, hq=32, hk=8, d=128, pages=8192, page=64, **over):
+    a = dict(q=torch.zeros(batch, hq, d), v=torch.zeros(pages, page, hk, d), qv=None,
+             cu_seqlens_q=torch.zeros(batch + 1), max_seqlen_q=1, max_seqlen_k=None,
+             page_table=torch.zeros(batch, 4), causal=True, window_size=(None, None),
+             num_splits=0)
+    a.update(over)
+    return a
+
+
+@pytest.mark.parametrize("a, want", [
+    # a paged K's bound is its pool (8192 pages of 64): 512K keys, 4096 blocks of 128
+    (_decode(1), 132 // 8),  # total_mblocks 8: num_splits_heuristic
+    (_decode(8), 2),  # 64 blocks: 132 // 64
+    (_decode(16), 1),  # 128 M blocks fill the GPU
+    (_decode(1, max_seqlen_k=4096), 16),  # 32 blocks but 8 * 4 < 132: num_splits_heuristic
+    (_decode(40, max_seqlen_k=4096), 1),  # 32 blocks and 320 * 4 >= 132 SMs
+    (_decode(1, max_seqlen_k=512), 1),  # 4 blocks
+    (_decode(1, num_splits=5), 5),  # asked
+    (_decode(1, num_splits=1), 1),
+    (_decode(1, window_size=(127, 0), max_seqlen_k=1 << 20), 1),  # 127+0+1+128 keys: 2 blocks
+])
+def test_copy_splits(a, want):
+    """SGLang's copy's split count on 132 SMs (interface.py:794-891)."""
+    assert P.copy_splits(a, 132) == want
+
+
+def test_copy_splits_matches_the_copys_heuristics():
+    """The counts above are the copy's own num_splits_heuristic(_sm90_decode) at the same
+    total M blocks and N blocks."""
+    ns = _copy_functions("num_splits_heuristic", "num_splits_heuristic_sm90_decode")
+    dec = ns["num_splits_heuristic_sm90_decode"]
+    for b in (1, 2, 4, 8, 16, 64):
+        for msk in (512, 4096, 8192, 65536, None):
+            a = _decode(b, max_seqlen_k=msk)
+            blocks = -(-(msk or 8192 * 64) // 128)
+            assert P.copy_splits(a, 132) == dec(b * 8, 132, blocks, 128), (b, msk)
+
+
+def test_a_step_the_copy_splits_goes_back(sgl, cute, runtime, miss_log, monkeypatch):
+    """On an sm90 GPU a decode step the copy would split (batch 1 over SGLang's whole pool) is
+    SGLang's: fa4aot would run it unsplit."""
+    monkeypatch.setattr(P, "_sm90_sms", lambda device: 132)
+    m4, d = sgl
+    t = paged(batch=1)
+    assert d.flash_attn_with_kvcache(**backend_call(t)) == "engine-out"
+    assert runtime.calls == [] and dict(P.counters.handbacks) == {P.SPLIT_HANDBACK: 1}
+    t = paged(batch=64, hk=8, hq=32)  # 512 M blocks: the copy runs it unsplit
+    d.flash_attn_with_kvcache(**backend_call(t))
+    assert len(runtime.calls) == 1 and P.counters.hits == 1
