@@ -83,10 +83,7 @@ def copy_splits(a: dict, num_sms: int) -> int:
     if msk is None:
         msk = v.shape[0] * v.shape[1] if a["page_table"] is not None else v.shape[-3]
     causal = bool(a["causal"])
-    try:
-        wl, wr = a["window_size"]
-    except (TypeError, ValueError):
-        wl = wr = None
+    wl, wr = a["window_size"]  # (a pair: _convert hands back any other first)
     # interface.py _resolve_causal_local_window
     if causal:
         wr = 0
