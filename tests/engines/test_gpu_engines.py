@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import sys
 
 import pytest
 import torch
@@ -18,10 +17,14 @@ pytestmark = pytest.mark.gpu
 @pytest.fixture
 def vllm_fa4():
     src = os.environ.get("FA4AOT_ENGINE_SRC")
-    if src and src not in sys.path:
-        sys.path.insert(0, src)
     try:
-        return importlib.import_module("vllm.vllm_flash_attn.cute.interface")
+        if not src:
+            return importlib.import_module("vllm.vllm_flash_attn.cute.interface")
+        from fa4aot.fa4 import sources
+
+        # the copy alone, under its own module name, without vllm_flash_attn's __init__
+        # (which needs vLLM's compiled FA2/FA3 extensions)
+        return sources.load(sources.resolve("vllm", root=os.path.join(src, "vllm")))
     except Exception as e:  # noqa: BLE001 (any import failure: the copy is not usable here)
         pytest.skip(f"vLLM's FA4 copy not importable: {e!r}")
 
