@@ -7,27 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 from fa4aot.model import constraints as C
-from fa4aot import settings
-from fa4aot.cli import main
 
 TINY = (Path(__file__).parents[1] / "specs" / "tiny.toml").read_text()
 NOT_RUN = "built and checked but not run"
-
-
-@pytest.fixture
-def run(tmp_path):
-    runner = CliRunner(env={"FA4AOT_DEBUG": None, "FA4AOT_CACHE_DIR": None})
-
-    def invoke(*args):
-        with settings.scope(
-            stub_compiler="1", stub_delay="0", progress="0", cache_dir=str(tmp_path / "default")
-        ):
-            return runner.invoke(main, list(args), catch_exceptions=False)
-
-    return invoke
 
 
 @pytest.fixture

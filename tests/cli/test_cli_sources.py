@@ -39,13 +39,11 @@ max_batch = 8
 
 
 @pytest.fixture
-def run(tmp_path):
-    runner = CliRunner(env={"FA4AOT_DEBUG": None, "FA4AOT_CACHE_DIR": None})
+def run(run):
+    """run(*args, source=...) -> (result, its --json output), under that kernel source."""
 
     def invoke(*args, source="upstream"):
-        with settings.scope(stub_compiler="1", stub_delay="0", progress="0",
-                            cache_dir=str(tmp_path / "default"), kernel_source=source):
-            r = runner.invoke(main, [*args, "--json"], catch_exceptions=False)
+        r = run(*args, "--json", kernel_source=source)
         return r, json.loads(r.stdout)
 
     return invoke

@@ -33,20 +33,6 @@ TINY = (Path(__file__).parents[1] / "specs" / "tiny.toml").read_text()
 
 
 @pytest.fixture
-def run(tmp_path):
-    # the default layer points into tmp_path: nothing here touches the user's cache
-    runner = CliRunner(env={"FA4AOT_DEBUG": None, "FA4AOT_CACHE_DIR": None})
-
-    def invoke(*args):
-        with settings.scope(
-            stub_compiler="1", stub_delay="0", progress="0", cache_dir=str(tmp_path / "default")
-        ):
-            return runner.invoke(main, list(args), catch_exceptions=False)
-
-    return invoke
-
-
-@pytest.fixture
 def spec_file(tmp_path) -> Path:
     return write_spec(tmp_path, TINY)
 

@@ -2,17 +2,15 @@
 FakeTensorMode) for each case with `cute.compile` replaced by a recording stand-in and the
 copy's `is_fake_mode` answered False, so it goes on to call what it "compiled"; make the same
 call through fa4aot's runtime launcher for such a store (launch.abi_for("sm90", "sglang")) and
-sglang_abi's lists; print one JSON object: per case the two call sequences (normalised as
-_record_vllm.py does), each compile key by field name, and the canonical variant read back.
+sglang_abi's lists; print, as _record_copy.py does, the two call sequences and the keys per
+case, and the canonical variant read back.
 
     python _record_sglang.py SGLANG_ROOT [case ...]
 """
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 import warnings
 
 os.environ.update(FLASH_ATTENTION_ARCH="sm_90", CUTE_DSL_ARCH="sm_90a",
@@ -20,14 +18,13 @@ os.environ.update(FLASH_ATTENTION_ARCH="sm_90", CUTE_DSL_ARCH="sm_90a",
 warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
-from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+from _record_copy import BF16, dense, record  # noqa: E402
 
-from fa4aot.fa4 import sglang_copy, sources  # noqa: E402
-from fa4aot.model.abis import ABIS, KeyFields  # noqa: E402
+from fa4aot.fa4 import sglang_copy  # noqa: E402
 from fa4aot.runtime import launch as L  # noqa: E402
 from fa4aot.runtime import sglang_abi as SA  # noqa: E402
 
-BF16, I32 = torch.bfloat16, torch.int32
+I32 = torch.int32
 
 
 def i32(*n):
@@ -65,12 +62,6 @@ def varlen(b, s, hq, hk, d, lse=False, sink=False, window=None):
     return inp, kw
 
 
-def dense(b, s, hq, hk, d, causal=True):
-    inp = {n: torch.empty(b, s, h, d, dtype=BF16, device="cuda")
-           for n, h in (("q", hq), ("k", hk), ("v", hk))}
-    return inp, dict(softmax_scale=d ** -0.5, causal=causal, return_lse=False)
-
-
 CASES = {
     "hd128_p128_decode": lambda: paged(4, 1, 4096, 32, 8, 128, 128),
     "hd128_p16_decode": lambda: paged(4, 1, 4096, 32, 8, 128, 16),
@@ -84,26 +75,6 @@ CASES = {
     "hd128_p128_split4": lambda: paged(4, 1, 8192, 32, 8, 128, 128, splits=4, lse=True),
 }
 KINDS = {"FlashAttentionForwardSm90": "fwd", "FlashAttentionForwardCombine": "combine"}
-
-
-def norm_seq(calls, inputs):
-    names = {t.untyped_storage()._cdata: n for n, t in inputs.items() if torch.is_tensor(t)}
-    local: dict = {}
-
-    def norm(x):
-        if x is None:
-            return None
-        if torch.is_tensor(x):
-            sid = x.untyped_storage()._cdata
-            label = names.get(sid) or local.setdefault(sid, f"#{len(local)}")
-            return ["T", label, list(x.shape), list(x.stride()), x.storage_offset(), str(x.dtype)]
-        if isinstance(x, tuple):  # AuxData: a NamedTuple, compared as a tuple
-            return ["tuple", [norm(i) for i in x]]
-        if isinstance(x, (bool, int, float)):
-            return [type(x).__name__, x]
-        return ["?", type(x).__name__, repr(x)]
-
-    return [[kind, [norm(a) for a in args]] for kind, args in calls]
 
 
 def ours(inp, kw):
@@ -141,54 +112,16 @@ def ours(inp, kw):
     return calls
 
 
-def render(x):
-    if isinstance(x, tuple):
-        return "(" + ", ".join(render(i) for i in x) + ("," if len(x) == 1 else "") + ")"
-    if isinstance(x, type):
-        return x.__name__
-    return repr(x)
-
-
-def main():
-    root, names = sys.argv[1], sys.argv[2:] or list(CASES)
-    src = sources.resolve("sglang", root=root)
-    I = sources.load(src)
-    import cutlass.cute as cute
-
-    log: list = []
-
-    class Rec:
-        def __init__(self, op):
-            self.kind = KINDS[type(op).__name__]
-
-        def __call__(self, *a, **k):
-            assert not k, k
-            log.append((self.kind, a))
-
-    cute.compile = lambda op, *a, **k: Rec(op)
-    I.is_fake_mode = lambda: False
+def setup(I):
     I._get_device_num_sms = lambda device: 132
     torch.cuda.is_current_stream_capturing = lambda: False  # (a CPU torch has no CUDA to ask)
-    caches = sglang_copy.caches(I)
-    fields = {"fwd": ABIS["sglang"].fwd_key, "combine": ABIS["sglang"].combine_key}
-    result = {"source": src.record()}
-    for name in names:
-        for c in caches.values():
-            c.clear()
-        log.clear()
-        with FakeTensorMode():
-            inp, kw = CASES[name]()
-            I._flash_attn_fwd(**inp, **kw)
-            got = norm_seq(log, inp)
-            want = norm_seq(ours(inp, kw), inp)
-        keys = {n: [{f: render(x) for f, x in KeyFields(key, fields[n]).as_dict().items()}
-                    | {"_len": len(key)} for key in c.cache]
-                for n, c in caches.items()}
-        back = [sglang_copy.variant_from_key(key, "sm90") for key in caches["fwd"].cache]
-        result[name] = {"copy": got, "fa4aot": want, "keys": keys,
-                        "variants": [b.describe() if b else None for b in back]}
-    print("@@" + json.dumps(result))
+    return sglang_copy.caches(I)
+
+
+def variants(caches):
+    back = [sglang_copy.variant_from_key(key, "sm90") for key in caches["fwd"].cache]
+    return {"variants": [b.describe() if b else None for b in back]}
 
 
 if __name__ == "__main__":
-    main()
+    record("sglang", CASES, KINDS, ours, setup, variants)

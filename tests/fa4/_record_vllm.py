@@ -1,17 +1,15 @@
 """Subprocess of test_vllm_abi.py: run vLLM's FA4 copy (`_flash_attn_fwd`, sm90, under
 FakeTensorMode) for each case with `cute.compile` replaced by a recording stand-in and the
 copy's `is_fake_mode` answered False, so it goes on to call what it "compiled"; lay out the same
-call with fa4aot.runtime.vllm_abi; print one JSON object: per case the two call sequences
-(normalised as tests/test_abi.py does), and each compile key by field name.
+call with fa4aot.runtime.vllm_abi; print, as _record_copy.py does, the two call sequences and
+the keys per case.
 
     python _record_vllm.py VLLM_ROOT [case ...]
 """
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 import warnings
 
 os.environ.update(FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED="0", FLASH_ATTENTION_ARCH="sm_90",
@@ -19,13 +17,11 @@ os.environ.update(FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED="0", FLASH_ATTENTION_AR
 warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
-from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+from _record_copy import BF16, dense, record  # noqa: E402
 
-from fa4aot.fa4 import sources  # noqa: E402
-from fa4aot.model.abis import ABIS, KeyFields  # noqa: E402
 from fa4aot.runtime import vllm_abi as VA  # noqa: E402
 
-BF16, FP8, I32 = torch.bfloat16, torch.float8_e4m3fn, torch.int32
+FP8, I32 = torch.float8_e4m3fn, torch.int32
 
 
 def paged(b, sq, sk, hq, hk, d, page, kv=BF16, splits=1, lse=False):
@@ -59,12 +55,6 @@ def varlen(b, s, hq, hk, d, lse=False, splits=1):
                      return_lse=lse, num_splits=splits)
 
 
-def dense(b, s, hq, hk, d):
-    inp = {n: torch.empty(b, s, h, d, dtype=BF16, device="cuda")
-           for n, h in (("q", hq), ("k", hk), ("v", hk))}
-    return inp, dict(softmax_scale=d ** -0.5, causal=True, return_lse=False)
-
-
 CASES = {
     "bf16_p64_decode": lambda: paged(4, 1, 4096, 32, 4, 512, 64),
     "bf16_p64_prefill": lambda: paged(2, 256, 1024, 32, 4, 512, 64),
@@ -86,26 +76,6 @@ CASES = {
 }
 KINDS = {"FlashAttentionForwardSm90": "fwd", "FlashAttentionForwardCombine": "combine",
          "CuSeqlensToBlocksKernel": "tile_cumsum", "CuBlocksToBatchKernel": "blocks_to_batch"}
-
-
-def norm_seq(calls, inputs):
-    names = {t.untyped_storage()._cdata: n for n, t in inputs.items() if torch.is_tensor(t)}
-    local: dict = {}
-
-    def norm(x):
-        if x is None:
-            return None
-        if torch.is_tensor(x):
-            sid = x.untyped_storage()._cdata
-            label = names.get(sid) or local.setdefault(sid, f"#{len(local)}")
-            return ["T", label, list(x.shape), list(x.stride()), x.storage_offset(), str(x.dtype)]
-        if isinstance(x, tuple):  # AuxData / DescaleTensors: NamedTuples, compared as tuples
-            return ["tuple", [norm(i) for i in x]]
-        if isinstance(x, (bool, int, float)):
-            return [type(x).__name__, x]
-        return ["?", type(x).__name__, repr(x)]
-
-    return [[kind, [norm(a) for a in args]] for kind, args in calls]
 
 
 def ours(inp, kw):
@@ -153,53 +123,12 @@ def ours(inp, kw):
     return calls
 
 
-def render(x):
-    if isinstance(x, tuple):
-        return "(" + ", ".join(render(i) for i in x) + ("," if len(x) == 1 else "") + ")"
-    if isinstance(x, type):
-        return x.__name__
-    return repr(x)
-
-
-def main():
-    root, names = sys.argv[1], sys.argv[2:] or list(CASES)
-    src = sources.resolve("vllm", root=root)
-    I = sources.load(src)
-    import cutlass.cute as cute
-
-    log: list = []
-
-    class Rec:
-        def __init__(self, op):
-            self.kind = KINDS[type(op).__name__]
-
-        def __call__(self, *a, **k):
-            assert not k, k
-            log.append((self.kind, a))
-
-    cute.compile = lambda op, *a, **k: Rec(op)
-    I.is_fake_mode = lambda: False
-    caches = {"fwd": I._flash_attn_fwd.compile_cache,
-              "combine": I._flash_attn_fwd_combine.compile_cache,
-              "tile_cumsum": I._compute_tile_cumsum.compile_cache,
-              "blocks_to_batch": I._compute_blocks_to_batch.compile_cache}
-    fields = {"fwd": ABIS["vllm"].fwd_key, "combine": ABIS["vllm"].combine_key}
-    result = {"source": src.record()}
-    for name in names:
-        for c in caches.values():
-            c.clear()
-        log.clear()
-        with FakeTensorMode():
-            inp, kw = CASES[name]()
-            I._flash_attn_fwd(**inp, **kw)
-            got = norm_seq(log, inp)
-            want = norm_seq(ours(inp, kw), inp)
-        keys = {n: [{f: render(x) for f, x in KeyFields(key, fields[n]).as_dict().items()}
-                    | {"_len": len(key)} for key in c.cache]
-                for n, c in caches.items() if n in fields}
-        result[name] = {"copy": got, "fa4aot": want, "keys": keys}
-    print("@@" + json.dumps(result))
+def setup(I):
+    return {"fwd": I._flash_attn_fwd.compile_cache,
+            "combine": I._flash_attn_fwd_combine.compile_cache,
+            "tile_cumsum": I._compute_tile_cumsum.compile_cache,
+            "blocks_to_batch": I._compute_blocks_to_batch.compile_cache}
 
 
 if __name__ == "__main__":
-    main()
+    record("vllm", CASES, KINDS, ours, setup)

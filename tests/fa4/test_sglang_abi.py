@@ -14,13 +14,9 @@ fa4aot's launcher, and the two call sequences are compared slot by slot.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
+import _record_copy
 import pytest
+from _record_copy import S, slot_names
 
 from fa4_copies import engine_root
 from fa4aot.fa4 import sglang_copy as SG
@@ -29,20 +25,7 @@ from fa4aot.model.compile_keys import Call
 from fa4aot.runtime import launch as L
 from fa4aot.runtime import sglang_abi as SA
 
-ROOT = Path(__file__).resolve().parents[2]
 CUTE = ("kernels", "ops", "attention", "flash_attn", "cute")
-
-
-class _S:
-    def __init__(self, name):
-        self.name = name
-
-    def __repr__(self):
-        return self.name
-
-
-def _names(args):
-    return tuple(a.name if isinstance(a, _S) else a for a in args)
 
 
 POS = ("q", "k", "v", "out", "lse", "softmax_scale", "cu_seqlens_q", "cu_seqlens_k",
@@ -52,17 +35,17 @@ POS = ("q", "k", "v", "out", "lse", "softmax_scale", "cu_seqlens_q", "cu_seqlens
 
 def test_builders_fill_the_tables_in_order():
     fixed = {"block_sparse": None, "aux": SA.AUX_NONE}
-    args = SA.fwd_args(*[_S(n) for n in POS], bias=_S("bias"))
+    args = SA.fwd_args(*[S(n) for n in POS], bias=S("bias"))
     assert len(args) == 17 == len(abis.SGLANG_SM90_FWD)
-    assert _names(args) == tuple(fixed.get(n, n) for n in abis.SGLANG_SM90_FWD)
-    comb = SA.combine_args(*[_S(n) for n in abis.SGLANG_COMBINE])
-    assert _names(comb) == abis.SGLANG_COMBINE and len(comb) == 9
+    assert slot_names(args) == tuple(fixed.get(n, n) for n in abis.SGLANG_SM90_FWD)
+    comb = SA.combine_args(*[S(n) for n in abis.SGLANG_COMBINE])
+    assert slot_names(comb) == abis.SGLANG_COMBINE and len(comb) == 9
     # the runtime's launcher: its 15 arch-neutral parameters in, fwd_args' list out (the
     # cu_total it may be handed has no slot); no bias
     got = []
     launch = L.abi_for("sm90", "sglang").fwd(lambda *a: got.append(a), guard=False)
-    p = [_S(n) for n in POS]
-    launch(*p, _S("cu_total_m_blocks"))
+    p = [S(n) for n in POS]
+    launch(*p, S("cu_total_m_blocks"))
     assert got == [SA.fwd_args(*p)]
 
 
@@ -144,14 +127,7 @@ def test_canonical_drops_only_what_the_copys_kernel_lacks():
 
 @pytest.fixture(scope="module")
 def recorded():
-    root = engine_root("sglang")
-    env = {**os.environ,
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    script = ROOT / "tests" / "fa4" / "_record_sglang.py"
-    r = subprocess.run([sys.executable, str(script), str(root)], capture_output=True, text=True,
-                       env=env, timeout=600, cwd=ROOT)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout[r.stdout.index("@@") + 2:])
+    return _record_copy.run("_record_sglang.py", engine_root("sglang"))
 
 
 CASES = ("hd128_p128_decode", "hd128_p16_decode", "hd128_p64_prefill", "hd128_varlen_lse",
@@ -161,14 +137,8 @@ CASES = ("hd128_p128_decode", "hd128_p16_decode", "hd128_p64_prefill", "hd128_va
 
 @pytest.mark.parametrize("case", CASES)
 def test_launches_equal_the_copys_slot_by_slot(recorded, case):
-    got, want = recorded[case]["copy"], recorded[case]["fa4aot"]
-    assert [k for k, _ in got] == [k for k, _ in want]
-    tables = {"fwd": abis.SGLANG_SM90_FWD, "combine": abis.SGLANG_COMBINE}
-    for (kind, a), (_, b) in zip(got, want):
-        table = tables[kind]
-        assert len(a) == len(b) == len(table), kind
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert x == y, f"{kind} slot {i} ({table[i]}): copy {x}, fa4aot {y}"
+    _record_copy.assert_same_calls(recorded[case]["copy"], recorded[case]["fa4aot"],
+                                   {"fwd": abis.SGLANG_SM90_FWD, "combine": abis.SGLANG_COMBINE})
 
 
 def test_keys_read_by_name(recorded):

@@ -14,32 +14,14 @@ and dtype, scalars by type and value, tuples member by member.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
+import _record_copy
 import pytest
 import torch
+from _record_copy import S, slot_names
 
 from fa4aot.model import abis
 from fa4aot.runtime import vllm_abi as VA
 from fa4_copies import engine_root
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-class _S:
-    def __init__(self, name):
-        self.name = name
-
-    def __repr__(self):
-        return self.name
-
-
-def _names(args):
-    return tuple(a.name if isinstance(a, _S) else a for a in args)
 
 
 _FIXED = {"block_sparse": None, "aux": VA.AUX_NONE}
@@ -49,16 +31,16 @@ def test_builders_fill_the_tables_in_order():
     pos = ("q", "k", "v", "out", "lse", "softmax_scale", "cu_seqlens_q", "cu_seqlens_k",
            "seqused_q", "seqused_k", "page_table", "window_left", "window_right",
            "learnable_sink")  # fmt: skip
-    kw = {n: _S(n) for n in ("dynamic_causal", "descales", "output_scale", "cu_total_m_blocks",
-                             "cu_total_splits_m_blocks")}
-    args = VA.fwd_args(*[_S(n) for n in pos], **kw)
+    kw = {n: S(n) for n in ("dynamic_causal", "descales", "output_scale", "cu_total_m_blocks",
+                            "cu_total_splits_m_blocks")}
+    args = VA.fwd_args(*[S(n) for n in pos], **kw)
     assert len(args) == 21 == len(abis.VLLM_SM90_FWD)
-    assert _names(args) == tuple(_FIXED.get(n, n) for n in abis.VLLM_SM90_FWD)
-    comb = VA.combine_args(*[_S(n) for n in abis.VLLM_COMBINE])
-    assert _names(comb) == abis.VLLM_COMBINE and len(comb) == 10
+    assert slot_names(args) == tuple(_FIXED.get(n, n) for n in abis.VLLM_SM90_FWD)
+    comb = VA.combine_args(*[S(n) for n in abis.VLLM_COMBINE])
+    assert slot_names(comb) == abis.VLLM_COMBINE and len(comb) == 10
     # the launcher: the runtime's 16 leading parameters, then descales; passes fwd_args' list
-    p = [_S(n) for n in pos]
-    cu, desc = _S("cu_total_m_blocks"), _S("descales")
+    p = [S(n) for n in pos]
+    cu, desc = S("cu_total_m_blocks"), S("descales")
     got = VA.launch_sm90(lambda *a: a, *p, cu, desc)
     assert got == VA.fwd_args(*p, descales=desc, cu_total_m_blocks=cu)
 
@@ -110,14 +92,7 @@ def test_the_wheels_key_fields_are_the_models():
 
 @pytest.fixture(scope="module")
 def recorded():
-    root = engine_root("vllm")
-    env = {**os.environ,
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    script = ROOT / "tests" / "fa4" / "_record_vllm.py"
-    r = subprocess.run([sys.executable, str(script), str(root)], capture_output=True, text=True,
-                       env=env, timeout=600, cwd=ROOT)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout[r.stdout.index("@@") + 2:])
+    return _record_copy.run("_record_vllm.py", engine_root("vllm"))
 
 
 CASES = ("bf16_p64_decode", "bf16_p64_prefill", "bf16_p64_decode_tp8", "bf16_p16_decode",
@@ -128,15 +103,9 @@ CASES = ("bf16_p64_decode", "bf16_p64_prefill", "bf16_p64_decode_tp8", "bf16_p16
 
 @pytest.mark.parametrize("case", CASES)
 def test_launches_equal_the_copys_slot_by_slot(recorded, case):
-    got, want = recorded[case]["copy"], recorded[case]["fa4aot"]
-    assert [k for k, _ in got] == [k for k, _ in want]
-    tables = {"fwd": abis.VLLM_SM90_FWD, "combine": abis.VLLM_COMBINE}
-    for (kind, a), (_, b) in zip(got, want):
-        table = tables.get(kind)  # (the batch > 256 helpers take upstream's slots)
-        assert len(a) == len(b) == (len(table) if table else len(b)), kind
-        for i, (x, y) in enumerate(zip(a, b)):
-            slot = table[i] if table else i
-            assert x == y, f"{kind} slot {i} ({slot}): copy {x}, fa4aot {y}"
+    # (the batch > 256 helpers take upstream's slots: compared by position)
+    _record_copy.assert_same_calls(recorded[case]["copy"], recorded[case]["fa4aot"],
+                                   {"fwd": abis.VLLM_SM90_FWD, "combine": abis.VLLM_COMBINE})
 
 
 def test_gemma4_keys_read_by_name(recorded):

@@ -36,21 +36,10 @@ from fa4aot.runtime import abi
 from fa4aot.runtime import launch as L
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "fa4"))  # _record_copy, in the workers too
+from _record_copy import S as _S, norm_seq as _norm_seq, slot_names as _names  # noqa: E402
 
 # -- pure checks (no FA4) -----------------------------------------------------------------------
-
-
-class _S:
-    """A named sentinel standing for one slot's value."""
-
-    def __init__(self, name):
-        self.name = name
-
-    def __repr__(self):
-        return self.name
-
-    def data_ptr(self):  # the sm90 launcher tests a page table's base (abi.GUARD_ALIGN):
-        return 16  # off any mapping boundary, so the sentinel itself is passed on
 
 
 _FWD_POS = ("q", "k", "v", "out", "lse", "softmax_scale", "cu_seqlens_q", "cu_seqlens_k",
@@ -61,10 +50,6 @@ _SCHED_KW = ("num_splits_dynamic", "tile_count_semaphore", "virtual_batch_idx",
              "blocks_to_batch_idx")  # fmt: skip
 _FIXED = {"block_sparse": None, "aux": abi.AUX_NONE, "p": None, "row_max": None,
           "gather_kv_indices": None, "o_lo": None}  # fmt: skip
-
-
-def _names(args):
-    return tuple(a.name if isinstance(a, _S) else a for a in args)
 
 
 def _want(table):
@@ -205,28 +190,6 @@ class _Rec:
     def __call__(self, *args, **kwargs):
         assert not kwargs, kwargs
         _Rec.log.append((self.kind, args))
-
-
-def _norm_seq(calls, inputs):
-    """[(kind, args)] -> a comparable form: caller tensors named by the input they alias,
-    other storages numbered in order of first appearance."""
-    names = {t.untyped_storage()._cdata: n for n, t in inputs.items() if torch.is_tensor(t)}
-    local: dict = {}
-
-    def norm(x):
-        if x is None:
-            return None
-        if torch.is_tensor(x):
-            sid = x.untyped_storage()._cdata
-            label = names.get(sid) or local.setdefault(sid, f"#{len(local)}")
-            return ["T", label, list(x.shape), list(x.stride()), x.storage_offset(), str(x.dtype)]
-        if isinstance(x, tuple):
-            return ["tuple", [norm(i) for i in x]]
-        if isinstance(x, (bool, int, float)):
-            return [type(x).__name__, x]
-        return ["?", type(x).__name__, repr(x)]
-
-    return [[kind, [norm(a) for a in args]] for kind, args in calls]
 
 
 def _case_inputs(c: dict):

@@ -18,7 +18,6 @@ from __future__ import annotations
 import pytest
 import torch
 from reference import mla_ref, rel_err
-from stub_store import serve_variants
 
 import fa4aot.runtime as R
 from fa4aot.build.builder import plan_for
@@ -66,23 +65,9 @@ def _mla_kernel(variant, log):
 
 
 @pytest.fixture
-def store(monkeypatch, tmp_path, knobs):
+def store(stand_in_store):
     """serve(variants) -> the default runtime, its stores holding exactly `variants`."""
-    knobs(cache_dir=str(tmp_path / "cache"), padding=None)
-    monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0)
-    log: list = []
-
-    def load(self, art, *names):
-        return [_mla_kernel(art.variant, log) if n == "fwd" else None for n in names]
-
-    def serve(variants):
-        rt = serve_variants(monkeypatch, tmp_path / "cache", variants, load, "sm100", SMS,
-                            lambda v: {"fwd": {}})
-        rt.log = log
-        return rt
-
-    yield serve
-    R.reset(roots=[tmp_path / "cache"])
+    return stand_in_store(lambda v, log: {"fwd": _mla_kernel(v, log)}, lambda v: {"fwd": {}}, SMS)
 
 
 def _call(heads, lens_q, lens_k, page=None, seed=0):

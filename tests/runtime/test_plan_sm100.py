@@ -14,7 +14,6 @@ import pytest
 import torch
 from fakes import write_ref
 from reference import attention_ref, rel_err
-from stub_store import serve_variants
 
 import fa4aot.runtime as R
 from fa4aot.model import constraints as C
@@ -95,23 +94,10 @@ def _combine(log):
 
 
 @pytest.fixture
-def store(monkeypatch, tmp_path, knobs):
+def store(stand_in_store):
     """serve(variants, arch) -> the default runtime, its stores holding exactly `variants`."""
-    knobs(cache_dir=str(tmp_path / "cache"), padding=None)
-    monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0)
-    log: list = []
-
-    def load(self, art, *names):
-        got = {"fwd": _fwd(art.variant.causal, log), "combine": _combine(log)}
-        return [got[n] if n in art.record["parts"] else None for n in names]
-
-    def serve(variants, arch="sm100"):
-        rt = serve_variants(monkeypatch, tmp_path / "cache", variants, load, arch, SMS, _parts)
-        rt.log = log
-        return rt
-
-    yield serve
-    R.reset(roots=[tmp_path / "cache"])
+    return stand_in_store(
+        lambda v, log: {"fwd": _fwd(v.causal, log), "combine": _combine(log)}, _parts, SMS)
 
 
 def _feat(b, sq, hq, hk, d, causal=True, lse=False, dtype="bfloat16", **kw):
