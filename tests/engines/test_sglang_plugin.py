@@ -235,9 +235,11 @@ def test_copy_tile_is_fa4aots():
 
 
 def _decode(batch, hq=32, hk=8, d=128, pages=8192, page=64, **over):
-    a = dict(q=torch.zeros(batch, hq, d), v=torch.zeros(pages, page, hk, d), qv=None,
-             cu_seqlens_q=torch.zeros(batch + 1), max_seqlen_q=1, max_seqlen_k=None,
-             page_table=torch.zeros(batch, 4), causal=True, window_size=(None, None),
+    # meta tensors: copy_splits reads shapes only (the pool would be 2 GB a case on the CPU)
+    m = dict(device="meta")
+    a = dict(q=torch.empty(batch, hq, d, **m), v=torch.empty(pages, page, hk, d, **m), qv=None,
+             cu_seqlens_q=torch.empty(batch + 1, **m), max_seqlen_q=1, max_seqlen_k=None,
+             page_table=torch.empty(batch, 4, **m), causal=True, window_size=(None, None),
              num_splits=0)
     a.update(over)
     return a
