@@ -20,7 +20,10 @@ PKG = Path(__file__).resolve().parents[1] / "fa4aot"
 MAX_MODULE_LINES = 700
 MAX_FUNCTION_LINES = 100
 # Functions allowed over MAX_FUNCTION_LINES, each with its reason. Keep this list short.
-LONG_FUNCTIONS: dict[str, str] = {}
+LONG_FUNCTIONS: dict[str, str] = {
+    # a per-call layer between the check and the launch shows in benchmarks/host_cpu.py
+    "fa4aot.runtime.flash_attn_varlen_func": "the varlen / paged serving path kept in one frame",
+}
 
 _MONTHS = (
     "January|February|March|April|May|June|July|August|September|October|November|December"

@@ -305,25 +305,16 @@ def flash_attn_varlen_func(
         )  # fmt: skip
         if type(plan) is tuple:  # served: (out, lse)
             return plan
-    return _varlen_exact(rt, plan, q, k, v, out, lse, shape, cu_seqlens_q, cu_seqlens_k,
-                         max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, page_table,
-                         softmax_scale, learnable_sink)
-
-
-def _varlen_exact(rt, plan, q, k, v, out, lse, shape, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                  max_seqlen_k, seqused_q, seqused_k, page_table, softmax_scale, sink):
-    """flash_attn_varlen_func on an exact sm90 plan (`shape`: check_varlen's)."""
-    dev, batch, total_q, sq_dense, seqlen_k, hq, hk, d, dv, _, _, _, _, _, return_lse, _ = shape
-    varlen_q = sq_dense is None
+    # the exact sm90 plan, in this frame: the per-call path has no pass-through layer
     if out is None:  # (empty_like: as in flash_attn_func)
         out = (torch.empty_like(q) if dv == d and q.is_contiguous()
                else q.new_empty(*q.shape[:-1], dv))
     if lse is None and return_lse:
         lse = q.new_empty(*((hq, total_q) if varlen_q else (batch, hq, sq_dense)), dtype=_F32)
     if total_q == 0 or seqlen_k == 0:
-        return X.empty(out, lse, sink, varlen=varlen_q)
-    if sink is not None and sink.stride(0) != 1:
-        sink = sink.contiguous()
+        return X.empty(out, lse, learnable_sink, varlen=varlen_q)
+    if learnable_sink is not None and learnable_sink.stride(0) != 1:
+        learnable_sink = learnable_sink.contiguous()
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
     if page_table is not None and plan.abi is _VLLM and rt.split:  # the copy's own split-KV
         got = VA.split_step(rt, plan, dev, q, k, v, out, batch, hk, max_seqlen_k, page_table,
@@ -339,17 +330,23 @@ def _varlen_exact(rt, plan, q, k, v, out, lse, shape, cu_seqlens_q, cu_seqlens_k
         # cu_total == cu_seqlens_q. Passing it saves a kernel launch and an allocation.
         cu_total = cu_seqlens_q
     else:
-        cu_total = cu_seqlens_q.new_empty(batch + 1) if varlen_q else seqused_q.new_empty(batch + 1)
-        plan.tile(
-            cu_total,
-            cu_seqlens_q if plan.helper_cu else None,
-            seqused_q if plan.helper_seqused else None,
-        )
+        cu_total = _tile_counts(plan, batch, cu_seqlens_q, seqused_q)
     plan.launch(
         q, k, v, out, lse, scale, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table,
-        plan.window_left, plan.window_right, sink, cu_total,
+        plan.window_left, plan.window_right, learnable_sink, cu_total,
     )
     return out, lse
+
+
+def _tile_counts(plan, batch, cu_seqlens_q, seqused_q):
+    """The cumulative query-tile counts per sequence, from FA4's helper kernel."""
+    cu_total = (cu_seqlens_q if cu_seqlens_q is not None else seqused_q).new_empty(batch + 1)
+    plan.tile(
+        cu_total,
+        cu_seqlens_q if plan.helper_cu else None,
+        seqused_q if plan.helper_seqused else None,
+    )
+    return cu_total
 
 
 def _varlen_other(
