@@ -37,7 +37,7 @@ GRID_S = (1024, 4096, 16384, 65536, 131072)
 ROUNDS = 3  # alternating measurements per column and cell (dense_case)
 SHORT_ROUNDS = 5  # the same for cells of under 1 GB of KV
 # a cell runs when its K and V fit the card with this much to spare (SDPA's workspace, the
-# outputs); b128/128K (69 GB of KV) fits an H200's 140 GB (2026-12-02: every column ran). A
+# outputs); b128/128K (69 GB of KV) fits an H200's 140 GB. A
 # cuDNN reference that runs out of memory skips the cell; the flash column is left empty with
 # its error.
 SPARE_BYTES = 8e9
@@ -88,10 +88,8 @@ def _bench(table_only=False, grid_only=False):
         cols = decode_columns(q, k, v, out)
         ours, unsplit, cudnn = cols["fa4aot"], cols["unsplit"], cols["cudnn"]
         # fa4aot, the unsplit kernel and cuDNN measured in alternation, ROUNDS times each (the
-        # order reversed every other round), medians: the card's state drifts over a run (one
-        # H200 run, 2026-12-01 02:22 UTC, had FA4's own unsplit kernel 4-7% behind cuDNN at
-        # b64-b128 where the run before had it at parity), and a difference between columns
-        # measured minutes apart would be that drift
+        # order reversed every other round), medians: the card's state drifts over a run, and
+        # a difference between columns measured minutes apart would be that drift
         eager = {c: [] for c in cols}
         graph = {c: [] for c in ("fa4aot", "cudnn")}
         replays = 20 if table else 10

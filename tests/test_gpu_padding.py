@@ -24,9 +24,7 @@ pytestmark = pytest.mark.gpu
 @pytest.fixture(autouse=True)
 def _no_split():
     """These tests check how the fold and padding serve a call; a long decode step would be
-    split-KV'd instead (its output is as exact: test_gpu_split.py), so splitting is off here.
-    (On the H200, 2026-11-30 19:43, 21 fold tests failed on the plan check alone: the split
-    had served their 4096-key decode steps, outputs within tolerance.)"""
+    split-KV'd instead (its output is as exact: test_gpu_split.py), so splitting is off here."""
     import fa4aot.runtime as R
 
     rt = R.default_runtime()

@@ -1,7 +1,7 @@
 """House rules of the package, checked statically (ast and text: nothing is imported).
 
-- no lab notes in the product: no dates or session tags in fa4aot/ (measurements live in
-  docs/design.md, "Tuned thresholds");
+- no lab notes in the tree: no dates or session tags in fa4aot/, tests/ or benchmarks/
+  (measurements live in docs/design.md, "Tuned thresholds", and docs/results.md);
 - no import cycle among fa4aot's modules, counting imports inside functions too;
 - only fa4aot.fa4 imports cutlass / flash_attn (tests/runtime/test_runtime_cpu.py checks that importing
   the runtime pulls neither);
@@ -66,7 +66,16 @@ def _lab_notes(text: str) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("path", [*_sources(), *sorted(PKG.rglob("*.toml"))], ids=_rel)
+def _tree_code() -> list[Path]:
+    """fa4aot's sources and specs, the tests (less this file's examples) and the benchmarks."""
+    root = PKG.parent
+    extra = [*(root / "tests").rglob("*.py"), *(root / "benchmarks").rglob("*.py"),
+             *(root / "benchmarks").rglob("*.sh")]
+    return [*_sources(), *sorted(PKG.rglob("*.toml")),
+            *sorted(p for p in extra if p != Path(__file__).resolve())]
+
+
+@pytest.mark.parametrize("path", _tree_code(), ids=_rel)
 def test_no_dates_or_session_tags(path):
     assert _lab_notes(path.read_text()) == [], "lab notes belong in docs/design.md or git"
 

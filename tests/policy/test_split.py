@@ -57,22 +57,18 @@ def test_splits_only_where_the_model_says_it_wins():
 
 
 def test_short_contexts_split_into_single_block_chunks():
-    """H200 (split_sweep --small, 2026-12-01, graph/eager): b1/1K 32:8 ran 11.5/13.7 us as
-    the fold and 7.3/12.1 in 8 chunks of 128 keys; with q read in place (no copy over the
-    chunks: forwards.trace_chunk_modes) several decode rows split alike, b2/1K in 8 chunks
-    7.8/13.2 against 11.0/14.7, b4/1K in 4 8.6/16.2 against 11.7/15.3, b2/2K in 8 8.9/16.3
-    against 10.0/16.4 in 4 (the earlier 512-key floor's choice)."""
+    """Short contexts split into chunks of one 128-key tile, several decode rows alike (q is
+    read in place, no copy over the chunks); the measurements behind it: docs/design.md, Tuned
+    thresholds."""
     assert _n(1, 8, 1024) == 8
     assert S.make_split(8, 1024, page_size=None, sink=False).chunk == 128
     assert _n(1, 8, 2048) == 16
     assert _n(2, 8, 1024) == 8 and _n(4, 8, 1024) == 4
     assert _n(1, 2, 1024, rows=2) == 8  # unrolled rows split as sequences do
     assert _n(2, 8, 2048) == 8 and _n(4, 8, 2048) == 4
-    assert _n(8, 8, 1024) == 1 and _n(16, 8, 1024) == 1  # the fold (b8/1K: 11.8 against
-    # 10.8 in 2 chunks in a graph, but 17.8 against 21.6 eager)
-    # b8/4K runs unsplit as the fold (36.2 us in a graph against 40.3 in 2 chunks: sweep
-    # --small, 2026-12-01); where the fold cannot serve it, FA4's slower kernel would, and it
-    # splits in 2
+    assert _n(8, 8, 1024) == 1 and _n(16, 8, 1024) == 1  # the fold: faster eager
+    # b8/4K runs unsplit as the fold; where the fold cannot serve it, FA4's slower kernel
+    # would, and it splits in 2
     assert _n(8, 8, 4096) == 1
     assert S.choose_splits(batch=8, kv_heads=8, rows=1, seqlen_k=4096, bytes_per_key=512,
                            num_sms=132, fold=False) == 2
@@ -694,7 +690,7 @@ def test_a_split_over_pages_of_64_runs_on_the_tma_page_part(page, fold, want):
     # (batch at 32:8, keys, (chunks, keys a chunk) on the wide split kernel, or None)
     (16, 65536, (8, 8192)), (16, 131072, (8, 16384)),  # the fold over >= 64K keys
     (16, 16384, None),  # a fold of 16K: the merge would cost what the chunks gain
-    # a split plan of one wave keeps the chunk kernel (H200, 2026-12-03-s22-a)
+    # a split plan of one wave keeps the chunk kernel
     (8, 65536, None), (8, 131072, None), (4, 65536, None), (4, 131072, None),
     (2, 131072, None), (8, 32768, None), (8, 16384, None), (4, 32768, None), (2, 65536, None),
     (1, 65536, None), (1, 131072, None),
@@ -787,8 +783,7 @@ def test_unsplit_steps_the_chunk_kernel_does_not_take():
 ])
 def test_packed_rows_where_they_beat_unrolled_rows(b, sk, rows, want):
     """split.plan_packed on the H200 (132 SMs, hd128, 32:8, causal, pages of 128): packed
-    where the one-row step's time plus the extra launches beats the unrolled rows' (H200,
-    2026-12-02: b1/64K s_q 4 85.6 us packed, 140.2 unrolled; b1/8K s_q 4 24.8 and 22.9); a
+    where the one-row step's time plus the extra launches beats the unrolled rows'; a
     forced count always packs; a non-causal step has no tail slot, a sink one more slot."""
     kw = dict(batch=b, kv_heads=8, rows=rows, seqlen_k=S.plan_bucket(sk), bytes_per_key=512,
               page_size=128, num_sms=132)
@@ -969,8 +964,8 @@ def test_a_split_keeps_its_virtual_sequences_within_the_chunk_grid():
 def test_the_cost_model_follows_the_cards_hbm(monkeypatch):
     """split.model_for: the H200's figures on an H200 (its peak within 5%) or an unknown card;
     an H100 SXM's chip streams at 3.35 / 4.8 of them, so the packed plan leaves b8/16K s_q 4
-    to FA4's unsplit kernel there (H100, 2026-12-02: 182.3 us unsplit against 202.8 in 2
-    chunks, graph) and keeps b1/64K's 16 chunks; short steps plan as on the H200.
+    to FA4's unsplit kernel there (faster on the H100 than 2 chunks) and keeps b1/64K's 16
+    chunks; short steps plan as on the H200.
     runtime.plan.hbm_peak: 2 x the memory clock
     x the bus width, else the card's name, else None."""
     import types
