@@ -20,8 +20,9 @@ limit = those bytes / the copy bandwidth measured at start (a device-to-device c
 + written over its time; --hbm-tbs to give it); `today` = the call as the runtime plans it (the
 ragged plan, policy/ragged.py, where it applies); `uniform` = the same call with the ragged plan
 off (the runtime's `ragged` False: one chunk count a sequence from the batch size and the
-longest length); `unsplit` = the runtime's split setting at 0 (FA4AOT_SPLIT_KV=0: FA4's
-kernel); each set on the process runtime for its column only. eager: triton do_bench medians;
+longest length); `unsplit` = FA4's kernel: the runtime's split setting at 0
+(FA4AOT_SPLIT_KV=0) and FA4's own M tile (Runtime.set_small_tile(False)); each set on the
+process runtime for its column only. eager: triton do_bench medians;
 graph: each column captured once per case (5 calls, after warm-up), replays timed with CUDA
 events; both columns alternate over --rounds rounds, medians. Rows marked * read >= 256 MB: the
 issue's target (within 1.3x of the limit) applies to them.
@@ -267,10 +268,12 @@ def run_case(torch, fa4aot, rt, c: Case, seed: int, rounds: int, tbs: float) -> 
 
     def unsplit(o=out):
         was, rt.split = rt.split, 0
+        rt.set_small_tile(False)
         try:
             today(o)
         finally:
             rt.split = was
+            rt.set_small_tile(True)
 
     def uniform(o=out):
         was, rt.ragged = rt.ragged, False

@@ -95,7 +95,8 @@ def _heads(hq, hk, tp):
     return hq // tp, max(1, hk // tp)
 
 
-def run_dense(hq, hk, d, b, sq, sk, window, sinks, lse):
+def run_dense(hq, hk, d, b, sq, sk, window, sinks, lse, keep=None):
+    """keep: a list the output is appended to."""
     fa4aot = _fa4aot()
     dt = torch.bfloat16
     q = torch.randn(b, sq, hq, d, device="cuda", dtype=dt)
@@ -111,11 +112,14 @@ def run_dense(hq, hk, d, b, sq, sk, window, sinks, lse):
     lq = torch.full((b,), sq, device="cuda")
     lk = torch.full((b,), sk, device="cuda")
     ro, rl = attention_ref(q, k, v, lq, lk, causal=True, window_left=window, sink=sink)
+    if keep is not None:
+        keep.append(out)
     return _check(out, olse, ro.to(dt).float(), rl, lq, lse, f"dense b{b} sq{sq} sk{sk}")
 
 
-def run_varlen(hq, hk, d, lq, lk, window, sinks, lse, page=None, max_q_hint=True):
-    """lq, lk: per-sequence lengths (lq[i] <= lk[i]). page: paged KV with that page size."""
+def run_varlen(hq, hk, d, lq, lk, window, sinks, lse, page=None, max_q_hint=True, keep=None):
+    """lq, lk: per-sequence lengths (lq[i] <= lk[i]). page: paged KV with that page size.
+    keep: a list the output is appended to."""
     fa4aot = _fa4aot()
     dt = torch.bfloat16
     b = len(lq)
@@ -163,6 +167,8 @@ def run_varlen(hq, hk, d, lq, lk, window, sinks, lse, page=None, max_q_hint=True
     ref_out = torch.cat([ro[i, :n] for i, n in enumerate(lq)], 0)
     ref_lse = torch.cat([rl[i, :, :n] for i, n in enumerate(lq)], 1) if lse else None
     tag = f"{'paged p' + str(page) if page else 'varlen'} b{b} maxq{max(lq)} maxk{max(lk)}"
+    if keep is not None:
+        keep.append(out)
     return _check(out, olse, ref_out.to(dt).float(), ref_lse, lq, lse, tag)
 
 
@@ -198,7 +204,8 @@ def _cases(layer):
         ]:
             out.append(("dense", (b, sq, sk), lse, None))
         for b in (1, 256, 257, 512):
-            for sq in (1, 2, 4):
+            # (tm rows a sequence: past the 64-row twin, on FA4's tile: constraints.small_m_tile)
+            for sq in (1, 2, 4) if b in (256, 512) else (1, 2, 4, tm):
                 lq = [sq] * b
                 lk = [rng.randint(sq, 300) for _ in range(b)]
                 lk[0] = sq
@@ -216,7 +223,7 @@ def _cases(layer):
         out.append(("varlen-nohint", ([5, 1, 3], [7, 9, 3]), lse, None))
         for page in sorted({16, 64, 128, TILE_N[(d, window is not None)]}):
             for b in (1, 256, 257, 512):
-                for sq in (1, 2, 4):
+                for sq in (1, 2, 4) if b in (256, 512) else (1, 2, 4, tm):
                     lk = [rng.randint(sq, 400) for _ in range(b)]
                     out.append(("paged", ([sq] * b, lk), lse, page))
             lq = [rng.randint(0, 1) for _ in range(300)]
@@ -247,6 +254,43 @@ def test_gpu_case(layer, case):
         run_varlen(
             hq, hk, d, *shape, window, sinks, lse, page=page, max_q_hint=kind != "varlen-nohint"
         )
+
+
+@pytest.mark.parametrize("layer", [x for x in LAYERS if x[4] <= 128],
+                         ids=lambda x: f"{x[0]}-{x[1]}")
+def test_gpu_small_tile_twin(layer):
+    """Calls whose query rows fit a 64-row M tile (constraints.small_m_tile) run unsplit on its
+    twin: on fresh inputs, within TOL of the fp32 reference and bit for bit FA4's tile's
+    (Runtime.set_small_tile(False)), dense, varlen and paged, 1 row a sequence to the tile's."""
+    import fa4aot.runtime as R
+
+    _, _, hq, hk, d, window, sinks, lses = layer
+    rows = 64 // (hq // hk)
+    runs = [
+        lambda keep: run_dense(hq, hk, d, 3, rows, 700, window, sinks, lses[-1], keep),
+        lambda keep: run_varlen(hq, hk, d, [1, rows, 0, 2], [300, 900, 5, 2], window, sinks,
+                                lses[-1], keep=keep),
+        *(lambda keep, p=p: run_varlen(hq, hk, d, [rows, 1, 3], [1000, 1, 77], window, sinks,
+                                       lses[-1], page=p, keep=keep) for p in (16, 64, 128)),
+    ]
+    rt = R.default_runtime()
+    seed, tiles, outs = random.randrange(1 << 30), {}, {}
+    saved, rt.split = rt.split, 0
+    try:
+        for on in (True, False):
+            rt.set_small_tile(on)
+            rt._plans.clear()
+            torch.manual_seed(seed)
+            outs[on] = []
+            for run in runs:
+                run(outs[on])
+            tiles[on] = {p.variant.tile.m for p in rt._plans.values()}
+    finally:
+        rt.split = saved
+        rt.set_small_tile(True)
+    assert tiles[True] == {64} and 64 not in tiles[False], tiles
+    for a, b in zip(outs[True], outs[False], strict=True):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("tp", [2, 8])

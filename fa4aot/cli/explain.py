@@ -183,6 +183,10 @@ def _explain(
         )
         split_doc["hbm_tbps"] = round((hbm or S.H200_HBM_PEAK) / 1e12, 3)
     fp8_doc = _fp8_doc(dtype, descales) if fp8 else None
+    # the exact call's twin on a 64-row M tile, which the runtime prefers where cached
+    twin = None if why or not choices or not choices[0].exact else feat.small_tile_variant(arch)
+    if twin is not None and twin.id not in {v.id for v in avail}:
+        twin = None
     doc = {
         "variant": want.to_dict(),
         "id": want.id,
@@ -190,6 +194,7 @@ def _explain(
         "description": want.describe(),
         "fa4_unsupported": why,
         "choices": [_choice_doc(c, want) for c in choices],
+        "small_tile": None if twin is None else {"id": twin.id, "description": twin.describe()},
         "nearest": []
         if choices
         else [{"id": v.id, "description": v.describe()} for v in nearest(want, avail)],
@@ -205,7 +210,7 @@ def _explain(
         if fa4 != "upstream":
             out.text(f"FA4 source  : {fa4} (stores built with `fa4aot build --fa4 {fa4}`)")
         _print(out, want, why, fp8_doc, split_doc, split_serves, hbm, choices, avail, corrupt,
-               match)
+               match, twin)
     if not choices and not split_serves:
         sys.exit(1)
 
@@ -241,7 +246,8 @@ def _heads(heads: str) -> tuple[int, int]:
     return hq, hk
 
 
-def _print(out, want, why, fp8_doc, split_doc, split_serves, hbm, choices, avail, corrupt, match):
+def _print(out, want, why, fp8_doc, split_doc, split_serves, hbm, choices, avail, corrupt, match,
+           twin):
     """explain's text form."""
 
     out.text(f"call variant: {want.describe()} (id {want.id})")
@@ -257,7 +263,10 @@ def _print(out, want, why, fp8_doc, split_doc, split_serves, hbm, choices, avail
         out.text(f"cost model  : the split plans' for HBM at {split_doc['hbm_tbps']} TB/s")
     if choices:
         head = "unsplit     :" if split_serves else "served by   :"
-        out.text(f"{head} {choices[0].describe(want)}")
+        if twin is not None:
+            out.text(f"{head} {twin.describe()} (id {twin.id}): the rows fit a 64-row M tile")
+        else:
+            out.text(f"{head} {choices[0].describe(want)}")
         for c in choices[1:4]:
             out.text(f"alternative : {c.describe(want)}")
     elif not split_serves:

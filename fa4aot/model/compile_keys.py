@@ -64,6 +64,22 @@ class CallFeatures:
         """The Variant FA4 compiles for this call on `arch` (`features`; its ValueErrors)."""
         return features(arch=arch, **{n: getattr(self, n) for n in self.__slots__})
 
+    def small_tile_variant(self, arch: str) -> Variant | None:
+        """This call's variant on constraints.small_m_tile's M tile (its twin), None where no
+        twin applies: not FA4's own plain forward (MLA, FP8, a split, an asked tile), or its
+        packed query rows (the host's bound on the query length, as `features` reads it)
+        do not fit the tile."""
+        if (self.qv is not None or self.kv_dtype is not None or self.descales is not None
+                or self.num_splits > 1 or self.tile_m is not None):
+            return None
+        pack = self.ratio > 1 if self.pack_gqa is None else self.pack_gqa
+        q = self.max_seqlen_q
+        if q is None:
+            q = self.total_q if self.cu_seqlens_q else self.seqlen_q
+        tile = C.small_m_tile(arch, self.head_dim, self.head_dim_v,
+                              (q or 0) * (self.ratio if pack else 1))
+        return None if tile is None else replace(self, tile_m=tile).variant(arch)
+
 
 def split_kernel_variant(
     arch: str, dtype: str, head_dim: int, head_dim_v: int, page_size: int | None

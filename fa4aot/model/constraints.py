@@ -300,6 +300,15 @@ def split_tile_m(arch: str, head_dim: int, head_dim_v: int) -> int | None:
     return None
 
 
+def small_m_tile(arch: str, head_dim: int, head_dim_v: int, rows: int) -> int | None:
+    """The M tile of a twin that fa4aot builds beside an sm90 forward whose query rows (query
+    length x heads per KV head, packed) fit split_tile_m's 64-row tile: FA4's 128- or 192-row
+    tile spends most of its MMA work on rows that are not there (same bits, less GPU time:
+    docs/design.md, Tuned thresholds). None: FA4's tile only."""
+    tile = split_tile_m(arch, head_dim, head_dim_v)
+    return tile if tile is not None and 0 < rows <= tile else None
+
+
 class WideFold(NamedTuple):
     """A decode fold's kernel for a chip full of CTAs (forwards.trace_wide_fold, a split chunk
     kernel's part `part`): the chunk kernel with N tiles of tile_n keys, launched ctas_per_sm

@@ -272,6 +272,9 @@ class Runtime:
         # one-row steps split by their real lengths where the store can (policy/ragged.py);
         # False: the uniform plan alone (benchmarks/decode_ragged.py compares the two)
         self.ragged = True
+        # calls whose query rows fit a 64-row M tile run on its twin where cached
+        # (constraints.small_m_tile); False: FA4's tile (set_small_tile)
+        self.small_tile = True
         self._lock = threading.Lock()
         self._devices: dict[int, tuple[str, int]] = {}
         self._models: dict[int, S.CostModel] = {}
@@ -286,9 +289,19 @@ class Runtime:
         self._fa4_abis: dict[Path, str] = {}  # store directory -> its toolchain's fa4_abi
         self._modules: dict[str, tuple[Any, Any, Artifact]] = {}
         self._plans: dict[tuple, Plan] = {}
+        self._other_plans: dict[tuple, Plan] = {}  # the other small_tile setting's
         # Blackwell native split-KV: split kernels' plans by variant id, float32 partials
         self._native_plans: dict[str, Plan | None] = {}
         self._native_scratch: dict[tuple, Any] = {}
+
+    def set_small_tile(self, on: bool) -> None:
+        """Serve calls whose query rows fit a 64-row M tile on its twin (on, the default) or on
+        FA4's tile (benchmarks compare them). Plans are kept per setting: switching back and
+        forth replans nothing."""
+        with self._lock:
+            if bool(on) != self.small_tile:
+                self._plans, self._other_plans = self._other_plans, self._plans
+                self.small_tile = bool(on)
 
     # -- store and artifact resolution (once per variant) -------------------------------------
     def stores_for(self, arch: str, num_sms: int) -> list[Store]:
@@ -576,7 +589,10 @@ def resolve(rt: Runtime, key: tuple, dev: int, padding: bool, feat: CallFeatures
         variant = feat.variant(arch)
         why = C.unsupported_reason(arch, feat.dtype, feat.head_dim, feat.head_dim_v,
                                    fa4=rt.fa4_abi(arch, sms))
-    plan = None if why else rt.plan(variant, sms)
+    plan = None
+    if not why:
+        small = feat.small_tile_variant(arch) if rt.small_tile else None
+        plan = (small is not None and rt.plan(small, sms)) or rt.plan(variant, sms)
     # FP8 (Blackwell only: refused above elsewhere) pads and folds as bf16 does: both keep the
     # batch and the KV heads, so the (batch, num_kv_heads) descales pass on unchanged, and the
     # bf16 O is cropped like any other (pad.padded, pad.folded)

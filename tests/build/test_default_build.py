@@ -58,7 +58,7 @@ def test_default_build_verifies_and_is_a_noop_second_time():
     assert (
         doc["counts"]["built"] == 0
         and doc["counts"]["failed"] == 0
-        and doc["counts"]["cached"] == 112
+        and doc["counts"]["cached"] == 154
     )
     after = {p: p.stat().st_mtime_ns for p in s.dir.rglob("*") if p.is_file()}
     assert before == after, "a no-op build wrote into the store"

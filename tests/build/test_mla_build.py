@@ -43,7 +43,7 @@ def _run(script: str, *args: str, timeout: int = 300) -> dict:
 
 def test_sm90_plan_is_unchanged():
     plan = plan_for(resolve_specs(None), "sm90")
-    assert len(plan.variants()) == 112
+    assert len(plan.variants()) == 154
     assert not any(n.variant.mla for n in plan.needs)
     mla = [u for u in plan.unsupported if u.spec in MLA_SPECS]
     assert len(mla) == 2 and all("sm100-only" in u.reason for u in mla)

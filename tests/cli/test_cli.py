@@ -58,8 +58,8 @@ def test_build_dry_run_json_lists_the_default_plan(run, tmp_path):
     r = run("build", "--dry-run", "--json")
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
-    assert len(doc["rows"]) == 112
-    assert len({row["id"] for row in doc["rows"]}) == 112
+    assert len(doc["rows"]) == 154
+    assert len({row["id"] for row in doc["rows"]}) == 154
     assert all(set(row) == {"arch", "num_sms", "id", "variant", "spec"} for row in doc["rows"])
     assert {row["num_sms"] for row in doc["rows"]} == {132}
     assert any(
@@ -104,14 +104,14 @@ def test_specs_json_reports_unsupported_layers(run):
         "qwen3-32b",
     }
     # per spec, so shared kernels are listed under each spec that needs them
-    assert len({row["id"] for row in needed}) == 112
+    assert len({row["id"] for row in needed}) == 154
 
 
 def test_specs_one_spec(run):
     r = run("specs", "--spec", "llama-3.1-8b", "--json")
     rows = json.loads(r.stdout)["rows"]
     assert (
-        r.exit_code == 0 and len(rows) == 39 and {row["spec"] for row in rows} == {"llama-3.1-8b"}
+        r.exit_code == 0 and len(rows) == 53 and {row["spec"] for row in rows} == {"llama-3.1-8b"}
     )
 
 

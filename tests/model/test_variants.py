@@ -33,9 +33,11 @@ def plan():
 # -- enumeration of the default specs ----------------------------------------------------------
 
 
-def test_default_specs_enumerate_112_distinct_variants(plan):
+def test_default_specs_enumerate_154_distinct_variants(plan):
     vs = plan.variants()
-    assert len(vs) == 112  # 106 + the split-KV kernels of hd128 (3), + 3 when their M tile became 64 (constraints.split_tile_m: no longer the fold kernels)
+    # 106 + the split-KV kernels of hd128 (3), + 3 when their M tile became 64
+    # (constraints.split_tile_m: no longer the fold kernels), + 42 twins on a 64-row M tile
+    assert len(vs) == 154
     assert all(n.variant.arch == ARCH and vid == n.variant.id for vid, n in vs.items())
     per_spec = {}
     for n in vs.values():
@@ -353,6 +355,61 @@ def test_decode_prefill_boundary_is_seqlen_q_times_ratio_vs_tile_m(head_dim, rat
     assert _feat(seqlen_q=last + 1, total_q=last + 1, **kw).phase == "prefill"
     assert _varlen(seqlen_q=last, batch=3, **kw).phase == "decode"
     assert _varlen(seqlen_q=last + 1, batch=3, **kw).phase == "prefill"
+
+
+def _call_feat(**kw):
+    """A call's CallFeatures, _feat's defaults (8:2, hd128, causal, dense)."""
+    from fa4aot.model.compile_keys import CallFeatures
+
+    base = dict(dtype="bfloat16", head_dim=128, head_dim_v=128, num_heads=8, num_heads_kv=2,
+                causal=True, window_left=None, window_right=None, return_lse=False,
+                sink_dtype=None, batch=1, seqlen_q=1, total_q=1, max_seqlen_q=None)
+    base.update(kw)
+    return CallFeatures(**base)
+
+
+@pytest.mark.parametrize("head_dim,ratio", [(128, 4), (64, 8), (96, 1), (128, 16)])
+def test_small_tile_twin_iff_the_packed_rows_fit_64(head_dim, ratio):
+    """constraints.small_m_tile: a call whose packed query rows fit 64 has a twin, equal to its
+    FA4 variant but for the M tile (and so its id); one row more has none."""
+    last = 64 // ratio
+    kw = dict(head_dim=head_dim, head_dim_v=head_dim, num_heads=2 * ratio, num_heads_kv=2)
+    fit = _call_feat(seqlen_q=last, total_q=last, **kw)
+    twin = fit.small_tile_variant(ARCH)
+    assert replace(twin, tile_m=None) == fit.variant(ARCH) and twin.tile.m == 64
+    assert twin.id != fit.variant(ARCH).id and twin.phase == "decode"
+    assert _call_feat(seqlen_q=last + 1, total_q=last + 1, **kw).small_tile_variant(ARCH) is None
+    # a varlen q is bounded by max_seqlen_q, else by its total
+    packed = dict(seqlen_q=None, cu_seqlens_q=True, cu_seqlens_k=True, batch=3, **kw)
+    assert _call_feat(total_q=3 * last, max_seqlen_q=last, **packed).small_tile_variant(ARCH)
+    assert _call_feat(total_q=last, **packed).small_tile_variant(ARCH)
+    assert not _call_feat(total_q=last + 1, **packed).small_tile_variant(ARCH)
+
+
+def test_no_twin_off_sm90_fa4_forwards():
+    assert _call_feat(head_dim=256, head_dim_v=256).small_tile_variant(ARCH) is None
+    assert _call_feat().small_tile_variant("sm100") is None
+    assert _call_feat(tile_m=64).small_tile_variant(ARCH) is None
+
+
+def test_twins_are_built_for_the_unsplit_decode_steps():
+    """Twins of the decode probes at s_q = speculative (> 1), and at s_q = 1 only for layers
+    the decode fold does not take (sinks); none from an engine's FA4 copy."""
+    def twins(text, fa4="upstream"):
+        plan = enumerate_variants(parse_spec(text), ARCH, fa4=fa4)
+        return [n.variant for n in plan.needs if n.variant.tile_m == 64
+                and not n.variant.split_kernel]
+
+    layer = ('name = "t"\n[[attention]]\nname = "full"\nnum_q_heads = 8\nnum_kv_heads = 2\n'
+             'head_dim = 128\n{extra}[serving]\nlayouts = ["paged"]\npage_sizes = [64]\n'
+             'max_batch = 8\nsplit_kv = false\n{serving}')
+    assert twins(layer.format(extra="", serving="")) == []
+    spec4 = layer.format(extra="", serving="speculative = 4\n")
+    got = twins(spec4)
+    assert got and all(v.causal and v.paged and v.qhead_per_kvhead == 4 for v in got)
+    assert twins(spec4, fa4="vllm") == []
+    sinks = twins(layer.format(extra="sinks = true\n", serving=""))
+    assert sinks and all(v.sink_dtype for v in sinks)
 
 
 def test_dense_non_causal_is_one_kernel_for_every_length():

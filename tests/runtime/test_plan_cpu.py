@@ -308,3 +308,46 @@ def test_split_kernel_binds_the_tma_page_part_for_its_pages_only(monkeypatch, tm
     assert kern.fwd_tma == ("<fwd_tma>" if bound else None)
     assert ("fwd_tma" in loaded[v.id]) == bound
     R.reset(roots=[tmp_path / "cache"])
+
+
+def test_an_exact_call_whose_rows_fit_64_runs_on_the_twin(store):
+    """A causal 4:1 step of 4 query rows (16 packed rows) runs on the cached twin on a 64-row M
+    tile (constraints.small_m_tile); 20 rows a sequence (80 packed) on FA4's tile; without the
+    twin cached, or with set_small_tile(False), on FA4's tile; both settings keep their plans."""
+    base = _dense_variant(2, 4, 8, 2, 64)
+    twin = features(arch="sm90", dtype="bfloat16", head_dim=64, head_dim_v=64, num_heads=8,
+                    num_heads_kv=2, causal=True, window_left=None, window_right=None,
+                    return_lse=False, sink_dtype=None, batch=2, seqlen_q=4, total_q=8,
+                    max_seqlen_q=None, tile_m=64)
+    assert twin.tile.m == 64 and base.tile.m == 192 and twin.static_persistent
+    rt = store([base, twin])
+    rt.split = 0
+    q, k, v = _qkv(2, 4, 300, 8, 2, 64, seed=4)
+    o, _ = R.flash_attn_func(q, k, v, causal=True)
+    ro, _ = attention_ref(q, k, v, torch.full((2,), 4), torch.full((2,), 300), causal=True)
+    assert rel_err(o, ro) < 1e-2
+    assert [p.variant for p in rt._plans.values()] == [twin]
+    rt.set_small_tile(False)
+    R.flash_attn_func(q, k, v, causal=True)
+    assert [p.variant for p in rt._plans.values()] == [base]
+    rt.set_small_tile(True)
+    assert [p.variant for p in rt._plans.values()] == [twin]
+    rt = store([base])  # no twin cached
+    rt.split = 0
+    R.flash_attn_func(q, k, v, causal=True)
+    assert [p.variant for p in rt._plans.values()] == [base]
+
+
+def test_rows_past_64_stay_on_fa4s_tile(store):
+    """20 rows a sequence at 4:1 (80 packed rows) run on FA4's tile, even with a 64-row kernel
+    of the same features cached."""
+    long_q = _dense_variant(2, 20, 8, 2, 64)
+    tiled = features(arch="sm90", dtype="bfloat16", head_dim=64, head_dim_v=64, num_heads=8,
+                     num_heads_kv=2, causal=True, window_left=None, window_right=None,
+                     return_lse=False, sink_dtype=None, batch=2, seqlen_q=20, total_q=40,
+                     max_seqlen_q=None, tile_m=64)
+    rt = store([long_q, tiled])
+    rt.split = 0
+    q, k, v = _qkv(2, 20, 300, 8, 2, 64, seed=5)
+    R.flash_attn_func(q, k, v, causal=True)
+    assert [p.variant.tile_m for p in rt._plans.values()] == [None]

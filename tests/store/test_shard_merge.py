@@ -29,7 +29,7 @@ def _dry_run_ids(*args: str) -> list[str]:
 @pytest.mark.parametrize("n", [1, 2, 3, 7])
 def test_shards_of_the_default_plan_partition_it(n):
     everything = _dry_run_ids()
-    assert len(everything) == 112
+    assert len(everything) == 154
     parts = [_dry_run_ids("--shard", f"{i}/{n}") for i in range(n)]
     seen = [vid for p in parts for vid in p]
     assert len(seen) == len(set(seen)), "shards overlap"
