@@ -480,6 +480,7 @@ def _split_plan(
             bytes_per_key=(d + dv) * 2, page_size=page_size, sink=sink, num_sms=num_sms,
             setting=setting, max_slots=int(rec["parts"][merge_name].get("max_splits",
                                                                         S.MAX_SLOTS)),
+            causal=causal,
         )
         if rg is not None:
             return _ragged_doc(rg, kern, rec["parts"], page_size, hk, num_sms, dense_pages)

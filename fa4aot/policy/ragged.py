@@ -52,8 +52,8 @@ MIN_CHUNK = 128
 class Ragged:
     """A ragged step's bounds: n chunks over the batch, chunks a multiple of align keys, each
     entry's page-table row `pages` columns (paged K; 0 packed); `rows` query rows a sequence,
-    packed into each entry; entries = n + batch, plus rows * batch tail entries where rows >
-    1 (a causal step's tail: its rows' last keys, one row an entry)."""
+    packed into each entry; entries = n + batch, plus rows * batch tail entries for a causal
+    step of several rows (its rows' last keys, one row an entry)."""
 
     n: int
     entries: int
@@ -63,7 +63,7 @@ class Ragged:
 
     def describe(self) -> str:
         rows = (f", the {self.rows} query rows a sequence packed into each entry (a causal "
-                f"step: one tail entry a row)" if self.rows > 1 else "")
+                f"step adds one tail entry a row)" if self.rows > 1 else "")
         return (f"ragged split-KV: the batch's keys in {self.n} equal chunks (multiples of "
                 f"{self.align} keys, set on the GPU from the real lengths){rows}, at most "
                 f"{self.entries} entries, merged by LSE per decode row")
@@ -79,29 +79,31 @@ def ragged_parts(parts: dict) -> bool:
 def plan_ragged(
     *, batch: int, rows: int, kv_heads: int, seqlen_k: int, bytes_per_key: int,
     page_size: int | None, sink: bool, num_sms: int, setting: int, max_slots: int,
-    max_entries: int = 65535,
+    max_entries: int = 65535, causal: bool = True,
 ) -> Ragged | None:
     """The ragged plan of a decode step of `rows` query rows a sequence, or None (the uniform
     plan decides): at least two sequences (one has no raggedness), the automatic split setting
     (a forced count keeps its meaning: that many chunks a sequence), at most RAGGED_ROWS rows
     (one over a packed K: its entries tile it; several over pages, from RAGGED_ROWS_MIN_KEYS
-    keys at the bound), and K/V of at least RAGGED_MIN_BYTES at the bound seqlen_k. Shared by the runtime and `fa4aot explain`."""
+    keys at the bound), and K/V of at least RAGGED_MIN_BYTES at the bound seqlen_k; tail
+    entries only for a causal step. Shared by the runtime and `fa4aot explain`."""
     if setting != -1 or batch < 2 or rows > RAGGED_ROWS or (rows > 1 and (
             page_size is None or seqlen_k < RAGGED_ROWS_MIN_KEYS)):
         return None
     if batch * kv_heads * seqlen_k * bytes_per_key < RAGGED_MIN_BYTES:
         return None
-    # a decode row merges at most n body entries, its tail entry (several rows) and the
-    # sink's LSE (-inf without one): within max_slots
-    n = min(-(-RAGGED_CTAS_PER_SM * num_sms // kv_heads), max_slots - 1 - (rows > 1))
-    entries = n + batch + (rows * batch if rows > 1 else 0)
+    # a decode row merges at most n body entries, its tail entry (several causal rows) and
+    # the sink's LSE (-inf without one): within max_slots
+    tail = rows > 1 and causal
+    n = min(-(-RAGGED_CTAS_PER_SM * num_sms // kv_heads), max_slots - 1 - tail)
+    entries = n + batch + (rows * batch if tail else 0)
     if n < 2 or entries > max_entries:
         return None
     align = MIN_CHUNK if page_size is None else math.lcm(MIN_CHUNK, page_size)
     pages = 0
     if page_size is not None:
         pages = chunk_bound(batch * seqlen_k, n, align) // page_size
-        if rows > 1:  # a tail entry's keys: under a page plus the rows, in 128-key tiles
+        if tail:  # a tail entry's keys: under a page plus the rows, in 128-key tiles
             pages = max(pages, -(-(page_size + rows) // 128) * 128 // page_size)
     return Ragged(n, entries, align, pages, rows)
 

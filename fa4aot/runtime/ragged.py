@@ -77,7 +77,8 @@ class RaggedRun:
         self.no_sink = conv(self.no_sink)
 
 
-def plan(rt, dev, dtype, b, rows, hk, d, dv, seqlen_k, page_size, sink, kern, used=False):
+def plan(rt, dev, dtype, b, rows, hk, d, dv, seqlen_k, page_size, sink, causal, kern,
+         used=False):
     """The ragged plan of a decode step of `rows` query rows a sequence on split kernel `kern`
     (None: the store lacks it or its ragged parts; the uniform plan then decides); used: over
     a packed K with seqused_k (its own parts: fwd_used, ragged_meta_used)."""
@@ -88,7 +89,7 @@ def plan(rt, dev, dtype, b, rows, hk, d, dv, seqlen_k, page_size, sink, kern, us
         batch=b, rows=rows, kv_heads=hk, seqlen_k=seqlen_k,
         bytes_per_key=(d + dv) * dtype.itemsize,
         page_size=page_size, sink=sink, num_sms=sms, setting=rt.split,
-        max_slots=kern.max_slots,
+        max_slots=kern.max_slots, causal=causal,
     )
 
 

@@ -188,7 +188,7 @@ def _new_run(rt, dev, q, key, capturing, kind, b, rows, hq, hk, d, dv, seqlen_k,
     rk = (kind != "dense" and not dense_pages and rt.ragged
           and rt.split_kernel(dev, q.dtype, d, dv, page_size))
     rg = rk and RR.plan(rt, dev, q.dtype, b, rows, hk, d, dv, S.plan_bucket(seqlen_k),
-                        page_size, sink, rk, used=used)
+                        page_size, sink, causal, rk, used=used)
     sp = None if rg or used else rt.split_for(
         dev, q.dtype, b * rows * hk, seqlen_k, d, dv, page_size, sink,
         b * rows, fold=fold, one_row=rows == 1)

@@ -38,6 +38,8 @@ def test_several_rows_over_pages_are_packed_with_a_tail_entry_a_row(monkeypatch)
     rg = _plan(rows=4)
     # the rows share each entry's CTAs: n as for one row; rows * batch tail entries
     assert rg.rows == 4 and rg.n == 66 and rg.entries == 66 + 8 + 4 * 8
+    # a non-causal step has no tail: every row sees every key of the body entries
+    assert _plan(rows=4, causal=False).entries == 66 + 8
     assert _plan(rows=17) is None  # (RAGGED_ROWS)
     # a page of 128 keys: a tail entry's keys (under a page plus the rows) need two columns
     monkeypatch.setattr(RG, "RAGGED_ROWS_MIN_KEYS", 0)
