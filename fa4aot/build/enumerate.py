@@ -101,8 +101,8 @@ def _probe_calls(spec: Spec, att: Attention, arch: str, num_sms: int | None = No
         # the twins on a 64-row M tile (constraints.small_m_tile: the runtime prefers them where
         # a call's rows fit) of the decode steps that run unsplit on FA4's kernel: speculative
         # ones, and one-row ones of a layer the decode fold does not take
-        rows = {sv.speculative} - {1} if not (att.sinks or window != (None, None)
-                                             or att.softcap) else {1, sv.speculative}
+        unfolded = att.sinks or att.window is not None or att.softcap
+        rows = {1, sv.speculative} if unfolded else {sv.speculative} - {1}
         calls += [replace(c, tile_m=v.tile_m) for c in calls if c.seqlen_q in rows
                   and "decode" in sv.phases
                   and (v := c.features(num_sms).small_tile_variant(arch)) is not None]
