@@ -73,9 +73,7 @@ class CallFeatures:
                 or self.num_splits > 1 or self.tile_m is not None):
             return None
         pack = self.ratio > 1 if self.pack_gqa is None else self.pack_gqa
-        q = self.max_seqlen_q
-        if q is None:
-            q = self.total_q if self.cu_seqlens_q else self.seqlen_q
+        q = _query_bound(self.seqlen_q, self.max_seqlen_q, self.total_q, self.cu_seqlens_q)
         tile = C.small_m_tile(arch, self.head_dim, self.head_dim_v,
                               (q or 0) * (self.ratio if pack else 1))
         return None if tile is None else replace(self, tile_m=tile).variant(arch)
@@ -179,10 +177,7 @@ def features(
     default_pack = ratio > 1
     pack = default_pack if pack_gqa is None else bool(pack_gqa)
     varlen_q = cu_seqlens_q or seqused_q
-    if not cu_seqlens_q:
-        eff_max_q = seqlen_q if max_seqlen_q is None else max_seqlen_q
-    else:
-        eff_max_q = total_q if max_seqlen_q is None else max_seqlen_q
+    eff_max_q = _query_bound(seqlen_q, max_seqlen_q, total_q, cu_seqlens_q)
     hd256 = C.is_blackwell(arch) and head_dim == head_dim_v == 256
     sms = selection_sms(arch, num_sms)
     if (
@@ -228,6 +223,14 @@ def features(
         pack_gqa=None if pack == default_pack else pack, descales=descales, split_kv=split,
         s_ping_pong=ping_pong, tile_m=tile_m, two_cta=two_cta, kv_dtype=kv_dtype,
     )
+
+
+def _query_bound(seqlen_q, max_seqlen_q, total_q, cu_seqlens_q):
+    """The query length FA4 plans a call's M blocks with: the caller's max_seqlen_q, else the
+    dense length, or for a packed q (cu_seqlens_q) its total."""
+    if max_seqlen_q is not None:
+        return max_seqlen_q
+    return total_q if cu_seqlens_q else seqlen_q
 
 
 def _split_kernel(arch, head_dim, head_dim_v, rows, tile, local, wl, wr, max_seqlen_k,

@@ -308,26 +308,14 @@ def test_describe():
 # -- features(): regime boundaries ------------------------------------------------------------
 
 
+# a call's features by default: 8:2, hd128, causal, one dense query row
+_BASE = dict(dtype="bfloat16", head_dim=128, head_dim_v=128, num_heads=8, num_heads_kv=2,
+             causal=True, window_left=None, window_right=None, return_lse=False,
+             sink_dtype=None, batch=1, seqlen_q=1, total_q=1, max_seqlen_q=None)
+
+
 def _feat(**kw) -> Variant:
-    base = dict(
-        arch=ARCH,
-        dtype="bfloat16",
-        head_dim=128,
-        head_dim_v=128,
-        num_heads=8,
-        num_heads_kv=2,
-        causal=True,
-        window_left=None,
-        window_right=None,
-        return_lse=False,
-        sink_dtype=None,
-        batch=1,
-        seqlen_q=1,
-        total_q=1,
-        max_seqlen_q=None,
-    )
-    base.update(kw)
-    return features(**base)
+    return features(**{"arch": ARCH, **_BASE, **kw})
 
 
 def _varlen(**kw) -> Variant:
@@ -358,14 +346,10 @@ def test_decode_prefill_boundary_is_seqlen_q_times_ratio_vs_tile_m(head_dim, rat
 
 
 def _call_feat(**kw):
-    """A call's CallFeatures, _feat's defaults (8:2, hd128, causal, dense)."""
+    """A call's CallFeatures, _feat's defaults."""
     from fa4aot.model.compile_keys import CallFeatures
 
-    base = dict(dtype="bfloat16", head_dim=128, head_dim_v=128, num_heads=8, num_heads_kv=2,
-                causal=True, window_left=None, window_right=None, return_lse=False,
-                sink_dtype=None, batch=1, seqlen_q=1, total_q=1, max_seqlen_q=None)
-    base.update(kw)
-    return CallFeatures(**base)
+    return CallFeatures(**{**_BASE, **kw})
 
 
 @pytest.mark.parametrize("head_dim,ratio", [(128, 4), (64, 8), (96, 1), (128, 16)])

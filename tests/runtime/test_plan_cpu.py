@@ -79,11 +79,11 @@ def store(monkeypatch, tmp_path, knobs):
     R.reset(roots=[tmp_path / "cache"])
 
 
-def _dense_variant(b, sq, hq, hk, d, causal=True, lse=False):
+def _dense_variant(b, sq, hq, hk, d, causal=True, lse=False, tile_m=None):
     return features(arch="sm90", dtype="bfloat16", head_dim=d, head_dim_v=d, num_heads=hq,
                     num_heads_kv=hk, causal=causal, window_left=None, window_right=None,
                     return_lse=lse, sink_dtype=None, batch=b, seqlen_q=sq, total_q=b * sq,
-                    max_seqlen_q=None)
+                    max_seqlen_q=None, tile_m=tile_m)
 
 
 def _qkv(b, sq, sk, hq, hk, d, seed=0):
@@ -315,10 +315,7 @@ def test_an_exact_call_whose_rows_fit_64_runs_on_the_twin(store):
     tile (constraints.small_m_tile); 20 rows a sequence (80 packed) on FA4's tile; without the
     twin cached, or with set_small_tile(False), on FA4's tile; both settings keep their plans."""
     base = _dense_variant(2, 4, 8, 2, 64)
-    twin = features(arch="sm90", dtype="bfloat16", head_dim=64, head_dim_v=64, num_heads=8,
-                    num_heads_kv=2, causal=True, window_left=None, window_right=None,
-                    return_lse=False, sink_dtype=None, batch=2, seqlen_q=4, total_q=8,
-                    max_seqlen_q=None, tile_m=64)
+    twin = _dense_variant(2, 4, 8, 2, 64, tile_m=64)
     assert twin.tile.m == 64 and base.tile.m == 192 and twin.static_persistent
     rt = store([base, twin])
     rt.split = 0
@@ -342,10 +339,7 @@ def test_rows_past_64_stay_on_fa4s_tile(store):
     """20 rows a sequence at 4:1 (80 packed rows) run on FA4's tile, even with a 64-row kernel
     of the same features cached."""
     long_q = _dense_variant(2, 20, 8, 2, 64)
-    tiled = features(arch="sm90", dtype="bfloat16", head_dim=64, head_dim_v=64, num_heads=8,
-                     num_heads_kv=2, causal=True, window_left=None, window_right=None,
-                     return_lse=False, sink_dtype=None, batch=2, seqlen_q=20, total_q=40,
-                     max_seqlen_q=None, tile_m=64)
+    tiled = _dense_variant(2, 20, 8, 2, 64, tile_m=64)
     rt = store([long_q, tiled])
     rt.split = 0
     q, k, v = _qkv(2, 20, 300, 8, 2, 64, seed=5)
