@@ -200,6 +200,7 @@ def build(
         if store is not None:  # not a dry run
             stores.append(store)
             counts = {k: counts.get(k, 0) + n for k, n in c.items()}
+    servable = sum(counts.get(k, 0) for k in ("built", "rebuilt", "cached"))
     if out.as_json:
         extra = {"unsupported": unsup}
         if not dry_run:
@@ -208,12 +209,12 @@ def build(
                 store=stores[0] if len(stores) == 1 else None,
                 counts=counts,
                 wall_seconds=round(time.perf_counter() - t0, 2),
-                serve=_serve_hint(stores),
+                serve=_serve_hint(stores) if servable else None,
             )
         out.table(rows, [], **extra)
     elif dry_run:
         out.table(rows, (["arch"] if len(archs) > 1 else []) + ["id", "variant", "spec"])
-    else:
+    elif servable:  # (a build whose every variant failed has nothing to serve)
         out.text(_serve_hint(stores))
     if counts.get("failed"):
         sys.exit(1)

@@ -342,6 +342,13 @@ class Store:
         atomic_write(d / RECORD, data)
         return True
 
+    def holds_artifacts(self) -> bool:
+        try:
+            with os.scandir(self.dir / "artifacts") as it:
+                return next(it, None) is not None
+        except OSError:
+            return False
+
     def iter_artifacts(self) -> Iterator[tuple[str, Artifact | Fa4aotError]]:
         base = self.dir / "artifacts"
         if not base.is_dir():
@@ -380,29 +387,34 @@ def stores_at(root: Path) -> list[Store]:
 
 
 def find_serving_store(roots: list[Path], expected: dict[str, Any]) -> list[Store]:
-    """The stores (one per layer at most) that may serve `expected`, in layer order.
+    """The stores that may serve `expected`, in layer order.
 
-    A store matching every field is used; failing that, in the same layer, one that differs only
-    by num_sms, restricted to artifacts that prove SM-count independence (Store.serve_num_sms).
-    Raises FingerprintMismatch when no layer has either but some have stores: the message names
-    each field that differs and the value expected, so version skew is never a silent miss.
+    In each layer, the stores matching every field are used, those holding artifacts first (a
+    failed build's empty store never shadows one that serves), and only those of the first's
+    FA4 source; failing that, one that differs only by num_sms, restricted to artifacts that
+    prove SM-count independence (Store.serve_num_sms). Raises FingerprintMismatch when no layer
+    has either but some have stores: the message names each field that differs and the value
+    expected, so version skew is never a silent miss.
     """
     found, skew, broken = [], [], []
     for root in roots:
         stores, bad = scan_root(root)
         broken += bad
-        near = None
+        exact, near = [], None
         for s in stores:
             diff = [k for k, v in expected.items() if store_value(s.toolchain, k) != v]
             if not diff:
-                found.append(s)
-                break
+                exact.append(s)
+                continue
             skew.append(f"{s.dir}: " + "; ".join(mismatches(s.toolchain, expected)))
             if diff == ["num_sms"] and near is None:
                 near = s
-        else:
-            if near is not None:
-                found.append(Store(near.root, near.toolchain, serve_num_sms=expected["num_sms"]))
+        if exact:
+            exact.sort(key=lambda s: not s.holds_artifacts())
+            abi = exact[0].toolchain.get("fa4_abi", "upstream")
+            found += [s for s in exact if s.toolchain.get("fa4_abi", "upstream") == abi]
+        elif near is not None:
+            found.append(Store(near.root, near.toolchain, serve_num_sms=expected["num_sms"]))
     if not found and (skew or broken):
         raise FingerprintMismatch(
             "no store built for this toolchain/GPU:\n  "

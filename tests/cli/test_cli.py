@@ -249,6 +249,19 @@ def test_failed_variant_exits_1(run, tmp_path, spec_file, monkeypatch):
     assert f"FAILED {failing[0]} " in r.stdout and "no kernel for you" in r.stdout
 
 
+def test_a_build_whose_every_variant_failed_gives_no_serve_hint(run, tmp_path, spec_file,
+                                                               monkeypatch):
+    def stub_failing(call, variant, workdir):
+        raise RuntimeError("No CTK flavor installed")
+
+    monkeypatch.setattr(B, "_compile_stub", stub_failing)
+    r = run("build", "--cache", str(tmp_path / "s"), "--spec", str(spec_file), "-j", "1")
+    assert r.exit_code == 1
+    assert "built 0, cached 0, failed 2 in " in r.stdout and "serve it with" not in r.stdout
+    r = run("build", "--cache", str(tmp_path / "s"), "--spec", str(spec_file), "-j", "1", "--json")
+    assert r.exit_code == 1 and json.loads(r.stdout)["serve"] is None
+
+
 def test_bad_spec_is_one_line_exit_1(run, tmp_path):
     p = tmp_path / "bad.toml"
     p.write_text(TINY.replace("head_dim = 64", "head_dim = 64\ncausal = 1"))

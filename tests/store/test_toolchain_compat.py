@@ -71,6 +71,22 @@ def test_another_tvm_ffi_series_is_refused_by_name(tmp_path, monkeypatch):
         find_serving_store([tmp_path], T.runtime_expectation("sm90", 132))
 
 
+def test_a_failed_builds_empty_store_never_shadows_one_that_serves(tmp_path, monkeypatch):
+    """Two stores of one layer that the runtime cannot tell apart (they differ only in compiler
+    fields it does not compare): both serve, the one holding artifacts first, whatever their
+    names' order; a store of another FA4 source in the layer is left out."""
+    from fa4aot.store import toolchain as T
+
+    a = _store(tmp_path, cutlass_dsl="4.8.0")
+    b = _store(tmp_path, cutlass_dsl="4.8.1")
+    empty, full = sorted([a, b], key=lambda s: s.dir.name)  # the empty one sorts first
+    (full.dir / "artifacts" / "0123456789abcdef").mkdir()
+    _store(tmp_path, cutlass_dsl="4.7.0", fa4_abi="vllm")
+    monkeypatch.setattr(T, "_version", {"apache-tvm-ffi": "0.1.15.post2"}.get)  # no compiler
+    got = find_serving_store([tmp_path], T.runtime_expectation("sm90", 132))
+    assert [s.dir for s in got] == [full.dir, empty.dir]
+
+
 def _tvm_ffi_lib(version: str, dest: Path) -> Path:
     """libtvm_ffi.so of a tvm-ffi release, from its wheel (pip download, cached)."""
     cache = Path.home() / ".cache" / "fa4aot-test-wheels"
