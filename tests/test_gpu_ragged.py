@@ -210,7 +210,7 @@ def test_the_metadata_kernel_writes_the_entry_map(monkeypatch, page, rows):
     assert kern is not None and kern.ragged_meta is not None
     monkeypatch.setattr(RG, "RAGGED_MIN_BYTES", 0)  # (any batch size and length)
     monkeypatch.setattr(RG, "RAGGED_ROWS_MIN_KEYS", 0)
-    monkeypatch.setattr(RG, "RAGGED_MIN_CHUNK_KEYS", 1)
+    monkeypatch.setattr(RG, "RAGGED_MIN_CHUNK_BYTES", 1)
     rg = RG.plan_ragged(batch=b, rows=rows, kv_heads=hk, seqlen_k=max(lens) + 1, bytes_per_key=512,
                         page_size=page, sink=False, num_sms=132, setting=-1,
                         max_slots=kern.max_slots)

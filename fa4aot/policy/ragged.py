@@ -3,7 +3,7 @@
 The uniform plan (split.py) picks one chunk count per sequence from the batch size and the
 longest length, so in a ragged batch the long sequence gets too few chunks and the short ones
 get empty ones. Here the host fixes only bounds: `n` chunks of the batch's total keys (fewer
-where the bound leaves chunks under RAGGED_MIN_CHUNK_KEYS), hence at
+where the bound leaves chunks under RAGGED_MIN_CHUNK_BYTES), hence at
 most `entries` = n + batch body entries (a sequence's last may be short), each at most
 `pages * page_size` keys, plus, for a causal step of several query rows a sequence, `rows`
 tail entries a sequence. The metadata kernel (part `ragged_meta`: fa4/kernels.trace_ragged)
@@ -34,10 +34,11 @@ from fa4aot.model import constraints as C
 # equal chunks that the pieces cut at sequence ends leave no long tail (docs/design.md, Tuned
 # thresholds).
 RAGGED_CTAS_PER_SM = 4
-# Keys a chunk gets at least when every sequence is at the bound (n <= batch x bound / this):
-# a batch near uniform keeps chunks as long as the uniform plan's, not 4 CTAs an SM of short
-# ones (docs/design.md, Tuned thresholds).
-RAGGED_MIN_CHUNK_KEYS = 4096
+# K/V bytes a chunk of one KV head holds at least when every sequence is at the bound (4096
+# keys at hd128 bf16): a batch near uniform keeps chunks as long as the uniform plan's, not 4
+# CTAs an SM of short ones; at RAGGED_MIN_BYTES still 128 CTAs (docs/design.md, Tuned
+# thresholds).
+RAGGED_MIN_CHUNK_BYTES = 4096 * 512
 # K/V bytes (at the host's bound on every length) under which a step keeps the uniform plan:
 # below it the uniform plan's tuned kernels win (two long sequences at 8:1, 134 MB at the
 # bound: 1.3x the HBM limit against the ragged plan's 1.6x; docs/design.md, Tuned thresholds).
@@ -101,7 +102,7 @@ def plan_ragged(
     # the sink's LSE (-inf without one): within max_slots
     tail = rows > 1 and causal
     n = min(-(-RAGGED_CTAS_PER_SM * num_sms // kv_heads),
-            -(-batch * seqlen_k // RAGGED_MIN_CHUNK_KEYS), max_slots - 1 - tail)
+            -(-batch * seqlen_k * bytes_per_key // RAGGED_MIN_CHUNK_BYTES), max_slots - 1 - tail)
     entries = n + batch + (rows * batch if tail else 0)
     if n < 2 or entries > max_entries:
         return None

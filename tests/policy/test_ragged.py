@@ -26,10 +26,12 @@ def test_the_plan_fixes_only_bounds():
 
 
 def test_a_batch_at_the_bound_keeps_chunks_of_the_floor():
-    """Two sequences of 32K at 64:8: 16 chunks of 4096 keys (the uniform plan's 8 a
-    sequence), not 66 of 1024; a long bound keeps 4 CTAs an SM."""
+    """Two sequences of 32K at 64:8, hd128: 16 chunks of 4096 keys (2 MiB a KV head, the
+    uniform plan's 8 a sequence), not 66 of 1024; at hd256 2048 keys hold as many bytes; a
+    long bound keeps 4 CTAs an SM."""
     rg = _plan(b=2, sk=32768)
-    assert rg.n == 16 and RG.entry_map([32768, 32768], rg, 64)[2] == RG.RAGGED_MIN_CHUNK_KEYS
+    assert rg.n == 16 and RG.entry_map([32768, 32768], rg, 64)[2] == 4096
+    assert _plan(b=2, sk=32768, bytes_per_key=1024).n == 32
     assert _plan(b=32, sk=4096).n == 32 and _plan(b=32, sk=131072).n == 66
 
 
@@ -51,7 +53,7 @@ def test_several_rows_over_pages_are_packed_with_a_tail_entry_a_row(monkeypatch)
     assert _plan(rows=17) is None  # (RAGGED_ROWS)
     # a page of 128 keys: a tail entry's keys (under a page plus the rows) need two columns
     monkeypatch.setattr(RG, "RAGGED_ROWS_MIN_KEYS", 0)
-    monkeypatch.setattr(RG, "RAGGED_MIN_CHUNK_KEYS", 1)
+    monkeypatch.setattr(RG, "RAGGED_MIN_CHUNK_BYTES", 1)
     assert _plan(rows=4, page=128, b=2, sk=64).pages == 2
     assert _plan(rows=1, page=128, b=2, sk=64).pages == 1
     assert _plan(rows=4, hk=1).n == 126  # the merge's 128 slots: the tail's and the sink's

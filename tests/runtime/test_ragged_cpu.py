@@ -35,7 +35,7 @@ def serve(monkeypatch, tmp_path, knobs):
     knobs(cache_dir=str(tmp_path / "cache"), padding=None)
     monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0)
     monkeypatch.setattr(RG, "RAGGED_MIN_BYTES", 0)  # (CPU-sized batches)
-    monkeypatch.setattr(RG, "RAGGED_MIN_CHUNK_KEYS", 1)
+    monkeypatch.setattr(RG, "RAGGED_MIN_CHUNK_BYTES", 1)
     calls = []
 
     def load(self, art, *names):
