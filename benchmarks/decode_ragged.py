@@ -267,13 +267,13 @@ def run_case(torch, fa4aot, rt, c: Case, seed: int, rounds: int, tbs: float) -> 
         fa4aot.flash_attn_varlen_func(q, kp, vp, out=o, **kw)
 
     def unsplit(o=out):
-        was, rt.split = rt.split, 0
+        was, was_tile, rt.split = rt.split, rt.small_tile, 0
         rt.set_small_tile(False)
         try:
             today(o)
         finally:
             rt.split = was
-            rt.set_small_tile(True)
+            rt.set_small_tile(was_tile)
 
     def uniform(o=out):
         was, rt.ragged = rt.ragged, False

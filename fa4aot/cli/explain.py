@@ -183,8 +183,9 @@ def _explain(
         )
         split_doc["hbm_tbps"] = round((hbm or S.H200_HBM_PEAK) / 1e12, 3)
     fp8_doc = _fp8_doc(dtype, descales) if fp8 else None
-    # the exact call's twin on a 64-row M tile, which the runtime prefers where cached
-    twin = None if why or not choices or not choices[0].exact else feat.small_tile_variant(arch)
+    # the call's twin on a 64-row M tile, which the runtime serves first where cached
+    # (plan.resolve), whatever else the store holds
+    twin = None if why else feat.small_tile_variant(arch)
     if twin is not None and twin.id not in {v.id for v in avail}:
         twin = None
     doc = {
@@ -196,7 +197,7 @@ def _explain(
         "choices": [_choice_doc(c, want) for c in choices],
         "small_tile": None if twin is None else {"id": twin.id, "description": twin.describe()},
         "nearest": []
-        if choices
+        if choices or twin
         else [{"id": v.id, "description": v.describe()} for v in nearest(want, avail)],
         "corrupt": corrupt.get(want.id),
         "stores": [str(s.dir) for s in match.stores],
@@ -211,7 +212,7 @@ def _explain(
             out.text(f"FA4 source  : {fa4} (stores built with `fa4aot build --fa4 {fa4}`)")
         _print(out, want, why, fp8_doc, split_doc, split_serves, hbm, choices, avail, corrupt,
                match, twin)
-    if not choices and not split_serves:
+    if not choices and twin is None and not split_serves:
         sys.exit(1)
 
 
@@ -261,7 +262,7 @@ def _print(out, want, why, fp8_doc, split_doc, split_serves, hbm, choices, avail
         out.text(f"split-KV    : no ({split_doc['why']})")
     if split_doc and hbm:
         out.text(f"cost model  : the split plans' for HBM at {split_doc['hbm_tbps']} TB/s")
-    if choices:
+    if choices or twin is not None:
         head = "unsplit     :" if split_serves else "served by   :"
         if twin is not None:
             out.text(f"{head} {twin.describe()} (id {twin.id}): the rows fit a 64-row M tile")

@@ -356,6 +356,38 @@ def explain_store(monkeypatch):
     )
 
 
+@pytest.mark.parametrize("held", ["both", "twin"])
+def test_explain_names_the_twin_the_runtime_serves(run, monkeypatch, held):
+    """A 4-row step at 32:8 (32 packed rows) is served by its cached twin on a 64-row M tile,
+    as plan.resolve serves it: beside FA4's tile, or alone in the store."""
+    from types import SimpleNamespace
+
+    from fakes import call
+
+    import fa4aot.cli as cli
+    from fa4aot.cli.common import Match
+
+    feat = call(hq=32, hk=8, sq=4).features()
+    twin = feat.small_tile_variant("sm90")
+    assert twin is not None and twin.tile.m == 64
+    vs = [twin] + ([feat.variant("sm90")] if held == "both" else [])
+    monkeypatch.setattr(
+        cli.explain,
+        "_cached_artifacts",
+        lambda *a: (
+            [SimpleNamespace(record={"variant": x.to_dict()}) for x in vs],
+            {},
+            Match(stores=[SimpleNamespace(dir="(test)", toolchain={})]),
+        ),
+    )
+    args = ["explain", "--heads", "32:8", "--head-dim", "128", "--seqlen-q", "4", "--batch", "4"]
+    r = run(*args, "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["small_tile"]["id"] == twin.id
+    r = run(*args)
+    assert r.exit_code == 0 and f"(id {twin.id}): the rows fit a 64-row M tile" in r.stdout
+
+
 @pytest.mark.parametrize(
     "layout", [["--layout", "dense"], ["--layout", "paged", "--page-size", "128"]]
 )
