@@ -312,8 +312,8 @@ def test_split_kernel_binds_the_tma_page_part_for_its_pages_only(monkeypatch, tm
 
 def test_an_exact_call_whose_rows_fit_64_runs_on_the_twin(store):
     """A causal 4:1 step of 4 query rows (16 packed rows) runs on the cached twin on a 64-row M
-    tile (constraints.small_m_tile); 20 rows a sequence (80 packed) on FA4's tile; without the
-    twin cached, or with set_small_tile(False), on FA4's tile; both settings keep their plans."""
+    tile (constraints.small_m_tile); without the twin cached, or with set_small_tile(False), on
+    FA4's tile; both settings keep their plans (20 rows a sequence: the next test)."""
     base = _dense_variant(2, 4, 8, 2, 64)
     twin = _dense_variant(2, 4, 8, 2, 64, tile_m=64)
     assert twin.tile.m == 64 and base.tile.m == 192 and twin.static_persistent
