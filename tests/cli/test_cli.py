@@ -335,14 +335,18 @@ def test_version(run):
 def explain_store(monkeypatch):
     """explain over a store holding 32:1 causal decode and the decode-fold kernel (hd128, dense
     and paged page 128): records only, explain never loads code."""
-    from types import SimpleNamespace
-
     from fakes import call, fold_kernel
-
-    import fa4aot.cli as cli
 
     held = [call(hq=32).variant("sm90"), fold_kernel("dense"), fold_kernel("paged", page=128)]
     held += [call(hq=32, layout="paged", page=128).variant("sm90")]
+    _explain_holds(monkeypatch, held)
+
+
+def _explain_holds(monkeypatch, held):
+    """explain's store: the records of the variants `held` (explain never loads code)."""
+    from types import SimpleNamespace
+
+    import fa4aot.cli as cli
     from fa4aot.cli.common import Match
 
     monkeypatch.setattr(
@@ -360,26 +364,12 @@ def explain_store(monkeypatch):
 def test_explain_names_the_twin_the_runtime_serves(run, monkeypatch, held):
     """A 4-row step at 32:8 (32 packed rows) is served by its cached twin on a 64-row M tile,
     as plan.resolve serves it: beside FA4's tile, or alone in the store."""
-    from types import SimpleNamespace
-
     from fakes import call
-
-    import fa4aot.cli as cli
-    from fa4aot.cli.common import Match
 
     feat = call(hq=32, hk=8, sq=4).features()
     twin = feat.small_tile_variant("sm90")
     assert twin is not None and twin.tile.m == 64
-    vs = [twin] + ([feat.variant("sm90")] if held == "both" else [])
-    monkeypatch.setattr(
-        cli.explain,
-        "_cached_artifacts",
-        lambda *a: (
-            [SimpleNamespace(record={"variant": x.to_dict()}) for x in vs],
-            {},
-            Match(stores=[SimpleNamespace(dir="(test)", toolchain={})]),
-        ),
-    )
+    _explain_holds(monkeypatch, [twin] + ([feat.variant("sm90")] if held == "both" else []))
     args = ["explain", "--heads", "32:8", "--head-dim", "128", "--seqlen-q", "4", "--batch", "4"]
     r = run(*args, "--json")
     assert r.exit_code == 0, r.output
