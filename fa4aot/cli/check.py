@@ -92,7 +92,7 @@ def coverage(specs, arch, num_sms, gpu, python, fa4, cache, trace, allow_unsuppo
     layers = layers_for(cache, out)
     match = matching_stores(layers, arch, num_sms, python, source_abi(fa4))
     match.require()
-    abis = sorted({s.toolchain.get("fa4_abi", "upstream") for s in match.stores})
+    abis = sorted({s.fa4_abi for s in match.stores})
     if len(abis) > 1:  # (auto without flash-attn-4 matches every source; the runtime picks one)
         raise click.BadParameter(f"stores of several FA4 sources match ({', '.join(abis)}): "
                                  "name one with --fa4 or FA4AOT_KERNEL_SOURCE",

@@ -164,7 +164,7 @@ def _explain(
     # the FA4 source the served stores were built from (FA4AOT_KERNEL_SOURCE, or --fa4)
     fa4 = settings.fa4_source()
     if fa4 == "auto":
-        fa4 = match.stores[0].toolchain.get("fa4_abi", "upstream") if match.stores else "upstream"
+        fa4 = match.stores[0].fa4_abi if match.stores else "upstream"
     why = C.unsupported_reason(
         arch, dtype, head_dim, head_dim_v or head_dim, qhead_per_kvhead=hq // hk, fa4=fa4
     ) or source_reason(fa4, sink_dtype=call.sink_dtype)

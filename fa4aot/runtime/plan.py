@@ -314,7 +314,7 @@ class Runtime:
         """The FA4 ABI of the stores serving (arch, num_sms): their first's ("upstream" with
         none). What FA4 can run here follows it (constraints: hd512 and FP8-KV from vLLM's)."""
         stores = self.stores_for(arch, num_sms)
-        return stores[0].toolchain.get("fa4_abi", "upstream") if stores else "upstream"
+        return stores[0].fa4_abi if stores else "upstream"
 
     def abi_of(self, art: Artifact) -> str:
         """The FA4 ABI `art` was built for: its store's toolchain's (read once per store)."""
@@ -323,7 +323,7 @@ class Runtime:
         if got is None:
             known = [s for ss in self._stores.values() for s in ss if s.dir == d]
             if known:
-                got = known[0].toolchain.get("fa4_abi", "upstream")
+                got = known[0].fa4_abi
             else:
                 try:
                     got = read_toolchain(d).get("fa4_abi", "upstream")

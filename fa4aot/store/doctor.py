@@ -145,7 +145,7 @@ def _store_row(s, expected: dict[str, Any]) -> dict[str, Any]:
         "python": s.toolchain.get("python"),
         "fa4_source": source_label(s.toolchain),
         # the source by name, as --fa4 and FA4AOT_KERNEL_SOURCE take it
-        "fa4_abi": s.toolchain.get("fa4_abi", "upstream"),
+        "fa4_abi": s.fa4_abi,
         "artifacts": sum(not isinstance(a, Exception) for _, a in arts),
         "unreadable": sum(isinstance(a, Exception) for _, a in arts),
         "corrupt": [f"{d}: {e}" for d, e in corrupt],

@@ -222,6 +222,11 @@ class Store:
         self.dir = self.root / LAYOUT / fingerprint_dir(toolchain)
         self.serve_num_sms = serve_num_sms
 
+    @property
+    def fa4_abi(self) -> str:
+        """The FA4 source ABI its artifacts were built for (stores older than the field: upstream)."""
+        return self.toolchain.get("fa4_abi", "upstream")
+
     # paths
     def artifact_dir(self, vid: str) -> Path:
         return self.dir / "artifacts" / vid
@@ -411,8 +416,7 @@ def find_serving_store(roots: list[Path], expected: dict[str, Any]) -> list[Stor
                 near = s
         if exact:
             exact.sort(key=lambda s: not s.holds_artifacts())
-            abi = exact[0].toolchain.get("fa4_abi", "upstream")
-            found += [s for s in exact if s.toolchain.get("fa4_abi", "upstream") == abi]
+            found += [s for s in exact if s.fa4_abi == exact[0].fa4_abi]
         elif near is not None:
             found.append(Store(near.root, near.toolchain, serve_num_sms=expected["num_sms"]))
     if not found and (skew or broken):

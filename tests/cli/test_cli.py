@@ -342,8 +342,9 @@ def explain_store(monkeypatch):
     _explain_holds(monkeypatch, held)
 
 
-def _explain_holds(monkeypatch, held):
-    """explain's store: the records of the variants `held` (explain never loads code)."""
+def _explain_holds(monkeypatch, held, **record):
+    """explain's store: the records of the variants `held` (explain never loads code), each
+    with the fields `record` adds."""
     from types import SimpleNamespace
 
     import fa4aot.cli as cli
@@ -353,9 +354,9 @@ def _explain_holds(monkeypatch, held):
         cli.explain,
         "_cached_artifacts",
         lambda *a: (
-            [SimpleNamespace(record={"variant": x.to_dict()}) for x in held],
+            [SimpleNamespace(id=x.id, record={"variant": x.to_dict(), **record}) for x in held],
             {},
-            Match(stores=[SimpleNamespace(dir="(test)", toolchain={})]),
+            Match(stores=[SimpleNamespace(dir="(test)", toolchain={}, fa4_abi="upstream")]),
         ),
     )
 
@@ -439,23 +440,10 @@ def test_explain_splits_speculative_rows_over_a_packed_k_on_the_bounds_mode(run,
 
 
 def _hold_split_kernels(monkeypatch, parts, pages=(None, 128)):
-    from types import SimpleNamespace
-
-    import fa4aot.cli as cli
-    from fa4aot.cli.common import Match
     from fa4aot.model.compile_keys import split_kernel_variant
 
     held = [split_kernel_variant("sm90", "bfloat16", 128, 128, p) for p in pages]
-    monkeypatch.setattr(
-        cli.explain,
-        "_cached_artifacts",
-        lambda *a: (
-            [SimpleNamespace(id=x.id, record={"variant": x.to_dict(), "parts": parts})
-             for x in held],
-            {},
-            Match(stores=[SimpleNamespace(dir="(test)", toolchain={})]),
-        ),
-    )
+    _explain_holds(monkeypatch, held, parts=parts)
 
 
 def test_explain_names_the_merge_kernel(run, monkeypatch):
