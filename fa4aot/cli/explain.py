@@ -268,7 +268,8 @@ def _print(out, want, why, fp8_doc, split_doc, split_serves, hbm, choices, avail
             out.text(f"{head} {twin.describe()} (id {twin.id}): the rows fit a 64-row M tile")
         else:
             out.text(f"{head} {choices[0].describe(want)}")
-        for c in choices[1:4]:
+        # beside the twin, FA4's own tile is an alternative too
+        for c in (choices if twin is not None else choices[1:])[:3]:
             out.text(f"alternative : {c.describe(want)}")
     elif not split_serves:
         out.text("served by   : nothing cached (the runtime raises ArtifactMissing)")

@@ -377,6 +377,7 @@ def test_explain_names_the_twin_the_runtime_serves(run, monkeypatch, held):
     assert json.loads(r.stdout)["small_tile"]["id"] == twin.id
     r = run(*args)
     assert r.exit_code == 0 and f"(id {twin.id}): the rows fit a 64-row M tile" in r.stdout
+    assert ("alternative : " in r.stdout) == (held == "both"), r.stdout
 
 
 @pytest.mark.parametrize(
