@@ -30,7 +30,7 @@ class RaggedRun:
                  "lse_rows", "tail", "len_v")
 
     def __init__(self, kern, q, b, hq, hk, d, dv, rg: RG.Ragged, page_size, causal, varlen_q,
-                 ffi, used=False):
+                 ffi, no_sink, used=False):
         r, w, dvc, rows = hq // hk, rg.entries, q.device, rg.rows
         bb = b * rows  # decode rows
         self.rg, self.r, self.paged, self.used = rg, r, page_size is not None, used
@@ -41,21 +41,25 @@ class RaggedRun:
         self.scale = float(1.0 / math.sqrt(d))
         self.meta_args = (rg.n, rg.align, page_size or 0, rows, int(causal))
         i32, f32 = torch.int32, torch.float32
-        qv = q.new_zeros((w, r, rows, hk, d))  # an entry's rows (g, t) of KV head kh
+        # Left uninitialized where the metadata kernel writes every element each step (first,
+        # out_v, len_v) or where what it leaves unwritten is never merged (q rows of unused
+        # entries and of a tail entry's other rows): a fill made while a graph is captured
+        # replays with every step.
+        qv = q.new_empty((w, r, rows, hk, d))  # an entry's rows (g, t) of KV head kh
         op = q.new_empty((w, r * rows, hk, dv))
         kl = torch.empty((w, hk, r * rows), dtype=f32, device=dvc)
-        self.first = torch.zeros(b + 1, dtype=i32, device=dvc)
+        self.first = torch.empty(b + 1, dtype=i32, device=dvc)
         self.table_v = None
         if self.paged:
-            self.out_v = torch.zeros(w, dtype=i32, device=dvc)
+            self.out_v = torch.empty(w, dtype=i32, device=dvc)
             # zeros: a valid page for rows the metadata kernel leaves unwritten; 16 readable
             # bytes before the first entry, as the TMA paged path needs (abi.GUARD_ALIGN)
             g = torch.zeros(4 + w * max(rg.pages, 1), dtype=i32, device=dvc)
             self.table_v = g[4:].view(w, max(rg.pages, 1))
         else:
-            self.out_v = torch.zeros(w + 1, dtype=i32, device=dvc)
-        self.len_v = torch.zeros((w, 1), dtype=i32, device=dvc) if used else None
-        self.no_sink = torch.full((r, hk), float("-inf"), dtype=f32, device=dvc)
+            self.out_v = torch.empty(w + 1, dtype=i32, device=dvc)
+        self.len_v = torch.empty((w, 1), dtype=i32, device=dvc) if used else None
+        self.no_sink = no_sink  # (r, hk) float32 -inf: the merge's sink term without a sink
         self.lse_scratch = torch.empty((bb, r, hk), dtype=f32, device=dvc)
         self.out_shape = (bb, hq, dv) if varlen_q else (b, rows, hq, dv)
         self.lse_shape = (hq, bb) if varlen_q else (b, hq, rows)

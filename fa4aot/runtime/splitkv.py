@@ -195,8 +195,10 @@ def _new_run(rt, dev, q, key, capturing, kind, b, rows, hq, hk, d, dv, seqlen_k,
     pk = rows > 1 and _packed_plan(rt, dev, q.dtype, b, rows, hq, hk, d, dv, seqlen_k,
                                    page_size, causal, sink, sp, not dense_pages)
     if rg:
+        no_sink = _const(rt, ("no_sink", dev, hq // hk, hk), q.device, lambda: torch.full(
+            (hq // hk, hk), float("-inf"), dtype=torch.float32, device=q.device))
         run = RR.RaggedRun(rk, q, b, hq, hk, d, dv, rg, page_size, causal, varlen_q,
-                           ffi=q.is_cuda, used=used)
+                           ffi=q.is_cuda, no_sink=no_sink, used=used)
     elif pk:
         # a graph being captured runs the tail on a side stream (TAIL_STREAM)
         side = TAIL_STREAM and q.is_cuda and _is_capturing()

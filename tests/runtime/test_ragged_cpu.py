@@ -108,6 +108,36 @@ def test_a_ragged_batch_is_split_by_its_real_lengths(serve, page, sink):
     assert runs[0].rg.entries == runs[0].rg.n + b
 
 
+@pytest.mark.parametrize("page", [16, None])
+def test_a_ragged_step_writes_every_scratch_value_it_reads(serve, page):
+    """The entries' q rows, bounds, first entries and partials are left uninitialized (a fill
+    made while a graph is captured would replay with every step): poisoned between two calls,
+    they give the same out and LSE."""
+    rt = serve(page)
+    hq, hk = 8, 2
+    q, k, v = _batch(LENS, hq, hk)
+    b = len(LENS)
+    kw = dict(cu_seqlens_q=torch.arange(b + 1, dtype=torch.int32), max_seqlen_q=1,
+              max_seqlen_k=max(LENS), causal=True, return_lse=True)
+    if page is None:
+        cu_k = torch.tensor([0, *torch.tensor(LENS).cumsum(0).tolist()], dtype=torch.int32)
+        args = (q, torch.cat([k[i, :n] for i, n in enumerate(LENS)]),
+                torch.cat([v[i, :n] for i, n in enumerate(LENS)]))
+        kw["cu_seqlens_k"] = cu_k
+    else:
+        kp, vp, table = paged_kv(k, v, LENS, page, shuffle=True, extra_cols=3)
+        args = (q, kp, vp)
+        kw.update(seqused_k=torch.tensor(LENS, dtype=torch.int32), page_table=table)
+    o1, l1 = (x.clone() for x in R.flash_attn_varlen_func(*args, **kw))
+    (run,) = [r for r in rt._split_runs.values() if r]
+    for t in (run.kq, run.ko, run.kl):
+        t.fill_(float("nan"))
+    run.first.fill_(-7)
+    run.out_v.fill_(1 << 20)
+    o2, l2 = R.flash_attn_varlen_func(*args, **kw)
+    assert torch.equal(o1, o2) and torch.equal(l1, l2)
+
+
 @pytest.mark.parametrize("sink", [False, True])
 def test_a_packed_k_with_seqused_k_is_split_by_its_used_lengths(serve, sink):
     """A packed K whose sequences hold more keys than they use (cu_seqlens_k over their
