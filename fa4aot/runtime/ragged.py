@@ -41,10 +41,7 @@ class RaggedRun:
         self.scale = float(1.0 / math.sqrt(d))
         self.meta_args = (rg.n, rg.align, page_size or 0, rows, int(causal))
         i32, f32 = torch.int32, torch.float32
-        # Left uninitialized where the metadata kernel writes every element each step (first,
-        # out_v, len_v) or where what it leaves unwritten is never merged (q rows of unused
-        # entries and of a tail entry's other rows): a fill made while a graph is captured
-        # replays with every step.
+        # no fill where the step writes all it reads: a fill captured in a graph replays each step
         qv = q.new_empty((w, r, rows, hk, d))  # an entry's rows (g, t) of KV head kh
         op = q.new_empty((w, r * rows, hk, dv))
         kl = torch.empty((w, hk, r * rows), dtype=f32, device=dvc)

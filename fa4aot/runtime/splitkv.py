@@ -61,7 +61,8 @@ class Step(NamedTuple):
 
     kind: "dense" | "varlen" | "paged" | "padded" K (a KV cache in batch form, (b, capacity,
     hk, d), with seqused_k: FA2's flash_attn_with_kvcache layout, split as a page pool whose
-    table is an arange) | "used" (a packed K with seqused_k: the ragged plan only); seqlen_k: a host bound on every KV length (a dense K's exact length);
+    table is an arange) | "used" (a packed K with seqused_k: the ragged plan only);
+    seqlen_k: a host bound on every KV length (a dense K's exact length);
     varlen_q: q is packed, (b * rows, hq, d), else (b, rows, hq, d)."""
 
     kind: str

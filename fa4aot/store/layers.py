@@ -224,7 +224,7 @@ class Store:
 
     @property
     def fa4_abi(self) -> str:
-        """The FA4 source ABI its artifacts were built for (stores older than the field: upstream)."""
+        """The FA4 source ABI its artifacts were built for (upstream in stores that predate it)."""
         return self.toolchain.get("fa4_abi", "upstream")
 
     # paths
