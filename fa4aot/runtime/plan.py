@@ -45,7 +45,7 @@ from fa4aot.store import runtime_lib
 from fa4aot.store.layers import Store, default_roots, find_serving_store
 from fa4aot.store.misses import record_miss
 from fa4aot.store.records import Artifact
-from fa4aot.store.toolchain import read_toolchain, runtime_expectation
+from fa4aot.store.toolchain import fa4_abi, read_toolchain, runtime_expectation
 
 log = logging.getLogger("fa4aot")
 
@@ -326,7 +326,7 @@ class Runtime:
                 got = known[0].fa4_abi
             else:
                 try:
-                    got = read_toolchain(d).get("fa4_abi", "upstream")
+                    got = fa4_abi(read_toolchain(d))
                 except CorruptArtifact:  # (not in a store: a stand-in artifact, upstream's)
                     got = "upstream"
             self._fa4_abis[d] = got

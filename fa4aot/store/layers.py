@@ -57,7 +57,13 @@ from fa4aot.store.records import (
     parse_record,
     seal_record,
 )
-from fa4aot.store.toolchain import fingerprint_dir, mismatches, read_toolchain, store_value
+from fa4aot.store.toolchain import (
+    fa4_abi,
+    fingerprint_dir,
+    mismatches,
+    read_toolchain,
+    store_value,
+)
 
 
 def default_roots(wheels: bool = True) -> list[Path]:
@@ -224,8 +230,8 @@ class Store:
 
     @property
     def fa4_abi(self) -> str:
-        """The FA4 source ABI its artifacts were built for (upstream in stores that predate it)."""
-        return self.toolchain.get("fa4_abi", "upstream")
+        """The FA4 source ABI its artifacts were built for (toolchain.fa4_abi)."""
+        return fa4_abi(self.toolchain)
 
     # paths
     def artifact_dir(self, vid: str) -> Path:

@@ -27,6 +27,12 @@ def source_name(tc: dict[str, Any]) -> str:
     return src.get("name", "upstream") if isinstance(src, dict) else "upstream"
 
 
+def fa4_abi(tc: dict[str, Any]) -> str:
+    """The FA4 source ABI a toolchain's artifacts were built for (upstream in stores that
+    predate the field)."""
+    return tc.get("fa4_abi", "upstream")
+
+
 def source_label(tc: dict[str, Any]) -> str:
     """A store's FA4 source for a listing: "upstream 4.0.0b36", "vllm 0.33.0 (f3bcc631ba55)"."""
     src = tc.get("fa4_source")
