@@ -14,7 +14,10 @@ Lengths are drawn per distribution from one seed (the same lengths at every page
 - b: one long among short, batch 8: one 131072, one 65536, the rest uniform in [1000, 30000];
 - c: all short, batch 64, uniform in [100, 4000];
 - d: two long, batch 2 at 8:1 heads: 131072 and 100000;
-- u: uniform, batch 16, all 16384 (no raggedness: what the ragged plan costs there).
+- u: uniform, batch 16, all 16384 (no raggedness: what the ragged plan costs there);
+- h: half at the bound, batch 32: 16 of 4096, 16 uniform in [100, 1000];
+- t: two long, two short, batch 4: 2 of 32768, 2 uniform in [100, 1000]. The uniform plan
+  keeps h and t (policy/ragged.uniform_holds): its worst cases among batches of >= 256 MB.
 Columns: MB read = sum of min(len, window + s_q) * kv_heads * (d + dv) * 2 bytes, plus q and o;
 limit = those bytes / the copy bandwidth measured at start (a device-to-device copy, bytes read
 + written over its time; --hbm-tbs to give it); `today` = the call as the runtime plans it (the
@@ -59,6 +62,8 @@ DISTS = {
     "c": "all short: b64, uniform [100, 4000]",
     "d": "two long at 8:1: b2, 131072 + 100000",
     "u": "uniform: b16, all 16384",
+    "h": "half at the bound: b32, 16 x 4096 + 16 uniform [100, 1000]",
+    "t": "two long, two short: b4, 2 x 32768 + 2 uniform [100, 1000]",
 }
 QUICK = ("b", 64)  # --quick: the headline batch at pages of 64
 
@@ -81,6 +86,12 @@ def lengths(dist: str, seed: int) -> list[int]:
         lens = [131072, 100000]
     elif dist == "u":
         lens = [16384] * 16
+    elif dist == "h":
+        lens = [4096] * 16 + [rng.randint(100, 1000) for _ in range(16)]
+        rng.shuffle(lens)
+    elif dist == "t":
+        lens = [32768] * 2 + [rng.randint(100, 1000) for _ in range(2)]
+        rng.shuffle(lens)
     else:
         raise ValueError(f"no distribution {dist!r} (one of {', '.join(DISTS)})")
     return lens

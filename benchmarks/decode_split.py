@@ -211,7 +211,7 @@ def summary(res: dict) -> dict:
         )
         for p in res["paged"]
     }
-    out["paged_vs_uniform_plan"] = {  # (today's plan over the uniform plan: ragged at b >= 2)
+    out["paged_vs_uniform_plan"] = {  # (today's plan over the uniform plan: ragged where it applies)
         f"b{p['b']} sk{p['sk']} page{p['page']}": [
             round(p["fa4aot"] / p["uniform"], 3), round(p["fa4aot_graph"] / p["uniform_graph"], 3)]
         for p in res["paged"] if p.get("uniform")

@@ -35,9 +35,13 @@ def _cuda():
 
 @pytest.fixture
 def spy(monkeypatch):
-    """Counts the steps the ragged plan served."""
+    """Counts the steps the ragged plan served, which takes every step it applies to (not
+    only those whose uniform plan leaves a long tail: policy/ragged.uniform_holds)."""
+    from fa4aot.policy import ragged as RG
     from fa4aot.runtime import ragged as RR
     from fa4aot.runtime import splitkv as SK
+
+    monkeypatch.setattr(RG, "RAGGED_UNIFORM_CHUNK_BYTES", 0)
 
     seen = {"ragged": 0}
     inner = RR.ragged_step

@@ -260,6 +260,8 @@ def _print(out, want, why, fp8_doc, split_doc, split_serves, hbm, choices, avail
         out.text(f"served by   : {split_doc.get('plan') or split_doc['fold']}")
     if split_doc and not split_doc["splits"]:
         out.text(f"split-KV    : no ({split_doc['why']})")
+    if split_doc and split_doc.get("ragged_why"):
+        out.text(f"ragged plan : no ({split_doc['ragged_why']})")
     if split_doc and hbm:
         out.text(f"cost model  : the split plans' for HBM at {split_doc['hbm_tbps']} TB/s")
     if choices or twin is not None:
@@ -472,11 +474,12 @@ def _split_plan(
     if why is None and merge_name is None:
         why = (f"the split kernel {kern.describe()} (id {kern.id}) is not cached with its "
                "merge kernel")
-    sp = None
+    sp = doc = None
     fold_why = S.fold_refusal(arch=arch, head_dim=d, head_dim_v=dv, ratio=hq // hk,
                               rows=seqlen_q, sink=sink)
+    rg = ragged_why = None
     if why is None and layout != "dense" and RG.ragged_parts(rec["parts"]):
-        # (runtime/splitkv.split_step: the ragged plan first, from the same function)
+        # (runtime/splitkv._new_run: the ragged plan, from the same functions)
         rg = RG.plan_ragged(
             batch=batch, rows=seqlen_q, kv_heads=hk, seqlen_k=S.plan_bucket(seqlen_k),
             bytes_per_key=(d + dv) * 2, page_size=page_size, sink=sink, num_sms=num_sms,
@@ -484,8 +487,6 @@ def _split_plan(
                                                                         S.MAX_SLOTS)),
             causal=causal,
         )
-        if rg is not None:
-            return _ragged_doc(rg, kern, rec["parts"], page_size, hk, num_sms, dense_pages)
     if why is None:
         bucket = S.plan_bucket(seqlen_k)  # as the runtime plans it
         # the runtime's own decision (runtime/splitkv.split_step takes the same two steps)
@@ -496,17 +497,28 @@ def _split_plan(
             num_sms=num_sms, setting=setting, fold=fold_why is None,
             meta=padded or not dense_pages, model=S.model_for(hbm),
         )
+        if rg is not None:
+            chunk = sp.chunk if sp else bucket
+            if not RG.uniform_holds(chunk, (d + dv) * 2):
+                return _ragged_doc(rg, kern, rec["parts"], page_size, hk, num_sms, dense_pages)
+            ragged_why = (f"the uniform plan's longest CTA reads {chunk} keys a KV head, "
+                          f"at most {RG.RAGGED_UNIFORM_CHUNK_BYTES >> 20} MiB: no tail for "
+                          "the ragged plan to cut")
         if sp is None:
             why = ("FA4AOT_SPLIT_KV=0" if setting == 0 else
                    f"the cost model: {batch * seqlen_q * hk} CTAs over {seqlen_k} keys gain "
                    f"nothing on {num_sms} SMs")
             if setting != 0 and fold_why is None:
-                return _fold_doc(why, kern, rec["parts"], batch * hk, hq // hk, num_sms,
-                                 page_size, bucket)
-    if sp is None:
-        return {"splits": 0, "why": why}
-    return _plan_doc(sp, kern, rec["parts"], merge_name, batch, seqlen_q, hk, page_size,
-                     num_sms, dense_pages)
+                doc = _fold_doc(why, kern, rec["parts"], batch * hk, hq // hk, num_sms,
+                                page_size, bucket)
+    if doc is None and sp is None:
+        doc = {"splits": 0, "why": why}
+    elif doc is None:
+        doc = _plan_doc(sp, kern, rec["parts"], merge_name, batch, seqlen_q, hk, page_size,
+                        num_sms, dense_pages)
+    if ragged_why:
+        doc["ragged_why"] = ragged_why
+    return doc
 
 
 def _ragged_doc(rg, kern, parts, page_size, hk, num_sms, dense_pages) -> dict:

@@ -39,6 +39,10 @@ RAGGED_CTAS_PER_SM = 4
 # CTAs an SM of short ones; at RAGGED_MIN_BYTES still 128 CTAs (docs/design.md, Tuned
 # thresholds).
 RAGGED_MIN_CHUNK_BYTES = 4096 * 512
+# K/V bytes of the uniform plan's longest CTA (a sequence at the bound) up to which a step
+# keeps that plan: at least 64 such CTAs stream any batch of RAGGED_MIN_BYTES, within 1.3x of
+# the HBM limit (uniform_holds; docs/design.md, Tuned thresholds).
+RAGGED_UNIFORM_CHUNK_BYTES = 8192 * 512
 # K/V bytes (at the host's bound on every length) under which a step keeps the uniform plan:
 # below it the uniform plan's tuned kernels win (two long sequences at 8:1, 134 MB at the
 # bound: 1.3x the HBM limit against the ragged plan's 1.6x; docs/design.md, Tuned thresholds).
@@ -113,6 +117,15 @@ def plan_ragged(
         if tail:  # a tail entry's keys: under a page plus the rows, in 128-key tiles
             pages = max(pages, -(-(page_size + rows) // 128) * 128 // page_size)
     return Ragged(n, entries, align, pages, rows)
+
+
+def uniform_holds(chunk: int, bytes_per_key: int) -> bool:
+    """Whether a step the ragged plan would take keeps the uniform plan: its longest CTA (a
+    sequence at the bound in the uniform plan's chunks of `chunk` keys; unsplit: the bound)
+    reads at most RAGGED_UNIFORM_CHUNK_BYTES, so no batch the ragged plan is for (one reading
+    RAGGED_MIN_BYTES) leaves that plan a long tail, and the ragged step's extra launches would
+    buy nothing. Shared by the runtime and `fa4aot explain`."""
+    return chunk * bytes_per_key <= RAGGED_UNIFORM_CHUNK_BYTES
 
 
 def chunk_bound(total: int, n: int, align: int) -> int:

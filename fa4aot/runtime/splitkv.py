@@ -30,6 +30,7 @@ from typing import NamedTuple
 import torch
 
 from fa4aot.model import constraints as C
+from fa4aot.policy import ragged as RG
 from fa4aot.policy import split as S
 from fa4aot.runtime import ragged as RR
 from fa4aot.runtime.abi import guard_page_table
@@ -183,18 +184,23 @@ def _new_run(rt, dev, q, key, capturing, kind, b, rows, hq, hk, d, dv, seqlen_k,
     fold = not S.fold_refusal(arch=rt.device(dev)[0], head_dim=d, head_dim_v=dv,
                               ratio=hq // hk, rows=rows, sink=sink)
     # a batch over a paged or packed K (a caller's: not a dense K viewed as pages): split
-    # by its real lengths (policy/ragged.py), where the store has the kernels and the
-    # bounds say it matters; a packed K with seqused_k ("used") by that plan alone
+    # by its real lengths (policy/ragged.py), where the store has the kernels, the bounds
+    # say it matters and the uniform plan's chunks are long (RG.uniform_holds); a packed K
+    # with seqused_k ("used") by that plan or unsplit
     used = kind == "used"
     rk = (kind != "dense" and not dense_pages and rt.ragged
           and rt.split_kernel(dev, q.dtype, d, dv, page_size))
     rg = rk and RR.plan(rt, dev, q.dtype, b, rows, hk, d, dv, S.plan_bucket(seqlen_k),
                         page_size, sink, causal, rk, used=used)
-    sp = None if rg or used else rt.split_for(
+    sp = None if used else rt.split_for(
         dev, q.dtype, b * rows * hk, seqlen_k, d, dv, page_size, sink,
         b * rows, fold=fold, one_row=rows == 1)
     pk = rows > 1 and _packed_plan(rt, dev, q.dtype, b, rows, hq, hk, d, dv, seqlen_k,
                                    page_size, causal, sink, sp, not dense_pages)
+    uni = pk or sp
+    if rg and RG.uniform_holds(uni.chunk if uni else S.plan_bucket(seqlen_k),
+                               (d + dv) * q.dtype.itemsize):
+        rg = None
     if rg:
         no_sink = _const(rt, ("no_sink", dev, hq // hk, hk), q.device, lambda: torch.full(
             (hq // hk, hk), float("-inf"), dtype=torch.float32, device=q.device))

@@ -682,6 +682,16 @@ def test_explain_says_a_ragged_batch_splits_by_its_real_lengths(run, monkeypatch
         assert not doc.get("ragged")
     doc = json.loads(run(*base, "--batch", "8").stdout)["split"]  # (a dense K: uniform)
     assert not doc.get("ragged")
+    # the uniform plan's longest CTA within 4 MiB: 32 x 4096 keys unsplit, 4 x 32768 in 4
+    # chunks of 8192 (policy/ragged.uniform_holds)
+    paged = ["--layout", "paged", "--page-size", "64", "--heads", "64:8"]
+    for batch, keys, splits in (("32", "4096", 0), ("4", "32768", 4)):
+        doc = json.loads(run(*base, *paged, "--batch", batch, "--seqlen-k", keys).stdout)
+        doc = doc["split"]
+        assert not doc.get("ragged") and doc["splits"] == splits, doc
+        assert doc["ragged_why"].startswith("the uniform plan's longest CTA reads"), doc
+    text = run(*base[:-1], *paged, "--batch", "32", "--seqlen-k", "4096").stdout
+    assert "ragged plan : no (the uniform plan's longest CTA" in text
     _hold_split_kernels(monkeypatch, parts, pages=(None, 64))
     doc = json.loads(run(*base, "--layout", "varlen", "--batch", "8").stdout)["split"]
     assert not doc.get("ragged") and doc["splits"] >= 0

@@ -35,6 +35,13 @@ def test_a_batch_at_the_bound_keeps_chunks_of_the_floor():
     assert _plan(b=32, sk=4096).n == 32 and _plan(b=32, sk=131072).n == 66
 
 
+def test_the_uniform_plan_keeps_steps_whose_longest_cta_is_short():
+    """The uniform plan's CTA over a sequence at the bound: 8192 keys at hd128 bf16 (4 MiB)
+    keep it, one key more does not; the same bytes at hd256 hold half the keys."""
+    assert RG.uniform_holds(8192, 512) and not RG.uniform_holds(8193, 512)
+    assert RG.uniform_holds(4096, 1024) and not RG.uniform_holds(8192, 1024)
+
+
 @pytest.mark.parametrize("kw", [dict(b=1), dict(rows=2, page=None), dict(setting=4),
                                 dict(setting=0), dict(sk=1024)])
 def test_the_plan_leaves_the_uniform_cases_to_the_uniform_plan(kw):

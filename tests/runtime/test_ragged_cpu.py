@@ -36,6 +36,7 @@ def serve(monkeypatch, tmp_path, knobs):
     monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0)
     monkeypatch.setattr(RG, "RAGGED_MIN_BYTES", 0)  # (CPU-sized batches)
     monkeypatch.setattr(RG, "RAGGED_MIN_CHUNK_BYTES", 1)
+    monkeypatch.setattr(RG, "RAGGED_UNIFORM_CHUNK_BYTES", 0)
     calls = []
 
     def load(self, art, *names):
@@ -191,6 +192,30 @@ def test_a_forced_split_count_one_sequence_or_an_old_store_keep_the_uniform_plan
     assert "RaggedRun" not in step(rt, 1)
     old = serve(64, lambda v: {k: p for k, p in _parts(v).items() if not k.startswith("ragged")})
     assert "RaggedRun" not in step(old, b)
+
+
+def test_a_step_whose_uniform_plan_has_no_long_tail_keeps_it(serve, monkeypatch):
+    """Where the uniform plan's longest CTA reads at most RAGGED_UNIFORM_CHUNK_BYTES
+    (policy/ragged.uniform_holds) the ragged plan's extra launches buy nothing: the uniform
+    plan serves the step, and the answer is the reference's."""
+    rt = serve(64)
+    q, k, v = _batch(LENS, 8, 2)
+    kp, vp, table = paged_kv(k, v, LENS, 64)
+    used = torch.tensor(LENS, dtype=torch.int32)
+    b = len(LENS)
+    kw = dict(cu_seqlens_q=torch.arange(b + 1, dtype=torch.int32), max_seqlen_q=1,
+              max_seqlen_k=max(LENS), seqused_k=used, page_table=table, causal=True)
+    bucket = -(-max(LENS) // 256) * 256
+    # (the uniform plan of this step: unsplit or chunks of at most the bound, 256 B a key)
+    monkeypatch.setattr(RG, "RAGGED_UNIFORM_CHUNK_BYTES", bucket * 256)
+    o = R.flash_attn_varlen_func(q, kp, vp, **kw)[0]
+    runs = [type(r).__name__ for r in rt._split_runs.values() if r]
+    assert "RaggedRun" not in runs and "ragged_meta" not in rt.calls
+    assert rel_err(o, _reference(q, k, v, LENS)[0]) < 1e-2
+    rt._split_runs.clear()
+    monkeypatch.setattr(RG, "RAGGED_UNIFORM_CHUNK_BYTES", 0)
+    R.flash_attn_varlen_func(q, kp, vp, **kw)
+    assert [type(r).__name__ for r in rt._split_runs.values() if r] == ["RaggedRun"]
 
 
 @pytest.mark.parametrize("varlen_q", [True, False])
