@@ -211,7 +211,8 @@ def summary(res: dict) -> dict:
         )
         for p in res["paged"]
     }
-    out["paged_vs_uniform_plan"] = {  # (today's plan over the uniform plan: ragged where it applies)
+    # today's plan over the uniform plan (the ragged plan where it applies)
+    out["paged_vs_uniform_plan"] = {
         f"b{p['b']} sk{p['sk']} page{p['page']}": [
             round(p["fa4aot"] / p["uniform"], 3), round(p["fa4aot_graph"] / p["uniform_graph"], 3)]
         for p in res["paged"] if p.get("uniform")
