@@ -17,7 +17,8 @@ Lengths are drawn per distribution from one seed (the same lengths at every page
 - u: uniform, batch 16, all 16384 (no raggedness: what the ragged plan costs there);
 - h: half at the bound, batch 32: 16 of 4096, 16 uniform in [100, 1000];
 - t: two long, two short, batch 4: 2 of 32768, 2 uniform in [100, 1000]. The uniform plan
-  keeps h and t (policy/ragged.uniform_holds): its worst cases among batches of >= 256 MB.
+  serves h and t in chunks of at most 2 MiB (policy/ragged.uniform_splits): its worst
+  cases among one-row batches of >= 256 MB.
 Columns: MB read = sum of min(len, window + s_q) * kv_heads * (d + dv) * 2 bytes, plus q and o;
 limit = those bytes / the copy bandwidth measured at start (a device-to-device copy, bytes read
 + written over its time; --hbm-tbs to give it); `today` = the call as the runtime plans it (the

@@ -36,12 +36,12 @@ def _cuda():
 @pytest.fixture
 def spy(monkeypatch):
     """Counts the steps the ragged plan served, which takes every step it applies to (not
-    only those whose uniform plan leaves a long tail: policy/ragged.uniform_holds)."""
+    only those the uniform plan would leave a long tail: policy/ragged.uniform_splits)."""
     from fa4aot.policy import ragged as RG
     from fa4aot.runtime import ragged as RR
     from fa4aot.runtime import splitkv as SK
 
-    monkeypatch.setattr(RG, "RAGGED_UNIFORM_CHUNK_BYTES", 0)
+    monkeypatch.setattr(RG, "uniform_splits", lambda **kw: None)
 
     seen = {"ragged": 0}
     inner = RR.ragged_step

@@ -480,12 +480,11 @@ def _split_plan(
     rg = ragged_why = None
     if why is None and layout != "dense" and RG.ragged_parts(rec["parts"]):
         # (runtime/splitkv._new_run: the ragged plan, from the same functions)
+        rg_slots = int(rec["parts"][merge_name].get("max_splits", S.MAX_SLOTS))
         rg = RG.plan_ragged(
             batch=batch, rows=seqlen_q, kv_heads=hk, seqlen_k=S.plan_bucket(seqlen_k),
             bytes_per_key=(d + dv) * 2, page_size=page_size, sink=sink, num_sms=num_sms,
-            setting=setting, max_slots=int(rec["parts"][merge_name].get("max_splits",
-                                                                        S.MAX_SLOTS)),
-            causal=causal,
+            setting=setting, max_slots=rg_slots, causal=causal,
         )
     if why is None:
         bucket = S.plan_bucket(seqlen_k)  # as the runtime plans it
@@ -497,13 +496,18 @@ def _split_plan(
             num_sms=num_sms, setting=setting, fold=fold_why is None,
             meta=padded or not dense_pages, model=S.model_for(hbm),
         )
+        n = rg and seqlen_q == 1 and RG.uniform_splits(
+            batch=batch, kv_heads=hk, seqlen_k=bucket, chunk=sp.chunk if sp else bucket,
+            bytes_per_key=(d + dv) * 2, num_sms=num_sms, max_slots=rg_slots, sink=sink)
+        if rg is not None and not n:
+            return _ragged_doc(rg, kern, rec["parts"], page_size, hk, num_sms, dense_pages)
         if rg is not None:
-            chunk = sp.chunk if sp else bucket
-            if not RG.uniform_holds(chunk, (d + dv) * 2):
-                return _ragged_doc(rg, kern, rec["parts"], page_size, hk, num_sms, dense_pages)
-            ragged_why = (f"the uniform plan's longest CTA reads {chunk} keys a KV head, "
-                          f"at most {RG.RAGGED_UNIFORM_CHUNK_BYTES >> 20} MiB: no tail for "
-                          "the ragged plan to cut")
+            if n > (sp.n if sp else 1):
+                sp = S.make_split(n, bucket, page_size=page_size, sink=sink)
+            ragged_why = (f"one row a sequence in chunks of at most "
+                          f"{RG.RAGGED_MIN_CHUNK_BYTES >> 20} MiB a KV head, at most "
+                          f"{RG.RAGGED_UNIFORM_CTAS_PER_SM} CTAs an SM: no tail for the ragged "
+                          "plan to cut")
         if sp is None:
             why = ("FA4AOT_SPLIT_KV=0" if setting == 0 else
                    f"the cost model: {batch * seqlen_q * hk} CTAs over {seqlen_k} keys gain "

@@ -39,10 +39,9 @@ RAGGED_CTAS_PER_SM = 4
 # CTAs an SM of short ones; at RAGGED_MIN_BYTES still 128 CTAs (docs/design.md, Tuned
 # thresholds).
 RAGGED_MIN_CHUNK_BYTES = 4096 * 512
-# K/V bytes of the uniform plan's longest CTA (a sequence at the bound) up to which a step
-# keeps that plan: at least 64 such CTAs stream any batch of RAGGED_MIN_BYTES, within 1.3x of
-# the HBM limit (uniform_holds; docs/design.md, Tuned thresholds).
-RAGGED_UNIFORM_CHUNK_BYTES = 8192 * 512
+# CTAs an SM up to which a one-row step the ragged plan would take keeps the uniform plan,
+# its chunks cut to RAGGED_MIN_CHUNK_BYTES (uniform_splits; docs/design.md, Tuned thresholds).
+RAGGED_UNIFORM_CTAS_PER_SM = 2
 # K/V bytes (at the host's bound on every length) under which a step keeps the uniform plan:
 # below it the uniform plan's tuned kernels win (two long sequences at 8:1, 134 MB at the
 # bound: 1.3x the HBM limit against the ragged plan's 1.6x; docs/design.md, Tuned thresholds).
@@ -119,13 +118,23 @@ def plan_ragged(
     return Ragged(n, entries, align, pages, rows)
 
 
-def uniform_holds(chunk: int, bytes_per_key: int) -> bool:
-    """Whether a step the ragged plan would take keeps the uniform plan: its longest CTA (a
-    sequence at the bound in the uniform plan's chunks of `chunk` keys; unsplit: the bound)
-    reads at most RAGGED_UNIFORM_CHUNK_BYTES, so no batch the ragged plan is for (one reading
-    RAGGED_MIN_BYTES) leaves that plan a long tail, and the ragged step's extra launches would
-    buy nothing. Shared by the runtime and `fa4aot explain`."""
-    return chunk * bytes_per_key <= RAGGED_UNIFORM_CHUNK_BYTES
+def uniform_splits(*, batch: int, kv_heads: int, seqlen_k: int, chunk: int,
+                   bytes_per_key: int, num_sms: int, max_slots: int, sink: bool) -> int | None:
+    """The chunks a sequence the uniform plan needs at least to serve a one-row step the ragged
+    plan would take, or None (the ragged plan serves it). seqlen_k: the plan's bound; chunk:
+    the uniform plan's chunk (unsplit: the bound). Chunks of at most RAGGED_MIN_CHUNK_BYTES
+    (a KV head) leave no batch the ragged plan is for (RAGGED_MIN_BYTES read) a long tail, so
+    the ragged step's extra launches buy nothing: 1 where the plan's own chunks hold no more,
+    else the count that cuts them to it, where that is at most RAGGED_UNIFORM_CTAS_PER_SM CTAs
+    an SM at the bound (beyond, the chunks of short sequences would run mostly empty). Shared
+    by the runtime and `fa4aot explain`."""
+    cap = max(RAGGED_MIN_CHUNK_BYTES // bytes_per_key, 1)
+    if chunk <= cap:
+        return 1
+    n = -(-seqlen_k // cap)
+    if batch * kv_heads * n > RAGGED_UNIFORM_CTAS_PER_SM * num_sms or n > max_slots - sink:
+        return None
+    return n
 
 
 def chunk_bound(total: int, n: int, align: int) -> int:

@@ -184,9 +184,9 @@ def _new_run(rt, dev, q, key, capturing, kind, b, rows, hq, hk, d, dv, seqlen_k,
     fold = not S.fold_refusal(arch=rt.device(dev)[0], head_dim=d, head_dim_v=dv,
                               ratio=hq // hk, rows=rows, sink=sink)
     # a batch over a paged or packed K (a caller's: not a dense K viewed as pages): split
-    # by its real lengths (policy/ragged.py), where the store has the kernels, the bounds
-    # say it matters and the uniform plan's chunks are long (RG.uniform_holds); a packed K
-    # with seqused_k ("used") by that plan or unsplit
+    # by its real lengths (policy/ragged.py), where the store has the kernels and the bounds
+    # say it matters, unless one row a sequence in short uniform chunks serves it
+    # (RG.uniform_splits); a packed K with seqused_k ("used") by that plan or unsplit
     used = kind == "used"
     rk = (kind != "dense" and not dense_pages and rt.ragged
           and rt.split_kernel(dev, q.dtype, d, dv, page_size))
@@ -197,10 +197,16 @@ def _new_run(rt, dev, q, key, capturing, kind, b, rows, hq, hk, d, dv, seqlen_k,
         b * rows, fold=fold, one_row=rows == 1)
     pk = rows > 1 and _packed_plan(rt, dev, q.dtype, b, rows, hq, hk, d, dv, seqlen_k,
                                    page_size, causal, sink, sp, not dense_pages)
-    uni = pk or sp
-    if rg and RG.uniform_holds(uni.chunk if uni else S.plan_bucket(seqlen_k),
-                               (d + dv) * q.dtype.itemsize):
-        rg = None
+    if rg and rows == 1:
+        bucket = S.plan_bucket(seqlen_k)
+        n = RG.uniform_splits(batch=b, kv_heads=hk, seqlen_k=bucket,
+                              chunk=sp.chunk if sp else bucket,
+                              bytes_per_key=(d + dv) * q.dtype.itemsize,
+                              num_sms=rt.device(dev)[1], max_slots=rk.max_slots, sink=sink)
+        if n is not None:
+            rg = None
+            if n > (sp.n if sp else 1):
+                sp = S.make_split(n, bucket, page_size=page_size, sink=sink)
     if rg:
         no_sink = _const(rt, ("no_sink", dev, hq // hk, hk), q.device, lambda: torch.full(
             (hq // hk, hk), float("-inf"), dtype=torch.float32, device=q.device))

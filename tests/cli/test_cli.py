@@ -682,16 +682,20 @@ def test_explain_says_a_ragged_batch_splits_by_its_real_lengths(run, monkeypatch
         assert not doc.get("ragged")
     doc = json.loads(run(*base, "--batch", "8").stdout)["split"]  # (a dense K: uniform)
     assert not doc.get("ragged")
-    # the uniform plan's longest CTA within 4 MiB: 32 x 4096 keys unsplit, 4 x 32768 in 4
-    # chunks of 8192 (policy/ragged.uniform_holds)
+    # one row in uniform chunks of at most 2 MiB, at most 2 CTAs an SM: 32 x 4096 keys
+    # unsplit, 4 x 32768 in 8 chunks of 4096 (the cost model's 4 cut; policy/ragged.py
+    # uniform_splits); several rows keep the ragged plan
     paged = ["--layout", "paged", "--page-size", "64", "--heads", "64:8"]
-    for batch, keys, splits in (("32", "4096", 0), ("4", "32768", 4)):
+    for batch, keys, splits in (("32", "4096", 0), ("4", "32768", 8)):
         doc = json.loads(run(*base, *paged, "--batch", batch, "--seqlen-k", keys).stdout)
         doc = doc["split"]
         assert not doc.get("ragged") and doc["splits"] == splits, doc
-        assert doc["ragged_why"].startswith("the uniform plan's longest CTA reads"), doc
+        assert doc["ragged_why"].startswith("one row a sequence in chunks of at most 2 MiB")
+    doc = json.loads(run(*base, *paged, "--batch", "4", "--seqlen-k", "32768",
+                         "--seqlen-q", "4").stdout)["split"]
+    assert doc.get("ragged"), doc
     text = run(*base[:-1], *paged, "--batch", "32", "--seqlen-k", "4096").stdout
-    assert "ragged plan : no (the uniform plan's longest CTA" in text
+    assert "ragged plan : no (one row a sequence in chunks" in text
     _hold_split_kernels(monkeypatch, parts, pages=(None, 64))
     doc = json.loads(run(*base, "--layout", "varlen", "--batch", "8").stdout)["split"]
     assert not doc.get("ragged") and doc["splits"] >= 0

@@ -35,11 +35,22 @@ def test_a_batch_at_the_bound_keeps_chunks_of_the_floor():
     assert _plan(b=32, sk=4096).n == 32 and _plan(b=32, sk=131072).n == 66
 
 
-def test_the_uniform_plan_keeps_steps_whose_longest_cta_is_short():
-    """The uniform plan's CTA over a sequence at the bound: 8192 keys at hd128 bf16 (4 MiB)
-    keep it, one key more does not; the same bytes at hd256 hold half the keys."""
-    assert RG.uniform_holds(8192, 512) and not RG.uniform_holds(8193, 512)
-    assert RG.uniform_holds(4096, 1024) and not RG.uniform_holds(8192, 1024)
+def test_a_step_in_short_uniform_chunks_keeps_the_uniform_plan():
+    """Chunks of at most 2 MiB a KV head (4096 keys at hd128 bf16) keep the uniform plan as it
+    is; longer ones are cut to that where it takes at most 2 CTAs an SM at the bound, else
+    the ragged plan serves the step."""
+    kw = dict(bytes_per_key=512, num_sms=132, max_slots=128, sink=False)
+    assert RG.uniform_splits(batch=32, kv_heads=8, seqlen_k=4096, chunk=4096, **kw) == 1
+    assert RG.uniform_splits(batch=64, kv_heads=8, seqlen_k=4096, chunk=4096, **kw) == 1
+    # 4 x 32768 at 8 KV heads: 8 chunks of 4096, 256 CTAs
+    assert RG.uniform_splits(batch=4, kv_heads=8, seqlen_k=32768, chunk=8192, **kw) == 8
+    assert RG.uniform_splits(batch=16, kv_heads=8, seqlen_k=16384, chunk=16384, **kw) is None
+    assert RG.uniform_splits(batch=8, kv_heads=8, seqlen_k=131072, chunk=8192, **kw) is None
+    # hd256: 2048 keys hold 2 MiB
+    assert RG.uniform_splits(batch=2, kv_heads=8, seqlen_k=16384, chunk=4096,
+                             **{**kw, "bytes_per_key": 1024}) == 8
+    # the merge's slots bound the count
+    assert RG.uniform_splits(batch=2, kv_heads=1, seqlen_k=1 << 20, chunk=1 << 20, **kw) is None
 
 
 @pytest.mark.parametrize("kw", [dict(b=1), dict(rows=2, page=None), dict(setting=4),

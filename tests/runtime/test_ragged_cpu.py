@@ -19,6 +19,7 @@ from fa4aot.policy import ragged as RG
 from fa4aot.runtime import ragged as RR
 
 BF16 = torch.bfloat16
+UNIFORM_SPLITS = RG.uniform_splits
 LENS = [0, 1, 700, 5000, 77, 1024, 129, 3000]
 
 
@@ -36,7 +37,7 @@ def serve(monkeypatch, tmp_path, knobs):
     monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0)
     monkeypatch.setattr(RG, "RAGGED_MIN_BYTES", 0)  # (CPU-sized batches)
     monkeypatch.setattr(RG, "RAGGED_MIN_CHUNK_BYTES", 1)
-    monkeypatch.setattr(RG, "RAGGED_UNIFORM_CHUNK_BYTES", 0)
+    monkeypatch.setattr(RG, "uniform_splits", lambda **kw: None)  # (the ragged plan)
     calls = []
 
     def load(self, art, *names):
@@ -194,26 +195,27 @@ def test_a_forced_split_count_one_sequence_or_an_old_store_keep_the_uniform_plan
     assert "RaggedRun" not in step(old, b)
 
 
-def test_a_step_whose_uniform_plan_has_no_long_tail_keeps_it(serve, monkeypatch):
-    """Where the uniform plan's longest CTA reads at most RAGGED_UNIFORM_CHUNK_BYTES
-    (policy/ragged.uniform_holds) the ragged plan's extra launches buy nothing: the uniform
-    plan serves the step, and the answer is the reference's."""
+def test_a_step_in_short_uniform_chunks_keeps_the_uniform_plan(serve, monkeypatch):
+    """Where the uniform plan's chunks hold at most RAGGED_MIN_CHUNK_BYTES, or can be cut to
+    that within RAGGED_UNIFORM_CTAS_PER_SM CTAs an SM (policy/ragged.uniform_splits), the
+    ragged plan's extra launches buy nothing: the uniform plan serves the step in such chunks,
+    and the answer is the reference's."""
     rt = serve(64)
+    monkeypatch.setattr(RG, "uniform_splits", UNIFORM_SPLITS)  # (not the fixture's)
     q, k, v = _batch(LENS, 8, 2)
     kp, vp, table = paged_kv(k, v, LENS, 64)
     used = torch.tensor(LENS, dtype=torch.int32)
     b = len(LENS)
     kw = dict(cu_seqlens_q=torch.arange(b + 1, dtype=torch.int32), max_seqlen_q=1,
               max_seqlen_k=max(LENS), seqused_k=used, page_table=table, causal=True)
-    bucket = -(-max(LENS) // 256) * 256
-    # (the uniform plan of this step: unsplit or chunks of at most the bound, 256 B a key)
-    monkeypatch.setattr(RG, "RAGGED_UNIFORM_CHUNK_BYTES", bucket * 256)
+    monkeypatch.setattr(RG, "RAGGED_MIN_CHUNK_BYTES", 1024 * 256)  # (1024 keys at hd64)
     o = R.flash_attn_varlen_func(q, kp, vp, **kw)[0]
-    runs = [type(r).__name__ for r in rt._split_runs.values() if r]
-    assert "RaggedRun" not in runs and "ragged_meta" not in rt.calls
+    runs = [r for r in rt._split_runs.values() if r]
+    assert [type(r).__name__ for r in runs] == ["SplitRun"] and "ragged_meta" not in rt.calls
+    assert runs[0].sp.chunk <= 1024  # (5120 keys at the bound: 5 chunks of 1024)
     assert rel_err(o, _reference(q, k, v, LENS)[0]) < 1e-2
     rt._split_runs.clear()
-    monkeypatch.setattr(RG, "RAGGED_UNIFORM_CHUNK_BYTES", 0)
+    monkeypatch.setattr(RG, "RAGGED_MIN_CHUNK_BYTES", 1)
     R.flash_attn_varlen_func(q, kp, vp, **kw)
     assert [type(r).__name__ for r in rt._split_runs.values() if r] == ["RaggedRun"]
 
