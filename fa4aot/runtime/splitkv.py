@@ -203,7 +203,7 @@ def _new_run(rt, dev, q, key, capturing, kind, b, rows, hq, hk, d, dv, seqlen_k,
                               chunk=sp.chunk if sp else bucket,
                               bytes_per_key=(d + dv) * q.dtype.itemsize,
                               num_sms=rt.device(dev)[1], max_slots=rk.max_slots, sink=sink)
-        if n is not None:
+        if n == 1 or n is not None and not used:  # (no uniform split takes seqused_k's K)
             rg = None
             if n > (sp.n if sp else 1):
                 sp = S.make_split(n, bucket, page_size=page_size, sink=sink)

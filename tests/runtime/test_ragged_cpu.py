@@ -220,6 +220,26 @@ def test_a_step_in_short_uniform_chunks_keeps_the_uniform_plan(serve, monkeypatc
     assert [type(r).__name__ for r in rt._split_runs.values() if r] == ["RaggedRun"]
 
 
+def test_a_packed_k_with_seqused_k_is_never_cut_into_uniform_chunks(serve, monkeypatch):
+    """No uniform split reads a packed K through seqused_k: where uniform_splits cuts the
+    step into several chunks, the ragged plan serves it."""
+    rt = serve(None)
+    monkeypatch.setattr(RG, "uniform_splits", UNIFORM_SPLITS)
+    monkeypatch.setattr(RG, "RAGGED_MIN_CHUNK_BYTES", 1024 * 256)  # (5 chunks of 1024 keys)
+    q, k, v = _batch(LENS, 8, 2)
+    b = len(LENS)
+    cu_k = torch.tensor([0, *torch.tensor(LENS).cumsum(0).tolist()], dtype=torch.int32)
+    o = R.flash_attn_varlen_func(
+        q, torch.cat([k[i, :n] for i, n in enumerate(LENS)]),
+        torch.cat([v[i, :n] for i, n in enumerate(LENS)]),
+        cu_seqlens_q=torch.arange(b + 1, dtype=torch.int32), cu_seqlens_k=cu_k,
+        seqused_k=torch.tensor(LENS, dtype=torch.int32), max_seqlen_q=1,
+        max_seqlen_k=max(LENS), causal=True)[0]
+    runs = [r for r in rt._split_runs.values() if r]
+    assert len(runs) == 1 and isinstance(runs[0], RR.RaggedRun) and runs[0].used
+    assert rel_err(o, _reference(q, k, v, LENS)[0]) < 1e-2
+
+
 @pytest.mark.parametrize("varlen_q", [True, False])
 @pytest.mark.parametrize("causal", [True, False])
 def test_speculative_rows_over_pages_are_packed_into_the_entries(serve, monkeypatch, varlen_q,
