@@ -192,11 +192,13 @@ def _new_run(rt, dev, q, key, capturing, kind, b, rows, hq, hk, d, dv, seqlen_k,
           and rt.split_kernel(dev, q.dtype, d, dv, page_size))
     rg = rk and RR.plan(rt, dev, q.dtype, b, rows, hk, d, dv, S.plan_bucket(seqlen_k),
                         page_size, sink, causal, rk, used=used)
-    sp = None if used else rt.split_for(
+    # (several rows keep the ragged plan: no uniform plan is weighed against it)
+    sp = None if used or rg and rows > 1 else rt.split_for(
         dev, q.dtype, b * rows * hk, seqlen_k, d, dv, page_size, sink,
         b * rows, fold=fold, one_row=rows == 1)
-    pk = rows > 1 and _packed_plan(rt, dev, q.dtype, b, rows, hq, hk, d, dv, seqlen_k,
-                                   page_size, causal, sink, sp, not dense_pages)
+    pk = rows > 1 and not rg and _packed_plan(rt, dev, q.dtype, b, rows, hq, hk, d, dv,
+                                              seqlen_k, page_size, causal, sink, sp,
+                                              not dense_pages)
     if rg and rows == 1:
         bucket = S.plan_bucket(seqlen_k)
         n = RG.uniform_splits(batch=b, kv_heads=hk, seqlen_k=bucket,
