@@ -194,6 +194,42 @@ def test_speculative_rows_against_fp32(spy, page, rows, causal, hq, hk, d, sink)
           f"{unsplit if unsplit is None else f'{unsplit:.2e}'}")
 
 
+@pytest.mark.parametrize("page", [16, 64])
+@pytest.mark.parametrize("rows", [1, 4])
+def test_short_uniform_chunks_serve_a_batch_the_ragged_plan_would_take(page, rows):
+    """Two sequences at 32K keys beside an empty and a one-key one (over RAGGED_MIN_BYTES at
+    the bound): the uniform plan in chunks of at most RAGGED_MIN_CHUNK_BYTES serves it
+    (policy/ragged.uniform_splits; several rows packed), against fp32 within ERR_SLACK of the
+    unsplit kernel."""
+    from fa4aot.errors import ArtifactMissing
+    from fa4aot.policy import ragged as RG
+
+    lens = [32768, 1, 32700, 0]
+    q, kk, vv, kw, k, v = _batch(lens, 32, 8, 128, "paged", page, random.randrange(1 << 30),
+                                 rows)
+    rt = _rt(-1)
+    o, lse = _run(q, kk, vv, kw, None)
+    runs = [r for r in rt._split_runs.values() if r]
+    assert [type(r).__name__ for r in runs] == ["PackedRun" if rows > 1 else "SplitRun"]
+    assert runs[0].sp.chunk * (128 + 128) * 2 <= RG.RAGGED_MIN_CHUNK_BYTES, runs[0].sp
+    ro, rl = _ref(q, k, v, lens, None)
+    assert not o.isnan().any() and not lse.isnan().any()
+    fin = torch.isfinite(rl)
+    assert torch.equal(torch.isfinite(lse), fin)
+    assert (lse[fin] - rl[fin]).abs().max() < 1e-2
+    err = rel_err(o, ro)
+    try:
+        _rt(0)
+        unsplit = rel_err(_run(q, kk, vv, kw, None)[0], ro)
+    except ArtifactMissing:
+        unsplit = None
+    finally:
+        _rt(-1)
+    assert err < ERR_MAX, (err, unsplit)
+    if unsplit is not None:
+        assert err <= ERR_SLACK * unsplit + 1e-4, (err, unsplit)
+
+
 @pytest.mark.parametrize("page", [16, 64, 128, None])
 @pytest.mark.parametrize("rows", [1, 4])
 def test_the_metadata_kernel_writes_the_entry_map(monkeypatch, page, rows):
