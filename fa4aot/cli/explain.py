@@ -489,35 +489,25 @@ def _split_plan(
     if why is None:
         bucket = S.plan_bucket(seqlen_k)  # as the runtime plans it
         # the runtime's own decision (runtime/splitkv.split_step takes the same two steps)
-        facts = S.kernel_facts(rec["parts"], kern, page_size, dtype)
         sp = S.plan_step(
-            facts, batch=batch, rows=seqlen_q, kv_heads=hk, ratio=hq // hk,
-            tile_m=C.split_tile_m(arch, d, dv), seqlen_k=seqlen_k,
+            S.kernel_facts(rec["parts"], kern, page_size, dtype), batch=batch, rows=seqlen_q,
+            kv_heads=hk, ratio=hq // hk, tile_m=C.split_tile_m(arch, d, dv), seqlen_k=seqlen_k,
             bytes_per_key=(d + dv) * 2, page_size=page_size, sink=sink, causal=causal,
             num_sms=num_sms, setting=setting, fold=fold_why is None,
             meta=padded or not dense_pages, model=S.model_for(hbm),
         )
-        packed = seqlen_q > 1 and sp is not None and sp.packed
-        n = rg and (seqlen_q == 1 or packed) and RG.uniform_splits(
+        n = rg and seqlen_q == 1 and RG.uniform_splits(
             batch=batch, kv_heads=hk, seqlen_k=bucket, chunk=sp.chunk if sp else bucket,
-            bytes_per_key=(d + dv) * 2, num_sms=num_sms, max_slots=rg_slots, sink=sink,
-            tail=packed and causal)
+            bytes_per_key=(d + dv) * 2, num_sms=num_sms, max_slots=rg_slots, sink=sink)
         if rg is not None and not n:
             return _ragged_doc(rg, kern, rec["parts"], page_size, hk, num_sms, dense_pages)
         if rg is not None:
-            if n > (sp.n if sp else 1) and packed:  # (a forced count packs)
-                sp = S.plan_packed_rows(
-                    facts, batch=batch, rows=seqlen_q, kv_heads=hk, ratio=hq // hk,
-                    tile_m=C.split_tile_m(arch, d, dv), seqlen_k=bucket,
-                    bytes_per_key=(d + dv) * 2, page_size=page_size, sink=sink,
-                    causal=causal, num_sms=num_sms, setting=n, unrolled=None,
-                    meta=padded or not dense_pages, model=S.model_for(hbm))
-            elif n > (sp.n if sp else 1):
+            if n > (sp.n if sp else 1):
                 sp = S.make_split(n, bucket, page_size=page_size, sink=sink)
-            rows = "one row" if seqlen_q == 1 else f"{seqlen_q} rows (packed)"
-            ragged_why = (f"{rows} a sequence in chunks of at most {RG.RAGGED_MIN_CHUNK_BYTES >> 20} MiB "
-                          f"a KV head, at most {RG.RAGGED_UNIFORM_CTAS_PER_SM} CTAs an SM: no "
-                          "tail for the ragged plan to cut")
+            ragged_why = (f"one row a sequence in chunks of at most "
+                          f"{RG.RAGGED_MIN_CHUNK_BYTES >> 20} MiB a KV head, at most "
+                          f"{RG.RAGGED_UNIFORM_CTAS_PER_SM} CTAs an SM: no tail for the ragged "
+                          "plan to cut")
         if sp is None:
             why = ("FA4AOT_SPLIT_KV=0" if setting == 0 else
                    f"the cost model: {batch * seqlen_q * hk} CTAs over {seqlen_k} keys gain "

@@ -39,9 +39,8 @@ RAGGED_CTAS_PER_SM = 4
 # CTAs an SM of short ones; at RAGGED_MIN_BYTES still 128 CTAs (docs/design.md, Tuned
 # thresholds).
 RAGGED_MIN_CHUNK_BYTES = 4096 * 512
-# CTAs an SM up to which a step the ragged plan would take keeps the uniform plan (several
-# rows: packed), its chunks cut to RAGGED_MIN_CHUNK_BYTES (uniform_splits; docs/design.md,
-# Tuned thresholds).
+# CTAs an SM up to which a one-row step the ragged plan would take keeps the uniform plan,
+# its chunks cut to RAGGED_MIN_CHUNK_BYTES (uniform_splits; docs/design.md, Tuned thresholds).
 RAGGED_UNIFORM_CTAS_PER_SM = 2
 # K/V bytes (at the host's bound on every length) under which a step keeps the uniform plan:
 # below it the uniform plan's tuned kernels win (two long sequences at 8:1, 134 MB at the
@@ -120,22 +119,20 @@ def plan_ragged(
 
 
 def uniform_splits(*, batch: int, kv_heads: int, seqlen_k: int, chunk: int,
-                   bytes_per_key: int, num_sms: int, max_slots: int, sink: bool,
-                   tail: bool = False) -> int | None:
-    """The chunks a sequence the uniform plan needs at least to serve a step the ragged plan
-    would take, or None (the ragged plan serves it). seqlen_k: the plan's bound; chunk: the
-    uniform plan's chunk (unsplit: the bound); tail: a packed causal step's tail slot. Chunks
-    of at most RAGGED_MIN_CHUNK_BYTES (a KV head) leave no batch the ragged plan is for
-    (RAGGED_MIN_BYTES read) a long tail, so the ragged step's extra launches buy nothing: 1
-    where the plan's own chunks hold no more, else the count that cuts them to it, where that
-    is at most RAGGED_UNIFORM_CTAS_PER_SM CTAs an SM at the bound (beyond, the chunks of short
-    sequences would run mostly empty). Shared by the runtime and `fa4aot explain`."""
+                   bytes_per_key: int, num_sms: int, max_slots: int, sink: bool) -> int | None:
+    """The chunks a sequence the uniform plan needs at least to serve a one-row step the ragged
+    plan would take, or None (the ragged plan serves it). seqlen_k: the plan's bound; chunk:
+    the uniform plan's chunk (unsplit: the bound). Chunks of at most RAGGED_MIN_CHUNK_BYTES
+    (a KV head) leave no batch the ragged plan is for (RAGGED_MIN_BYTES read) a long tail, so
+    the ragged step's extra launches buy nothing: 1 where the plan's own chunks hold no more,
+    else the count that cuts them to it, where that is at most RAGGED_UNIFORM_CTAS_PER_SM CTAs
+    an SM at the bound (beyond, the chunks of short sequences would run mostly empty). Shared
+    by the runtime and `fa4aot explain`."""
     cap = max(RAGGED_MIN_CHUNK_BYTES // bytes_per_key, 1)
     if chunk <= cap:
         return 1
     n = -(-seqlen_k // cap)
-    if (batch * kv_heads * n > RAGGED_UNIFORM_CTAS_PER_SM * num_sms
-            or n > max_slots - sink - tail):
+    if batch * kv_heads * n > RAGGED_UNIFORM_CTAS_PER_SM * num_sms or n > max_slots - sink:
         return None
     return n
 

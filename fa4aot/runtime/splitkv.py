@@ -185,31 +185,29 @@ def _new_run(rt, dev, q, key, capturing, kind, b, rows, hq, hk, d, dv, seqlen_k,
                               ratio=hq // hk, rows=rows, sink=sink)
     # a batch over a paged or packed K (a caller's: not a dense K viewed as pages): split
     # by its real lengths (policy/ragged.py), where the store has the kernels and the bounds
-    # say it matters, unless the uniform plan in short chunks serves it (RG.uniform_splits;
-    # several rows: packed); a packed K with seqused_k ("used") by the ragged plan or unsplit
+    # say it matters, unless one row a sequence in short uniform chunks serves it
+    # (RG.uniform_splits); a packed K with seqused_k ("used") by that plan or unsplit
     used = kind == "used"
     rk = (kind != "dense" and not dense_pages and rt.ragged
           and rt.split_kernel(dev, q.dtype, d, dv, page_size))
     rg = rk and RR.plan(rt, dev, q.dtype, b, rows, hk, d, dv, S.plan_bucket(seqlen_k),
                         page_size, sink, causal, rk, used=used)
-    sp = None if used else rt.split_for(
+    # (several rows keep the ragged plan: no uniform plan is weighed against it)
+    sp = None if used or rg and rows > 1 else rt.split_for(
         dev, q.dtype, b * rows * hk, seqlen_k, d, dv, page_size, sink,
         b * rows, fold=fold, one_row=rows == 1)
-    pk = rows > 1 and _packed_plan(rt, dev, q.dtype, b, rows, hq, hk, d, dv, seqlen_k,
-                                   page_size, causal, sink, sp, not dense_pages)
-    if rg and (rows == 1 or pk):
-        bucket, cur = S.plan_bucket(seqlen_k), pk if rows > 1 else sp
+    pk = rows > 1 and not rg and _packed_plan(rt, dev, q.dtype, b, rows, hq, hk, d, dv,
+                                              seqlen_k, page_size, causal, sink, sp,
+                                              not dense_pages)
+    if rg and rows == 1:
+        bucket = S.plan_bucket(seqlen_k)
         n = RG.uniform_splits(batch=b, kv_heads=hk, seqlen_k=bucket,
-                              chunk=cur.chunk if cur else bucket,
+                              chunk=sp.chunk if sp else bucket,
                               bytes_per_key=(d + dv) * q.dtype.itemsize,
-                              num_sms=rt.device(dev)[1], max_slots=rk.max_slots, sink=sink,
-                              tail=rows > 1 and causal)
+                              num_sms=rt.device(dev)[1], max_slots=rk.max_slots, sink=sink)
         if n == 1 or n is not None and not used:  # (no uniform split takes seqused_k's K)
             rg = None
-            if n > (cur.n if cur else 1) and rows > 1:  # (a forced count packs)
-                pk = _packed_plan(rt, dev, q.dtype, b, rows, hq, hk, d, dv, seqlen_k,
-                                  page_size, causal, sink, sp, not dense_pages, setting=n)
-            elif n > (cur.n if cur else 1):
+            if n > (sp.n if sp else 1):
                 sp = S.make_split(n, bucket, page_size=page_size, sink=sink)
     if rg:
         no_sink = _const(rt, ("no_sink", dev, hq // hk, hk), q.device, lambda: torch.full(
@@ -335,11 +333,11 @@ def _split_run_step(run, rt, dev, q, k, v, kind, cu_seqlens_k, seqused_k, page_t
 
 
 def _packed_plan(rt, dev, dtype, b, rows, hq, hk, d, dv, seqlen_k, page_size, causal, sink,
-                 unrolled, meta, setting=None):
+                 unrolled, meta):
     """split.plan_packed for a step of several rows, where the chunk kernel reads q and cuts a
     paged K's lengths (or a packed K's bounds: page_size None, the bounds mode) through its
     chunk modes (forwards.trace_chunk_modes) and packs the rows (split.packed_refusal); else
-    None (unrolled, or unsplit). setting: a count in place of the runtime's split setting."""
+    None (unrolled, or unsplit)."""
     kern = rt.split_kernel(dev, dtype, d, dv, page_size)
     if kern is None:
         return None
@@ -348,8 +346,7 @@ def _packed_plan(rt, dev, dtype, b, rows, hq, hk, d, dv, seqlen_k, page_size, ca
         kern.facts, batch=b, rows=rows, kv_heads=hk, ratio=hq // hk,
         tile_m=C.split_tile_m(arch, d, dv), seqlen_k=S.plan_bucket(seqlen_k),
         bytes_per_key=(d + dv) * dtype.itemsize, page_size=page_size, sink=sink, causal=causal,
-        num_sms=sms, setting=rt.split if setting is None else setting, unrolled=unrolled,
-        meta=meta, model=rt.cost_model(dev),
+        num_sms=sms, setting=rt.split, unrolled=unrolled, meta=meta, model=rt.cost_model(dev),
     )
 
 
