@@ -208,6 +208,10 @@ def test_short_uniform_chunks_serve_a_batch_the_ragged_plan_would_take(page):
     ERR_SLACK of the unsplit kernel."""
     from fa4aot.policy import ragged as RG
 
+    kern = _rt(-1).split_kernel(0, torch.bfloat16, 128, 128, page)
+    if kern is None or kern.ragged_meta is None:  # (uniform_splits weighs only ragged steps)
+        pytest.skip("the store has no split kernel with the ragged parts at hd128")
+
     def served(rt):
         runs = [r for r in rt._split_runs.values() if r]
         assert [type(r).__name__ for r in runs] == ["SplitRun"]
