@@ -496,14 +496,14 @@ def _split_plan(
             num_sms=num_sms, setting=setting, fold=fold_why is None,
             meta=padded or not dense_pages, model=S.model_for(hbm),
         )
-        n = rg and seqlen_q == 1 and RG.uniform_splits(
-            batch=batch, kv_heads=hk, seqlen_k=bucket, chunk=sp.chunk if sp else bucket,
-            bytes_per_key=(d + dv) * 2, num_sms=num_sms, max_slots=rg_slots, sink=sink)
-        if rg is not None and not n:
-            return _ragged_doc(rg, kern, rec["parts"], page_size, hk, num_sms, dense_pages)
         if rg is not None:
-            if n > (sp.n if sp else 1):
-                sp = S.make_split(n, bucket, page_size=page_size, sink=sink)
+            uniform = seqlen_q == 1  # (several rows keep the ragged plan)
+            if uniform:
+                uniform, sp = RG.uniform_instead(
+                    sp, batch=batch, kv_heads=hk, seqlen_k=bucket, bytes_per_key=(d + dv) * 2,
+                    num_sms=num_sms, max_slots=rg_slots, sink=sink, page_size=page_size)
+            if not uniform:
+                return _ragged_doc(rg, kern, rec["parts"], page_size, hk, num_sms, dense_pages)
             ragged_why = (f"one row a sequence in chunks of at most "
                           f"{RG.RAGGED_MIN_CHUNK_BYTES >> 20} MiB a KV head, at most "
                           f"{RG.RAGGED_UNIFORM_CTAS_PER_SM} CTAs an SM: no tail for the ragged "

@@ -29,6 +29,7 @@ import math
 from dataclasses import dataclass
 
 from fa4aot.model import constraints as C
+from fa4aot.policy import split as S
 
 # The chunk kernel's CTAs a ragged step aims at, per SM (n = this * SMs / KV heads): enough
 # equal chunks that the pieces cut at sequence ends leave no long tail (docs/design.md, Tuned
@@ -135,6 +136,24 @@ def uniform_splits(*, batch: int, kv_heads: int, seqlen_k: int, chunk: int,
     if batch * kv_heads * n > RAGGED_UNIFORM_CTAS_PER_SM * num_sms or n > max_slots - sink:
         return None
     return n
+
+
+def uniform_instead(sp: S.Split | None, *, batch: int, kv_heads: int, seqlen_k: int,
+                    bytes_per_key: int, num_sms: int, max_slots: int, sink: bool,
+                    page_size: int | None, used: bool = False) -> tuple[bool, S.Split | None]:
+    """Whether a one-row step the ragged plan would take keeps the uniform plan `sp` (None:
+    unsplit) instead, and that plan cut to uniform_splits' count where it holds fewer chunks:
+    (True, plan) or (False, sp). used: a packed K with seqused_k, which no uniform split reads
+    (kept only unsplit). seqlen_k: the plan's bound. Shared by the runtime and `fa4aot
+    explain`."""
+    n = uniform_splits(batch=batch, kv_heads=kv_heads, seqlen_k=seqlen_k,
+                       chunk=sp.chunk if sp else seqlen_k, bytes_per_key=bytes_per_key,
+                       num_sms=num_sms, max_slots=max_slots, sink=sink)
+    if n is None or used and n > 1:
+        return False, sp
+    if n > (sp.n if sp else 1):
+        sp = S.make_split(n, seqlen_k, page_size=page_size, sink=sink)
+    return True, sp
 
 
 def chunk_bound(total: int, n: int, align: int) -> int:

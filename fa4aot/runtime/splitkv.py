@@ -200,15 +200,12 @@ def _new_run(rt, dev, q, key, capturing, kind, b, rows, hq, hk, d, dv, seqlen_k,
                                               seqlen_k, page_size, causal, sink, sp,
                                               not dense_pages)
     if rg and rows == 1:
-        bucket = S.plan_bucket(seqlen_k)
-        n = RG.uniform_splits(batch=b, kv_heads=hk, seqlen_k=bucket,
-                              chunk=sp.chunk if sp else bucket,
-                              bytes_per_key=(d + dv) * q.dtype.itemsize,
-                              num_sms=rt.device(dev)[1], max_slots=rk.max_slots, sink=sink)
-        if n == 1 or n is not None and not used:  # (no uniform split takes seqused_k's K)
-            rg = None
-            if n > (sp.n if sp else 1):
-                sp = S.make_split(n, bucket, page_size=page_size, sink=sink)
+        uniform, cut = RG.uniform_instead(
+            sp, batch=b, kv_heads=hk, seqlen_k=S.plan_bucket(seqlen_k),
+            bytes_per_key=(d + dv) * q.dtype.itemsize, num_sms=rt.device(dev)[1],
+            max_slots=rk.max_slots, sink=sink, page_size=page_size, used=used)
+        if uniform:
+            rg, sp = None, cut
     if rg:
         no_sink = _const(rt, ("no_sink", dev, hq // hk, hk), q.device, lambda: torch.full(
             (hq // hk, hk), float("-inf"), dtype=torch.float32, device=q.device))

@@ -53,6 +53,23 @@ def test_a_step_in_short_uniform_chunks_keeps_the_uniform_plan():
     assert RG.uniform_splits(batch=2, kv_heads=1, seqlen_k=1 << 20, chunk=1 << 20, **kw) is None
 
 
+def test_the_uniform_plan_kept_instead_is_cut_to_short_chunks():
+    """uniform_instead: the uniform plan as it is where its chunks are short, cut to
+    uniform_splits' count where they are not; a packed K with seqused_k only unsplit."""
+    from fa4aot.policy import split as S
+
+    kw = dict(bytes_per_key=512, num_sms=132, max_slots=128, sink=False, page_size=64)
+    four = S.make_split(4, 32768, page_size=64, sink=False)
+    assert RG.uniform_instead(four, batch=4, kv_heads=8, seqlen_k=32768, **kw) == (
+        True, S.make_split(8, 32768, page_size=64, sink=False))
+    assert RG.uniform_instead(None, batch=32, kv_heads=8, seqlen_k=4096, **kw) == (True, None)
+    assert RG.uniform_instead(None, batch=32, kv_heads=8, seqlen_k=4096, used=True,
+                              **kw) == (True, None)
+    assert RG.uniform_instead(four, batch=4, kv_heads=8, seqlen_k=32768, used=True,
+                              **kw) == (False, four)
+    assert RG.uniform_instead(None, batch=8, kv_heads=8, seqlen_k=131072, **kw) == (False, None)
+
+
 @pytest.mark.parametrize("kw", [dict(b=1), dict(rows=2, page=None), dict(setting=4),
                                 dict(setting=0), dict(sk=1024)])
 def test_the_plan_leaves_the_uniform_cases_to_the_uniform_plan(kw):
