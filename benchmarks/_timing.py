@@ -40,6 +40,27 @@ def graph_us(fn, calls: int = 20, replays: int = 30) -> float:
     return statistics.median(replay_us(g, calls) for _ in range(replays))
 
 
+def stream_us(fn, calls: int = 20, repeats: int = 15) -> float:
+    """Eager time per call: `calls` calls launched back to back between two CUDA events, no
+    graph and no cache flush, median of `repeats`. For steps that read several times the L2
+    (decode_ragged's): do_bench's flush zeroes 256 MB before each call, and the write-back of
+    the dirty lines it leaves is then charged to the call. Includes host time wherever the
+    host cannot keep ahead of the GPU."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    per = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(calls):
+            fn()
+        b.record()
+        torch.cuda.synchronize()
+        per.append(a.elapsed_time(b) * 1e3 / calls)
+    return statistics.median(per)
+
+
 def eager_us(fn) -> float:
     """Eager time per call (triton's do_bench, median): includes host time when host-bound."""
     from triton.testing import do_bench
