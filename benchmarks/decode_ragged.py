@@ -31,8 +31,8 @@ events (`_timing.stream_us`: every row of the target reads several times the L2,
 `dobench`: triton's do_bench, whose L2 flush zeroes 256 MB before each call and so charges the
 write-back of up to an L2 of dirty lines to it (kept beside eager, in --json and in the
 `today do_bench` column); graph: each column captured once per case (5 calls, after warm-up),
-replays timed with CUDA events; the columns alternate over --rounds rounds, medians. Rows marked * read >= 256 MB: the
-issue's target (within 1.3x of the limit) applies to them.
+replays timed with CUDA events; the columns alternate over --rounds rounds, medians. Rows
+marked * read >= 256 MB: the issue's target (within 1.3x of the limit) applies to them.
 Correctness (each case, before timing): fresh random inputs, NaN-poisoned outputs, relative
 error of both columns against an fp32 reference computed one sequence at a time; `today` fails
 if its error exceeds ERR_SLACK x the unsplit kernel's, either column if it writes a non-finite
