@@ -314,7 +314,7 @@ def run_case(torch, fa4aot, rt, c: Case, seed: int, rounds: int, tbs: float) -> 
     graph: dict = {k: [] for k in cols}
     dobench: dict = {k: [] for k in cols}
     for r in range(rounds):
-        # the order reversed every other round: a slow phase of the shared host hits both
+        # the order reversed every other round: a slow phase of the shared host hits each alike
         for name in (list(cols) if r % 2 == 0 else list(cols)[::-1]):
             eager[name].append(stream_us(cols[name]))
             dobench[name].append(eager_us(cols[name]))

@@ -497,8 +497,8 @@ def _split_plan(
             meta=padded or not dense_pages, model=S.model_for(hbm),
         )
         if rg is not None:
-            uniform = seqlen_q == 1  # (several rows keep the ragged plan)
-            if uniform:
+            uniform = False  # (several rows keep the ragged plan)
+            if seqlen_q == 1:
                 uniform, sp = RG.uniform_instead(
                     sp, batch=batch, kv_heads=hk, seqlen_k=bucket, bytes_per_key=(d + dv) * 2,
                     num_sms=num_sms, max_slots=rg_slots, sink=sink, page_size=page_size)

@@ -200,12 +200,12 @@ def _new_run(rt, dev, q, key, capturing, kind, b, rows, hq, hk, d, dv, seqlen_k,
                                               seqlen_k, page_size, causal, sink, sp,
                                               not dense_pages)
     if rg and rows == 1:
-        uniform, cut = RG.uniform_instead(
+        uniform, sp = RG.uniform_instead(
             sp, batch=b, kv_heads=hk, seqlen_k=S.plan_bucket(seqlen_k),
             bytes_per_key=(d + dv) * q.dtype.itemsize, num_sms=rt.device(dev)[1],
             max_slots=rk.max_slots, sink=sink, page_size=page_size, used=used)
         if uniform:
-            rg, sp = None, cut
+            rg = None
     if rg:
         no_sink = _const(rt, ("no_sink", dev, hq // hk, hk), q.device, lambda: torch.full(
             (hq // hk, hk), float("-inf"), dtype=torch.float32, device=q.device))
