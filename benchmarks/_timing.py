@@ -23,14 +23,19 @@ def capture(fn, calls: int):
     return g
 
 
-def replay_us(g, calls: int) -> float:
-    """One replay of a graph of `calls` calls, timed with CUDA events: us per call."""
+def _events_us(launch, calls: int) -> float:
+    """launch() (which issues `calls` calls) between two CUDA events: us per call."""
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     a.record()
-    g.replay()
+    launch()
     b.record()
     torch.cuda.synchronize()
     return a.elapsed_time(b) * 1e3 / calls
+
+
+def replay_us(g, calls: int) -> float:
+    """One replay of a graph of `calls` calls, timed with CUDA events: us per call."""
+    return _events_us(g.replay, calls)
 
 
 def graph_us(fn, calls: int = 20, replays: int = 30) -> float:
@@ -46,19 +51,14 @@ def stream_us(fn, calls: int = 20, repeats: int = 15) -> float:
     (decode_ragged's): do_bench's flush zeroes 256 MB before each call, and the write-back of
     the dirty lines it leaves is then charged to the call. Includes host time wherever the
     host cannot keep ahead of the GPU."""
+    def launch():
+        for _ in range(calls):
+            fn()
+
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
-    per = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(calls):
-            fn()
-        b.record()
-        torch.cuda.synchronize()
-        per.append(a.elapsed_time(b) * 1e3 / calls)
-    return statistics.median(per)
+    return statistics.median(_events_us(launch, calls) for _ in range(repeats))
 
 
 def eager_us(fn) -> float:
